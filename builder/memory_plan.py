@@ -1,0 +1,169 @@
+"""The memory plan: device bytes of a bundle by use, computed from shapes without allocating.
+
+Terms (all bytes):
+- weights: tensor data of weights.safetensors, from ``quantize.output_specs``.
+- KV pool: num_pages * page_size * num_layers * 2 (K and V) * num_kv_heads * head_dim * 2 (bf16).
+- workspace: float32 buffers for one step of max_tokens_per_step rows; ``workspace_breakdown``
+  lists them one by one, so the backends' allocations can be checked against it.
+- graphs: captured CUDA graphs, a fixed estimate (GRAPHS_BYTES_GPU; 0 on cpu).
+- context reserve: CUDA context and driver (CONTEXT_RESERVE_BYTES_GPU by default; 0 on cpu).
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from decimal import Decimal, InvalidOperation
+
+from runtime.contract import CPU_TARGET, Limits, Memory
+from runtime.errors import BuildError
+from runtime.model_config import ModelConfig
+from runtime.tensor_file import DTYPES
+
+from .quantize import output_specs
+
+MIB = 1 << 20
+GIB = 1 << 30
+KV_BYTES = 2  # bf16 cache elements
+F32 = 4  # float32 activations
+# A CUDA context costs 0.3-0.55 GiB of device memory in published measurements (driver and
+# module images, cuBLAS-free); 512 MiB covers the usual case, --context-reserve overrides it.
+CONTEXT_RESERVE_BYTES_GPU = 512 * MIB
+# Graph nodes, kernel parameters and the conditional-node state of the captured decode loop:
+# a few MiB in practice; 64 MiB is a fixed upper estimate so the total never falls short.
+GRAPHS_BYTES_GPU = 64 * MIB
+# Split-K attention (flash-decoding): each split covers this many cached tokens and leaves a
+# partial output (head_dim) plus its running max and sum (2) per row and query head.
+ATTN_SPLIT_TOKENS = 512
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
+# Binary with "i" (KiB, Gi), decimal without (KB, G), as Kubernetes and Docker read them.
+_UNITS = {"": 1, "b": 1,
+          "k": 10**3, "kb": 10**3, "ki": 2**10, "kib": 2**10,
+          "m": 10**6, "mb": 10**6, "mi": 2**20, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gi": 2**30, "gib": 2**30,
+          "t": 10**12, "tb": 10**12, "ti": 2**40, "tib": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes of "24GiB", "512MB", "1.5G", "4096" or an int (binary units with "i", decimal without)."""
+    if isinstance(text, bool):
+        raise BuildError("usage", f"memory size: expected a byte count or text like '24GiB', found {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise BuildError("usage", f"memory size: expected a non-negative byte count, found {text}", found=text)
+        return text
+    m = _SIZE.match(str(text))
+    unit = m and _UNITS.get(m.group(2).lower())
+    if not m or unit is None:
+        raise BuildError("usage", f"memory size: expected a number with an optional unit (B, KB, MB, GB, TB or "
+                         f"KiB, MiB, GiB, TiB), e.g. '24GiB' or '512MB'; found {text!r}", found=str(text))
+    try:
+        value = Decimal(m.group(1)) * unit  # exact: "1.5G" is 1500000000, not a float's rounding
+    except InvalidOperation:  # pragma: no cover - the regex admits only decimal numbers
+        raise BuildError("usage", f"memory size: cannot read the number in {text!r}", found=str(text)) from None
+    return int(value)  # fractional bytes round down
+
+
+def weights_bytes(config: ModelConfig, precision: str) -> int:
+    """Tensor data bytes of the bundle's weights.safetensors."""
+    total = 0
+    for _name, dtype, shape in output_specs(config, precision):
+        n = 1
+        for s in shape:
+            n *= s
+        total += n * DTYPES[dtype].itemsize
+    return total
+
+
+def kv_bytes_per_token(config: ModelConfig) -> int:
+    """K and V of every layer for one token: num_layers * 2 * num_kv_heads * head_dim * 2 bytes."""
+    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * KV_BYTES
+
+
+def kv_pool_bytes(config: ModelConfig, num_pages: int, page_size: int) -> int:
+    """Bytes of a KV pool of num_pages pages of page_size tokens."""
+    return num_pages * page_size * kv_bytes_per_token(config)
+
+
+def attention_splits(limits: Limits) -> int:
+    """Splits of the longest context (max_input + max_output tokens) in split-K attention."""
+    return -(-(limits.max_input_tokens + limits.max_output_tokens) // ATTN_SPLIT_TOKENS)
+
+
+def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None) -> dict[str, int]:
+    """Bytes of each float32 step buffer, by name, for T = max_tokens_per_step rows.
+
+    Only sampled rows reach the head: a step samples at most one token per sequence (a prefill
+    chunk only at its last row), so the head's logits have R = min(T, max_sequences) rows.
+    ``max_edges_per_node`` unknown (no catalog yet): bounded by vocab_size.
+    """
+    t = limits.max_tokens_per_step
+    r = min(t, limits.max_sequences)
+    edges = config.vocab_size if max_edges_per_node is None else max_edges_per_node
+    h, i = config.hidden_size, config.intermediate_size
+    return {
+        "hidden": t * h * F32,  # [T, hidden] residual stream
+        "normed": t * h * F32,  # [T, hidden] RMSNorm output; reused for o_proj/down_proj output
+        "q": t * config.q_dim * F32,  # [T, heads, head_dim]
+        "k": t * config.kv_dim * F32,  # [T, kv_heads, head_dim] before the bf16 cache write
+        "v": t * config.kv_dim * F32,  # [T, kv_heads, head_dim]
+        "attn_out": t * config.q_dim * F32,  # [T, heads, head_dim]
+        "gate": t * i * F32,  # [T, intermediate]; silu(gate) * up written in place
+        "up": t * i * F32,  # [T, intermediate]
+        # [T, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
+        "attn_partials": t * config.num_heads * attention_splits(limits) * (config.head_dim + 2) * F32,
+        "logits_sparse": r * edges * F32,  # [R, max_edges_per_node] allowed edges only
+        "logits_dense": r * config.vocab_size * F32,  # [R, vocab] cross-check head
+    }
+
+
+def graphs_bytes(target_name: str) -> int:
+    return 0 if target_name == CPU_TARGET else GRAPHS_BYTES_GPU
+
+
+def default_context_reserve(target_name: str) -> int:
+    """CUDA context reserve of a target: 0 on cpu, CONTEXT_RESERVE_BYTES_GPU on a GPU."""
+    return 0 if target_name == CPU_TARGET else CONTEXT_RESERVE_BYTES_GPU
+
+
+def plan_memory(config: ModelConfig, precision: str, limits: Limits, target_name: str,
+                context_reserve_bytes: int | None = None, max_edges_per_node: int | None = None) -> Memory:
+    """The contract's memory section for these limits (context reserve defaults per target)."""
+    reserve = default_context_reserve(target_name) if context_reserve_bytes is None else context_reserve_bytes
+    if reserve < 0:
+        raise BuildError("usage", f"context reserve: expected a non-negative byte count, found {reserve}",
+                         found=reserve)
+    return Memory.from_parts(
+        weights_bytes=weights_bytes(config, precision),
+        kv_pool_bytes=kv_pool_bytes(config, limits.num_pages, limits.page_size),
+        workspace_bytes=sum(workspace_breakdown(config, limits, max_edges_per_node).values()),
+        graphs_bytes=graphs_bytes(target_name),
+        context_reserve_bytes=reserve)
+
+
+def size_pool_for_budget(config: ModelConfig, precision: str, limits: Limits, budget_bytes: int, target_name: str,
+                         context_reserve_bytes: int | None = None, max_edges_per_node: int | None = None) -> int:
+    """KV pages that fit ``budget_bytes`` beside everything else (``limits.num_pages`` is ignored).
+
+    Never more than max_sequences full-length sequences need. Raises BuildError("budget_too_small")
+    with the numbers when not even one max_input + max_output sequence fits.
+    """
+    fixed = plan_memory(config, precision, dataclasses.replace(limits, num_pages=0), target_name,
+                        context_reserve_bytes, max_edges_per_node)
+    page_bytes = kv_pool_bytes(config, 1, limits.page_size)
+    per_sequence = limits.pages_per_sequence
+    available = budget_bytes - fixed.total_bytes
+    pages = max(available, 0) // page_bytes
+    if pages < per_sequence:
+        needed = fixed.total_bytes + per_sequence * page_bytes
+        raise BuildError(
+            "budget_too_small",
+            f"memory budget {budget_bytes} bytes ({budget_bytes / GIB:.2f} GiB) is too small: weights "
+            f"{fixed.weights_bytes}, workspace {fixed.workspace_bytes}, graphs {fixed.graphs_bytes} and context "
+            f"reserve {fixed.context_reserve_bytes} bytes leave {available} bytes, but one sequence of "
+            f"{limits.max_input_tokens}+{limits.max_output_tokens} tokens needs {per_sequence} pages of {page_bytes} "
+            f"bytes ({per_sequence * page_bytes} bytes); needed at least {needed} bytes ({needed / GIB:.2f} GiB). "
+            f"Raise --memory-budget or lower --max-input-tokens / --max-tokens-per-step.",
+            budget_bytes=budget_bytes, needed_bytes=needed, available_for_kv_bytes=available,
+            one_sequence_kv_bytes=per_sequence * page_bytes, fixed_bytes=fixed.total_bytes)
+    return min(pages, limits.max_sequences * per_sequence)

@@ -1,0 +1,151 @@
+"""Synthetic Hugging Face checkpoints: real architecture, scaled random weights, a trained tokenizer.
+
+``synth_checkpoint`` writes config.json, generation_config.json, tokenizer.json,
+tokenizer_config.json and safetensors (one file or sharded with an index), tensor by
+tensor, deterministic from the seed. Weight scales keep activations O(1) through every
+layer: input-side projections ~ N(0, 1/in), output-side ones further divided by
+sqrt(2·layers) (residual scaling), embeddings ~ N(0, 4/hidden) so tied-head logits have std ~2.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
+from runtime.tensor_file import SafetensorsWriter
+
+from .synth_tokenizer import END_OF_TURN, SPECIAL_TOKENS, train_tokenizer
+
+SHAPES = ("tiny", "qwen3-0.6b")
+_DTYPES = {"bf16": ("BF16", ml_dtypes.bfloat16, "bfloat16"), "fp16": ("F16", np.float16, "float16"),
+           "fp32": ("F32", np.float32, "float32")}
+_HF_ARCH = {"qwen3": ("qwen3", "Qwen3ForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+            "llama": ("llama", "LlamaForCausalLM")}
+LLAMA3_SCALING = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=8192)
+
+
+@dataclass(frozen=True)
+class SynthOptions:
+    shape: str = "tiny"
+    family: str = "qwen3"
+    seed: int = 0
+    num_kv_heads: int | None = None  # None: the shape's default
+    tie_word_embeddings: bool | None = None
+    dtype: str = "bf16"
+    shards: int = 1
+
+
+def model_config_for(opts: SynthOptions, tokenizer_vocab: int) -> ModelConfig:
+    """The architecture a synthetic checkpoint gets for these options."""
+    if opts.shape == "tiny":
+        vocab = -(-tokenizer_vocab // 64) * 64
+        cfg = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                   num_kv_heads=2, head_dim=16, max_position_embeddings=2048, rope_theta=10000.0,
+                   tie_word_embeddings=True)
+    elif opts.shape == "qwen3-0.6b":
+        cfg = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
+                   num_kv_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+                   tie_word_embeddings=True)
+    else:
+        raise ValueError(f"unknown shape {opts.shape!r}; expected one of {SHAPES}")
+    if opts.num_kv_heads is not None:
+        cfg["num_kv_heads"] = opts.num_kv_heads
+    if opts.tie_word_embeddings is not None:
+        cfg["tie_word_embeddings"] = opts.tie_word_embeddings
+    if opts.family == "qwen2":  # Qwen2 derives head_dim from hidden / heads
+        cfg["head_dim"] = cfg["hidden_size"] // cfg["num_heads"]
+    return ModelConfig(
+        family=opts.family, rms_norm_eps=1e-6,
+        rope_scaling=LLAMA3_SCALING if opts.family == "llama" else None,
+        qkv_bias=opts.family == "qwen2", qk_norm=opts.family == "qwen3",
+        eos_token_ids=(SPECIAL_TOKENS.index(END_OF_TURN), 0), **cfg)
+
+
+def hf_config_json(cfg: ModelConfig, dtype: str) -> dict:
+    """config.json as transformers writes it for this family."""
+    model_type, arch = _HF_ARCH[cfg.family]
+    d = {
+        "architectures": [arch], "model_type": model_type, "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings, "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta, "tie_word_embeddings": cfg.tie_word_embeddings,
+        "torch_dtype": _DTYPES[dtype][2], "bos_token_id": 0, "eos_token_id": cfg.eos_token_ids[0],
+        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+    }
+    if cfg.family == "llama":
+        d.update(attention_bias=False, mlp_bias=False, rope_scaling={"rope_type": "llama3", **vars(cfg.rope_scaling)})
+    elif cfg.family == "qwen3":
+        d.update(attention_bias=False, use_sliding_window=False, sliding_window=None, rope_scaling=None)
+    else:
+        d.update(use_sliding_window=False, sliding_window=None, rope_scaling=None)
+    return d
+
+
+def _random_tensor(cfg: ModelConfig, seed: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if name.endswith("norm.weight"):
+        return (1.0 + 0.1 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+    if name.endswith(".bias"):
+        return 0.1 * rng.standard_normal(shape, dtype=np.float32)
+    if "embed_tokens" in name or name == "lm_head.weight":
+        std = 2.0 / np.sqrt(cfg.hidden_size)
+    else:
+        std = 1.0 / np.sqrt(shape[1])
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            std /= np.sqrt(2 * cfg.num_layers)
+    out = rng.standard_normal(shape, dtype=np.float32)
+    out *= np.float32(std)
+    return out
+
+
+def _shard_plan(names: list[str], shards: int) -> list[list[str]]:
+    per = -(-len(names) // shards)
+    return [names[i * per:(i + 1) * per] for i in range(shards) if names[i * per:(i + 1) * per]]
+
+
+def synth_checkpoint(out_dir: str | Path, opts: SynthOptions = SynthOptions(), progress=None) -> ModelConfig:
+    """Writes a synthetic checkpoint folder; returns its ModelConfig. ``progress(name, done, total)``."""
+    if opts.family not in FAMILIES:
+        raise ValueError(f"unknown family {opts.family!r}; expected one of {FAMILIES}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(seed=opts.seed)
+    cfg = model_config_for(opts, tokenizer.get_vocab_size())
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": END_OF_TURN, "bos_token": None, "pad_token": SPECIAL_TOKENS[0],
+         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_position_embeddings},
+        indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": list(cfg.eos_token_ids), "bos_token_id": 0, "do_sample": False}, indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(hf_config_json(cfg, opts.dtype), indent=2) + "\n")
+
+    st_dtype, np_dtype, _ = _DTYPES[opts.dtype]
+    shapes = cfg.tensor_shapes()
+    plan = _shard_plan(list(shapes), opts.shards)
+    files = ["model.safetensors"] if len(plan) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
+    done = 0
+    weight_map = {}
+    for fname, names in zip(files, plan):
+        writer = SafetensorsWriter(out / fname, [(n, st_dtype, shapes[n]) for n in names], {"format": "pt"})
+        for n in names:
+            writer.write(n, _random_tensor(cfg, opts.seed, n, shapes[n]).astype(np_dtype))
+            weight_map[n] = fname
+            done += 1
+            if progress:
+                progress(n, done, len(shapes))
+        writer.close()
+    if len(files) > 1:
+        total = sum((out / f).stat().st_size for f in files)
+        (out / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    return cfg

@@ -1,0 +1,99 @@
+"""The CPU reference backend: the model's forward pass in numpy, float32 math throughout.
+
+This is the source of truth every faster path is checked against. A step is a set of rows
+(token, slot, position); rows of different sequences (decode rows and prefill chunks) share
+one step. Weights are float32 arrays under their Hugging Face names.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .kv_pool import PagedKVPool
+from .model_config import ModelConfig
+from .rope import apply_rope, cos_sin, inv_freq
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x (..., d) float32 normalized over the last axis, times weight (d,)."""
+    var = np.mean(x * x, axis=-1, keepdims=True)
+    return (x / np.sqrt(var + np.float32(eps))) * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+class CpuModel:
+    """Forward pass over rows, plus the dense head (all vocab rows) and the sparse head (given rows)."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray]):
+        self.cfg = cfg
+        self.w = weights
+        self.embed = weights["model.embed_tokens.weight"]  # (vocab, hidden) float32
+        self.head = self.embed if cfg.tie_word_embeddings else weights["lm_head.weight"]
+        self.freqs = inv_freq(cfg)
+        self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
+
+    def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        y = x @ self.w[name + ".weight"].T  # weight (out, in): BLAS reads it transposed, no copy
+        bias = self.w.get(name + ".bias")
+        return y + bias if bias is not None else y
+
+    def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: PagedKVPool,
+                trace: list | None = None) -> np.ndarray:
+        """Runs rows (T,) through every layer, writing their K/V into the pool; returns (T, hidden) after the final norm.
+
+        ``trace``, if given, receives the residual stream's RMS after each layer (activation-range checks).
+        """
+        cfg = self.cfg
+        t = len(tokens)
+        x = self.embed[tokens]  # (T, hidden) float32 copy
+        cos, sin = cos_sin(self.freqs, positions)
+        for layer in range(cfg.num_layers):
+            p = f"model.layers.{layer}."
+            h = rms_norm(x, self.w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+            q = self._linear(h, p + "self_attn.q_proj").reshape(t, cfg.num_heads, cfg.head_dim)
+            k = self._linear(h, p + "self_attn.k_proj").reshape(t, cfg.num_kv_heads, cfg.head_dim)
+            v = self._linear(h, p + "self_attn.v_proj").reshape(t, cfg.num_kv_heads, cfg.head_dim)
+            if cfg.qk_norm:
+                q = rms_norm(q, self.w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
+                k = rms_norm(k, self.w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps)
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+            kv.write(layer, slots, positions, k, v)
+            attn = self._attention(layer, q, slots, positions, kv)  # (T, heads*head_dim)
+            x = x + self._linear(attn, p + "self_attn.o_proj")
+            h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+            mlp = silu(self._linear(h, p + "mlp.gate_proj")) * self._linear(h, p + "mlp.up_proj")
+            x = x + self._linear(mlp, p + "mlp.down_proj")
+            if trace is not None:
+                trace.append(float(np.sqrt(np.mean(x * x))))
+        return rms_norm(x, self.w["model.norm.weight"], cfg.rms_norm_eps)
+
+    def _attention(self, layer: int, q: np.ndarray, slots: np.ndarray, positions: np.ndarray,
+                   kv: PagedKVPool) -> np.ndarray:
+        """Causal grouped-query attention of each row over its own sequence's cached positions."""
+        cfg = self.cfg
+        group = cfg.num_heads // cfg.num_kv_heads
+        out = np.empty((len(q), cfg.num_heads * cfg.head_dim), np.float32)
+        for slot in np.unique(slots):
+            rows = np.nonzero(slots == slot)[0]
+            pos = positions[rows]
+            keys, values = kv.gather(layer, int(slot), int(pos.max()) + 1)  # (S, kv_heads, head_dim)
+            qs = q[rows].reshape(len(rows), cfg.num_kv_heads, group, cfg.head_dim)
+            scores = np.einsum("tkgd,skd->tkgs", qs, keys) * self.scale  # (rows, kv_heads, group, S)
+            future = np.arange(keys.shape[0])[None, :] > pos[:, None]  # (rows, S)
+            scores = np.where(future[:, None, None, :], -np.inf, scores)
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            scores /= scores.sum(axis=-1, keepdims=True)
+            out[rows] = np.einsum("tkgs,skd->tkgd", scores, values).reshape(len(rows), -1)
+        return out
+
+    def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """(T, vocab) float32: every row of the head."""
+        return hidden @ self.head.T
+
+    def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+        """(T, K) float32 logits of candidate token ids (T, K) only; padded entries may hold any valid id."""
+        rows = self.head[candidates]  # (T, K, hidden)
+        return np.einsum("tkh,th->tk", rows, hidden)

@@ -1,0 +1,161 @@
+"""Grammar stepper: which tokens each sequence may emit next, and the state after one.
+
+Per-sequence state is fixed-size, a numpy structured record (``state_dtype``):
+``node`` int32 (trie node), ``count`` int32 (tools closed so far), ``used`` uint64[W]
+(bit t of word t//64 = tool t already named); 8 + 8*W bytes, 16 for up to 64 tools.
+
+An edge out of the current node is allowed iff
+- kind 0/1/2: its bitset holds a tool not yet used (``edge_bits & ~used != 0``), and for
+  kind 1 (SEP) also ``count + 1 < min(max_tools, num_tools)``: after closing this tool
+  another tool must still fit and be unused (``used`` always has exactly ``count`` bits),
+  so a separator never leads to a dead end;
+- kind 3 (END of an empty answer): ``count == 0`` and ``allow_empty``.
+Taking a kind 1/2 edge sets the closed tool's bit and adds 1 to ``count``.
+
+The batch calls are vectorized over B states; the scalar calls wrap them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import RequestError
+from .grammar import EDGE_EMPTY_END, EDGE_END, EDGE_SEP, ROOT, Grammar
+
+
+def state_dtype(bitset_words: int) -> np.dtype:
+    """Structured dtype of one sequence's grammar state (8 + 8*bitset_words bytes)."""
+    return np.dtype([("node", "<i4"), ("count", "<i4"), ("used", "<u8", (bitset_words,))])
+
+
+class GrammarStepper:
+    """Allowed-token queries and transitions for batches of grammar states."""
+
+    def __init__(self, grammar: Grammar):
+        self.grammar = grammar
+        self.dtype = state_dtype(grammar.bitset_words)
+        self.max_edges = grammar.max_edges_per_node
+        self._start = grammar.node_edge_start.astype(np.int64)
+        self._sep_limit = min(grammar.max_tools, grammar.num_tools)  # SEP needs count+1 < this
+
+    # ---- batch API ----
+    def initial_states(self, batch: int) -> np.ndarray:
+        """``batch`` fresh states at the root: structured array [batch]."""
+        states = np.zeros(batch, self.dtype)
+        states["node"] = ROOT
+        return states
+
+    def allowed_mask_batch(self, states: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Candidates of every state, in edge order, padded to ``max_edges_per_node``.
+
+        Returns ``tokens`` int32[B, M] (-1 past the node's edges), ``edges`` int32[B, M]
+        (global edge index, -1 past the node's edges) and ``allowed`` bool[B, M].
+        """
+        g = self.grammar
+        node = states["node"].astype(np.int64)
+        first = self._start[node]
+        degree = self._start[node + 1] - first
+        slot = np.arange(self.max_edges)
+        valid = slot[None, :] < degree[:, None]  # [B, M]
+        edges = np.where(valid, first[:, None] + slot[None, :], -1)
+        tokens = np.where(valid, g.edge_token[np.maximum(edges, 0)], -1).astype(np.int32)
+
+        # Only real (row, slot) pairs are tested: the bitset gather is sum(degree) x W words.
+        rows, cols = np.nonzero(valid)
+        e = edges[rows, cols]
+        kind = g.edge_kind[e]
+        count = states["count"][rows].astype(np.int64)
+        has_unused = ((g.edge_bits[e] & ~states["used"][rows]) != 0).any(axis=1)
+        ok = np.where(kind == EDGE_EMPTY_END, (count == 0) & g.allow_empty,
+                      has_unused & ((kind != EDGE_SEP) | (count + 1 < self._sep_limit)))
+        allowed = np.zeros(valid.shape, bool)
+        allowed[rows, cols] = ok
+        return tokens, edges.astype(np.int32), allowed
+
+    def step_batch(self, states: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Advance each state by its token where allowed; never raises.
+
+        Returns the new states [B] (a rejected row keeps its state) and the edge taken per row,
+        int32[B] (-1 where the token was not allowed).
+        """
+        g = self.grammar
+        tokens = np.asarray(tokens, np.int64).reshape(len(states))
+        cand, edges, allowed = self.allowed_mask_batch(states)
+        hit = allowed & (cand == tokens[:, None])  # at most one per row: tokens unique per node
+        ok = hit.any(axis=1)
+        taken = np.where(ok, edges[np.arange(len(states)), hit.argmax(axis=1)], -1).astype(np.int32)
+        new = states.copy()
+        rows = np.flatnonzero(ok)
+        e = taken[rows]
+        new["node"][rows] = g.edge_child[e]
+        closes = (g.edge_kind[e] == EDGE_SEP) | (g.edge_kind[e] == EDGE_END)
+        rows, e = rows[closes], e[closes]
+        new["used"][rows] |= g.edge_bits[e]
+        new["count"][rows] += 1
+        return new, taken
+
+    def advance_batch(self, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """New states after one token each; ``RequestError("grammar_violation")`` if any is
+        not allowed (naming the first such row)."""
+        new, taken = self.step_batch(states, tokens)
+        bad = np.flatnonzero(taken < 0)
+        if len(bad):
+            row = int(bad[0])
+            raise self._violation(states[row], int(np.asarray(tokens).reshape(-1)[row]), row=row)
+        return new
+
+    def done_batch(self, states: np.ndarray) -> np.ndarray:
+        """bool[B]: the answer is complete (state at the terminal node)."""
+        return states["node"] == self.grammar.terminal
+
+    # ---- scalar API (one state: a 0-d structured array) ----
+    def initial_state(self) -> np.ndarray:
+        return self.initial_states(1).reshape(())
+
+    def allowed(self, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Allowed tokens int32[k] and their edge indices int32[k], in edge (token) order."""
+        tokens, edges, allowed = self.allowed_mask_batch(np.reshape(state, 1))
+        return tokens[0][allowed[0]], edges[0][allowed[0]]
+
+    def advance(self, state: np.ndarray, token: int) -> np.ndarray:
+        """The state after ``token``; ``RequestError("grammar_violation")`` if not allowed."""
+        new, taken = self.step_batch(np.reshape(state, 1), np.asarray([token]))
+        if taken[0] < 0:
+            raise self._violation(state, int(token))
+        return new.reshape(())
+
+    def done(self, state: np.ndarray) -> bool:
+        return bool(np.reshape(state, 1)["node"][0] == self.grammar.terminal)
+
+    def _violation(self, state, token: int, **where) -> RequestError:
+        state = np.reshape(state, 1)
+        allowed_tokens, _ = self.allowed(state)
+        node, count = int(state["node"][0]), int(state["count"][0])
+        shown = [int(t) for t in allowed_tokens[:16]]
+        what = ("the answer is already complete" if node == self.grammar.terminal
+                else f"allowed here: {shown}{' ...' if len(allowed_tokens) > 16 else ''}")
+        return RequestError("grammar_violation",
+                            f"token {token} is not allowed at grammar node {node} after {count} "
+                            f"tool(s); {what}; pick the next token from the allowed set",
+                            token=token, node=node, count=count, allowed=shown, **where)
+
+
+def decode_tools(grammar: Grammar, token_ids, *, require_done: bool = True) -> list[str]:
+    """Tool names an answer's tokens name, in order; ``RequestError("grammar_violation")``
+    for a token the grammar does not allow, or (``require_done``) an answer without END."""
+    stepper = GrammarStepper(grammar)
+    state = stepper.initial_states(1)
+    names: list[str] = []
+    for position, token in enumerate(token_ids):
+        new, taken = stepper.step_batch(state, np.asarray([token]))
+        if taken[0] < 0:
+            raise stepper._violation(state, int(token), position=position)
+        if grammar.edge_tool[taken[0]] >= 0:
+            names.append(grammar.tool_names[grammar.edge_tool[taken[0]]])
+        state = new
+    if require_done and not stepper.done(state):
+        raise RequestError("grammar_violation",
+                           f"answer of {len(token_ids)} tokens stops before END (grammar node "
+                           f"{int(state['node'][0])}); expected a complete answer ending in token "
+                           f"{grammar.end_token_id}", tokens=len(token_ids),
+                           node=int(state["node"][0]))
+    return names
