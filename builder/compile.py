@@ -1,0 +1,158 @@
+"""``builder compile``: checkpoint + catalog → a bundle folder, written atomically and reproducibly.
+
+read → grammar → limits and memory plan → quantize (streamed) → kernels → canary → report →
+contract → rename into place. Nothing hashed holds a timestamp or a path, so the same inputs
+and options give a byte-identical bundle; timings are returned to the caller instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from runtime.bundle import GRAMMAR_FILE, KERNELS_DIR, REPORT_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry
+from runtime.contract import (CONTRACT_FILE, FORMAT_NAME, FORMAT_VERSION, BuildOptions, Contract, Engine,
+                              Format, Limits, Precision, compute_bundle_id)
+from runtime.contract import Grammar as GrammarSection
+from runtime.errors import BuildError
+
+from .canary import record_canary
+from .catalog import load_catalog
+from .checkpoint import open_checkpoint
+from .kernel_build import compile_kernels, contract_target
+from .memory_plan import default_context_reserve, plan_memory, size_pool_for_budget
+from .quantize import quantize_checkpoint
+from .trie import build_grammar
+
+
+@dataclass
+class CompileResult:
+    contract: Contract
+    out_dir: Path
+    timings: dict[str, float]  # seconds per stage (not in the bundle: it would break byte identity)
+    source_bytes: int
+
+
+def builder_version() -> str:
+    try:
+        return metadata.version("toolcall-engine")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def resolve_defaults(options: BuildOptions, grammar) -> BuildOptions:
+    """Fills the options left None: max_output_tokens (the grammar's longest answer) and the context reserve."""
+    changes = {}
+    if options.max_output_tokens is None:
+        changes["max_output_tokens"] = grammar.max_answer_tokens
+    if options.context_reserve_bytes is None:
+        changes["context_reserve_bytes"] = default_context_reserve(options.target)
+    return dataclasses.replace(options, **changes)
+
+
+def plan_limits(options: BuildOptions, cfg, grammar) -> Limits:
+    """Limits from the options, the KV pool sized for max_sequences or fitted to the memory budget."""
+    for name in ("max_sequences", "max_input_tokens", "max_output_tokens", "page_size", "max_tokens_per_step",
+                 "prefill_chunk"):
+        if getattr(options, name) < 1:
+            raise BuildError("usage", f"--{name.replace('_', '-')} must be at least 1, got {getattr(options, name)}",
+                             option=name, found=getattr(options, name))
+    if options.max_tokens_per_step < options.max_sequences:
+        raise BuildError("usage", f"--max-tokens-per-step {options.max_tokens_per_step} is below --max-sequences "
+                         f"{options.max_sequences}: every answering sequence needs a row each step",
+                         max_tokens_per_step=options.max_tokens_per_step, max_sequences=options.max_sequences)
+    if options.max_input_tokens + options.max_output_tokens > cfg.max_position_embeddings:
+        raise BuildError("usage", f"max input + output tokens ({options.max_input_tokens + options.max_output_tokens}) "
+                         f"exceed the model's {cfg.max_position_embeddings} positions",
+                         limit=cfg.max_position_embeddings)
+    limits = Limits(page_size=options.page_size, num_pages=0, max_sequences=options.max_sequences,
+                    max_tokens_per_step=options.max_tokens_per_step,
+                    prefill_chunk=min(options.prefill_chunk, options.max_tokens_per_step),
+                    max_input_tokens=options.max_input_tokens, max_output_tokens=options.max_output_tokens)
+    if options.memory_budget_bytes is None:
+        pages = options.max_sequences * limits.pages_per_sequence
+    else:
+        pages = size_pool_for_budget(cfg, options.precision, limits, options.memory_budget_bytes, options.target,
+                                     options.context_reserve_bytes, grammar.max_edges_per_node)
+    return dataclasses.replace(limits, num_pages=pages)
+
+
+def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: BuildOptions, out_dir: str | Path,
+                   force: bool = False, progress=None) -> CompileResult:
+    """Builds the bundle into ``out_dir``; BuildError/CheckpointError/CatalogError on bad input."""
+    out = Path(out_dir)
+    if out.exists() and not force:
+        raise BuildError("output_exists", f"{out} exists; pass --force to replace it or choose another --out",
+                         path=str(out))
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[stage] = now - clock
+        clock = now
+
+    ckpt = open_checkpoint(checkpoint)
+    cfg = ckpt.config
+    tokenizer = Tokenizer.from_file(str(ckpt.folder / TOKENIZER_FILE))
+    grammar = build_grammar(load_catalog(catalog_path), tokenizer, cfg.eos_token_ids[0])
+    target = contract_target(options.target)
+    options = resolve_defaults(options, grammar)
+    limits = plan_limits(options, cfg, grammar)
+    memory = plan_memory(cfg, options.precision, limits, options.target, options.context_reserve_bytes,
+                         grammar.max_edges_per_node)
+    lap("plan")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        quant = quantize_checkpoint(ckpt, cfg, options.precision, tmp / WEIGHTS_FILE, progress=progress)
+        lap("quantize")
+        shutil.copyfile(ckpt.folder / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
+        grammar.write(tmp / GRAMMAR_FILE)
+        kernels = compile_kernels(target, tmp / KERNELS_DIR)
+        lap("kernels")
+        canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, tokenizer)
+        lap("canary")
+        report = {"quantization": quant.to_dict(), "kernels": kernels, "grammar": grammar.summary(),
+                  "memory_breakdown": dataclasses.asdict(memory)}
+        (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        s = grammar.summary()
+        contract = Contract(
+            format=Format(FORMAT_NAME, FORMAT_VERSION),
+            engine=Engine(compute_bundle_id(files), builder_version(), ckpt.sha256(), options),
+            model=cfg, target=target, precision=Precision(weights=options.precision), limits=limits, memory=memory,
+            grammar=GrammarSection(num_tools=s["num_tools"], bitset_bits=s["bitset_bits"], nodes=s["num_nodes"],
+                                   edges=s["num_edges"], max_edges_per_node=s["max_edges_per_node"],
+                                   sep_token_id=s["sep_token_id"], end_token_id=s["end_token_id"],
+                                   max_tools=s["max_tools"], allow_empty=s["allow_empty"]),
+            canary=canary, files=files)
+        (tmp / CONTRACT_FILE).write_text(contract.to_json())
+        lap("write")
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return CompileResult(contract, out, timings, ckpt.source_bytes())
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Renames the finished folder into place; an old bundle (with --force) goes only after that."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

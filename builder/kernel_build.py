@@ -1,0 +1,30 @@
+"""Kernels for a bundle: the contract's target section, and the cubins compiled for its architecture."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kernels.nvrtc_build import compile_all
+from kernels.targets import resolve_target
+from runtime.contract import Target
+
+
+def contract_target(name: str) -> Target:
+    """The contract's target section for ``--target NAME`` (a BuildError lists the known names)."""
+    t = resolve_target(name)
+    if not t.is_gpu:
+        return Target(name=t.name, gpu_names=(), compute_capability=None, sm_arch=None, min_driver_version=None)
+    major, minor = t.compute_capability
+    return Target(name=t.name, gpu_names=tuple(g.lower() for g in t.gpu_names),
+                  compute_capability=f"{major}.{minor}", sm_arch=t.sm_arch, min_driver_version=t.min_driver_version)
+
+
+def compile_kernels(target: Target, out_dir: Path) -> dict[str, dict]:
+    """Writes ``<out_dir>/<kernel>.cubin`` for a GPU target; returns the per-function resource report."""
+    if target.sm_arch is None:
+        return {}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {}
+    for kernel in compile_all(target.sm_arch):
+        (out_dir / kernel.file_name).write_bytes(kernel.cubin)
+        report[kernel.name] = kernel.resources
+    return report

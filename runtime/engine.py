@@ -1,0 +1,96 @@
+"""``Engine.load(path)``: every check in DESIGN order, then load, canary gate, and serve requests."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from .bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, check_files, read_contract
+from .contract import CPU_TARGET, Contract
+from .cpu_backend import CpuModel
+from .dequant import load_dequantized
+from .errors import EngineError, Refusal
+from .generator import Generator, Request, Result
+from .grammar import Grammar
+from .kv_pool import PagedKVPool
+from .machine import MachineFacts, check_target, facts_for
+from .model_config import ModelConfig
+from .sampling import Sampling
+from .tensor_file import SafetensorsFile
+
+
+def check_bundle(path: str | Path, facts: MachineFacts | None = None) -> Contract:
+    """Every check that needs no loading, in load order; returns the contract or raises a Refusal."""
+    contract = read_contract(path)
+    check_files(path, contract)
+    check_target(contract, facts if facts is not None else facts_for(contract))
+    return contract
+
+
+def load_cpu_weights(weights_path: str | Path, cfg: ModelConfig) -> dict:
+    """float32 weights under Hugging Face names, dequantized from a bundle's weights file."""
+    with SafetensorsFile(weights_path) as st:
+        return load_dequantized(st, list(cfg.tensor_shapes()))
+
+
+def cpu_generator(cfg: ModelConfig, weights: dict, grammar: Grammar, limits, head: str = "sparse") -> Generator:
+    """A Generator on the CPU reference backend sized exactly as ``limits`` (a contract Limits) says."""
+    pool = PagedKVPool(cfg, limits.num_pages, limits.page_size, limits.max_sequences,
+                       limits.max_input_tokens + limits.max_output_tokens, kv_dtype="bf16")
+    return Generator(CpuModel(cfg, weights), pool, grammar, max_input_tokens=limits.max_input_tokens,
+                     max_output_tokens=limits.max_output_tokens, max_tokens_per_step=limits.max_tokens_per_step,
+                     prefill_chunk=limits.prefill_chunk, head=head)
+
+
+class Engine:
+    """A loaded, canary-checked bundle bound to this machine."""
+
+    def __init__(self, folder: Path, contract: Contract, generator: Generator, tokenizer: Tokenizer,
+                 load_seconds: float):
+        self.folder, self.contract, self.generator, self.tokenizer = folder, contract, generator, tokenizer
+        self.grammar = generator.grammar
+        self.load_seconds = load_seconds
+
+    @classmethod
+    def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse") -> "Engine":
+        """Checks, loads and canary-gates the bundle at ``path``; a Refusal names the first failed check."""
+        start = time.perf_counter()
+        folder = Path(path)
+        contract = check_bundle(folder, facts)
+        if contract.target.name != CPU_TARGET:
+            raise Refusal("target_mismatch", f"bundle targets {contract.target.name}; this runtime build serves "
+                          "GPU bundles only through the CUDA backend, which is not available here",
+                          expected=contract.target.name, found="cpu backend")
+        try:
+            tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+            grammar = Grammar.read(folder / GRAMMAR_FILE)
+            weights = load_cpu_weights(folder / WEIGHTS_FILE, contract.model)
+        except EngineError:
+            raise
+        except Exception as e:  # a file that hashes right but does not parse: the builder wrote it wrong
+            raise Refusal("bundle_invalid", f"bundle file failed to load: {type(e).__name__}: {e}",
+                          reason=type(e).__name__) from None
+        engine = cls(folder, contract, cpu_generator(contract.model, weights, grammar, contract.limits, head),
+                     tokenizer, 0.0)
+        del weights
+        engine.check_canary()
+        engine.load_seconds = time.perf_counter() - start
+        return engine
+
+    def check_canary(self) -> None:
+        """Refusal("canary_failed") unless the canary prompt gives exactly the recorded ids."""
+        canary = self.contract.canary
+        (result,) = self.generator.generate([Request(tuple(canary.prompt_token_ids))])
+        got = result.token_ids if isinstance(result, Result) else []
+        if got != list(canary.expected_token_ids):
+            raise Refusal("canary_failed", f"canary output {got} differs from the recorded "
+                          f"{list(canary.expected_token_ids)}; this machine computes the model differently: "
+                          "do not serve from it", expected=list(canary.expected_token_ids), got=got)
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(self.grammar.render_prompt(text)).ids)
+
+    def run(self, texts: list[str], sampling: Sampling = Sampling()) -> list[Result | EngineError]:
+        """Each request text wrapped in the catalog's prompt template, answered (or refused)."""
+        return self.generator.generate([Request(self.encode(t), sampling) for t in texts])

@@ -1,0 +1,85 @@
+"""This machine's facts (CPU memory, or the GPU through cuda.bindings) and the contract's target check."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .contract import CPU_TARGET, Contract
+from .errors import Refusal
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """What a bundle is checked against. ``gpu_name`` is None on a machine without a usable GPU."""
+
+    free_bytes: int  # host MemAvailable for cpu bundles, device free memory for GPU bundles
+    gpu_name: str | None = None
+    compute_capability: str | None = None  # "9.0"
+    driver_version: int | None = None  # 1000*major + 10*minor
+
+
+def cpu_facts() -> MachineFacts:
+    """Host memory available now (Linux /proc/meminfo MemAvailable)."""
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return MachineFacts(free_bytes=int(line.split()[1]) * 1024)
+    raise Refusal("insufficient_memory", "cannot read MemAvailable from /proc/meminfo", needed=0, available=0)
+
+
+def gpu_facts(device: int = 0) -> MachineFacts:
+    """Facts of GPU ``device``; Refusal("no_gpu") when there is no driver or no device."""
+    try:
+        from cuda.bindings import driver
+        (err,) = driver.cuInit(0)
+    except Exception as e:  # DynamicLibNotFoundError and friends: no driver installed
+        raise Refusal("no_gpu", f"no CUDA driver on this machine ({type(e).__name__}); this bundle needs a GPU",
+                      reason=type(e).__name__) from None
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise Refusal("no_gpu", f"cuInit failed ({err.name}); no usable GPU", reason=err.name)
+    from .cuda_check import check
+    count = check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+    if count <= device:
+        raise Refusal("no_gpu", f"cuDeviceGetCount found {count} devices; need device {device}", devices=count)
+    dev = check(driver.cuDeviceGet(device), "cuDeviceGet")
+    name = check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName").split(b"\0")[0].decode()
+    attr = driver.CUdevice_attribute
+    major = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute")
+    minor = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
+    version = check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+    ctx = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    try:
+        check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        free, _total = check(driver.cuMemGetInfo(), "cuMemGetInfo")
+    finally:
+        check(driver.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
+    return MachineFacts(free_bytes=int(free), gpu_name=name, compute_capability=f"{major}.{minor}",
+                        driver_version=int(version))
+
+
+def facts_for(contract: Contract) -> MachineFacts:
+    return cpu_facts() if contract.target.name == CPU_TARGET else gpu_facts()
+
+
+def check_target(contract: Contract, facts: MachineFacts) -> None:
+    """Refuses (target_mismatch, driver_too_old, insufficient_memory) a machine that cannot honour the contract."""
+    t = contract.target
+    if t.name != CPU_TARGET:
+        if facts.gpu_name is None:
+            raise Refusal("no_gpu", f"this bundle targets {t.name} ({t.sm_arch}); this machine has no GPU",
+                          target=t.name)
+        name = facts.gpu_name.lower()
+        if facts.compute_capability != t.compute_capability or (t.gpu_names and not any(g in name for g in t.gpu_names)):
+            raise Refusal("target_mismatch", f"this bundle targets {t.name} (compute capability {t.compute_capability}, "
+                          f"GPU names {list(t.gpu_names)}); this machine has {facts.gpu_name} (compute capability "
+                          f"{facts.compute_capability}); build a bundle for this GPU",
+                          expected=t.name, expected_cc=t.compute_capability, found=facts.gpu_name,
+                          found_cc=facts.compute_capability)
+        if t.min_driver_version is not None and (facts.driver_version or 0) < t.min_driver_version:
+            raise Refusal("driver_too_old", f"driver version {facts.driver_version} is older than the "
+                          f"{t.min_driver_version} this bundle needs; update the driver",
+                          needed=t.min_driver_version, found=facts.driver_version)
+    need = contract.memory.total_bytes
+    if facts.free_bytes < need:
+        raise Refusal("insufficient_memory", f"the bundle needs {need / 2**20:.1f} MiB; "
+                      f"{facts.free_bytes / 2**20:.1f} MiB are free; free memory or build a smaller tier",
+                      needed=need, available=facts.free_bytes)

@@ -1,0 +1,96 @@
+"""The decode loop on the CPU backend: batch independence, sparse/dense head agreement, admission."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from builder.catalog import load_catalog
+from builder.checkpoint import open_checkpoint
+from builder.trie import build_grammar
+from runtime.contract import Limits
+from runtime.engine import cpu_generator
+from runtime.errors import RequestError
+from runtime.generator import Request, Result
+from runtime.sampling import Sampling
+
+REQUESTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send an email to Bob",
+            "Convert 20 euros to yen", "Remind me to call Alice on Friday", "Find a hotel in Rome",
+            "Play some music", "Translate this note to French"]
+
+
+@pytest.fixture(scope="module")
+def parts(tiny_checkpoint):
+    ckpt = open_checkpoint(tiny_checkpoint)
+    tok = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
+    grammar = build_grammar(load_catalog("builder/data/tools-64.json"), tok, ckpt.config.eos_token_ids[0])
+    prompts = [tuple(tok.encode(grammar.render_prompt(r)).ids) for r in REQUESTS]
+    return ckpt.config, ckpt.weights_f32(), grammar, prompts
+
+
+def make(parts, max_sequences=33, num_pages=None, max_tokens_per_step=64, prefill_chunk=16, head="sparse"):
+    cfg, weights, grammar, _ = parts
+    limits = Limits(page_size=16, num_pages=0, max_sequences=max_sequences, max_tokens_per_step=max_tokens_per_step,
+                    prefill_chunk=prefill_chunk, max_input_tokens=64, max_output_tokens=grammar.max_answer_tokens)
+    pages = num_pages if num_pages is not None else max_sequences * limits.pages_per_sequence
+    limits = Limits(**{**limits.__dict__, "num_pages": pages})
+    return cpu_generator(cfg, weights, grammar, limits, head=head)
+
+
+@pytest.fixture(scope="module")
+def alone(parts):
+    gen = make(parts)
+    return [gen.generate([Request(p)])[0].token_ids for p in parts[3]]
+
+
+@pytest.mark.parametrize("others,seed", [(1, 0), (7, 1), (32, 2)])
+def test_output_does_not_depend_on_the_batch(parts, alone, others, seed):
+    rng = np.random.default_rng(seed)
+    prompts = parts[3]
+    batch = [int(i) for i in rng.integers(0, len(prompts), others + 1)]
+    results = make(parts).generate([Request(prompts[i]) for i in batch])
+    for i, res in zip(batch, results):
+        assert isinstance(res, Result) and res.token_ids == alone[i]
+        assert res.finish == "done" and 1 <= len(res.tools) <= 4 and len(set(res.tools)) == len(res.tools)
+
+
+def test_sparse_and_dense_heads_pick_the_same_tokens(parts, alone):
+    results = make(parts, head="check").generate([Request(p) for p in parts[3]])  # raises on any disagreement
+    assert [r.token_ids for r in results] == alone
+    dense = make(parts, head="dense").generate([Request(p) for p in parts[3]])
+    assert [r.token_ids for r in dense] == alone
+
+
+def test_refused_requests_leave_others_unchanged(parts, alone):
+    prompts = parts[3]
+    bad = [Request(tuple(range(3, 3 + 65))), Request(()), Request((10**7,)), Request(prompts[0], Sampling(top_p=0))]
+    mixed = [bad[0], Request(prompts[1]), bad[1], Request(prompts[2]), bad[2], bad[3], Request(prompts[3])]
+    results = make(parts).generate(mixed)
+    codes = [r.code if isinstance(r, RequestError) else None for r in results]
+    assert codes == ["prompt_too_long", None, "request_invalid", None, "request_invalid", "request_invalid", None]
+    assert [results[i].token_ids for i in (1, 3, 6)] == [alone[1], alone[2], alone[3]]
+    assert results[0].details == {"limit": 64, "got": 65}
+
+
+def test_admission_refuses_or_queues_when_short_of_slots_and_pages(parts, alone):
+    prompts = parts[3]
+    refusing = make(parts, max_sequences=2).generate([Request(p) for p in prompts[:3]], queue=False)
+    assert [getattr(r, "code", None) for r in refusing] == [None, None, "too_many_sequences"]
+    need = [-(-(len(p) + parts[2].max_answer_tokens) // 16) for p in prompts[:2]]  # pages of 16 tokens
+    pool_pages = need[0] + need[1] - 1
+    gen = make(parts, max_sequences=4, num_pages=pool_pages)
+    refused = gen.generate([Request(p) for p in prompts[:2]], queue=False)
+    assert refused[1].code == "kv_pages" and refused[1].details == {"needed": need[1], "free": need[1] - 1}
+    queued = gen.generate([Request(p) for p in prompts[:4]])
+    assert [r.token_ids for r in queued] == alone[:4]
+    assert gen.kv.free_pages == pool_pages and gen.kv.free_slots == 4
+
+
+def test_sampling_is_deterministic_per_seed_and_batch_independent(parts):
+    prompts = parts[3]
+    s = Sampling(temperature=1.5, top_p=0.9, seed=11)
+    one = make(parts).generate([Request(prompts[0], s)])[0].token_ids
+    batched = make(parts).generate([Request(prompts[1], Sampling(1.0, 1.0, 5)), Request(prompts[0], s)])[1].token_ids
+    assert one == batched
+    seeds = {tuple(make(parts).generate([Request(prompts[0], Sampling(2.0, 1.0, k))])[0].token_ids) for k in range(6)}
+    assert len(seeds) > 1  # the seed matters
