@@ -13,9 +13,8 @@ An answer is ``tool (SEP tool)* END``. Layout (the GPU kernels read the same arr
 - tool table: ``tool_names``; token path of tool t = ``tool_path_tokens[tool_path_start[t]:
   tool_path_start[t+1]]`` (uint32[T+1], int32[P]).
 
-File: one msgpack map (format name + version, scalars, tool names) with each array stored as
-``{"dtype": "<u4", "shape": [...], "data": <raw little-endian bytes>}``; keys in a fixed
-order, so equal grammars give identical bytes.
+File: one msgpack map (format name + version, sizes, scalars, tool names, arrays as ``{"dtype":
+"<u4", "shape": [...], "data": <raw little-endian bytes>}``); fixed key order: same grammar, same bytes.
 """
 from __future__ import annotations
 
@@ -44,6 +43,7 @@ ARRAY_DTYPES: dict[str, np.dtype] = {name: np.dtype(code) for name, code in (
     ("edge_tool", "<i4"), ("edge_bits", "<u8"), ("tool_path_start", "<u4"),
     ("tool_path_tokens", "<i4"))}
 ARRAY_NDIM = {name: 2 if name == "edge_bits" else 1 for name in ARRAY_DTYPES}
+RECORDED_SIZES = ("num_nodes", "num_edges", "num_tools", "bitset_words", "max_edges_per_node")
 SCALAR_FIELDS = ("sep_token_id", "end_token_id", "max_tools", "allow_empty", "separator",
                  "prompt_template")
 
@@ -141,10 +141,8 @@ class Grammar:
     # ---- file format ----
     def to_msgpack(self) -> bytes:
         """The grammar.msgpack bytes; deterministic (fixed key order, raw LE arrays)."""
-        doc = {"format": FORMAT_NAME, "version": FORMAT_VERSION,
-               "num_nodes": self.num_nodes, "num_edges": self.num_edges,
-               "num_tools": self.num_tools, "bitset_words": self.bitset_words,
-               "max_edges_per_node": self.max_edges_per_node}
+        doc = {"format": FORMAT_NAME, "version": FORMAT_VERSION}
+        doc.update({name: getattr(self, name) for name in RECORDED_SIZES})
         doc.update({name: getattr(self, name) for name in SCALAR_FIELDS})
         doc["tool_names"] = list(self.tool_names)
         doc["arrays"] = {name: {"dtype": dtype.str, "shape": list(getattr(self, name).shape),
@@ -156,10 +154,9 @@ class Grammar:
     def from_msgpack(cls, data: bytes, source: str = "grammar.msgpack") -> "Grammar":
         """Parse grammar.msgpack bytes; ``Refusal`` (bundle_invalid / format_unsupported)."""
         def bad(what: str, **details) -> Refusal:
-            return Refusal("bundle_invalid", f"{source}: {what}; rebuild the bundle",
-                           file=source, **details)
+            return Refusal("bundle_invalid", f"{source}: {what}; rebuild the bundle", file=source, **details)
         try:
-            doc = msgpack.unpackb(data, raw=False, strict_map_key=True)
+            doc = msgpack.unpackb(data, raw=False)
         except Exception as e:  # msgpack raises several unrelated types on bad input
             raise bad(f"not a msgpack document ({type(e).__name__}: {e})") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
@@ -168,8 +165,7 @@ class Grammar:
         version = doc.get("version")
         lo, hi = SUPPORTED_VERSIONS
         if not isinstance(version, int) or not lo <= version <= hi:
-            raise Refusal("format_unsupported",
-                          f"{source}: grammar format version {version!r}, this runtime reads "
+            raise Refusal("format_unsupported", f"{source}: grammar format version {version!r}, this runtime reads "
                           f"versions {lo}..{hi}; rebuild the bundle or upgrade the runtime",
                           file=source, found=version, supported_min=lo, supported_max=hi)
         kwargs: dict = {}
@@ -186,20 +182,15 @@ class Grammar:
                 raise bad(f"array {name!r}: shape {shape!r} does not match "
                           f"{len(raw) if isinstance(raw, bytes) else None} data bytes", array=name)
             kwargs[name] = np.frombuffer(raw, dtype).reshape(shape)
-        for name in SCALAR_FIELDS:
-            if name not in doc:
-                raise bad(f"missing field {name!r}", field=name)
-            kwargs[name] = doc[name]
-        names = doc.get("tool_names")
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise bad("'tool_names' is not a list of strings")
+        missing = [name for name in (*SCALAR_FIELDS, "tool_names") if name not in doc]
+        if missing or not isinstance(doc["tool_names"], list):
+            raise bad(f"missing fields {missing} or 'tool_names' not a list", missing=missing)
         try:
-            grammar = cls(tool_names=tuple(names), **kwargs)
+            grammar = cls(tool_names=tuple(doc["tool_names"]), **kwargs, **{k: doc[k] for k in SCALAR_FIELDS})
         except Refusal as e:
             raise bad(e.message, **e.details) from None
-        recorded = {k: doc.get(k) for k in ("num_nodes", "num_edges", "num_tools",
-                                            "bitset_words", "max_edges_per_node")}
-        derived = {k: getattr(grammar, k) for k in recorded}
+        recorded = {k: doc.get(k) for k in RECORDED_SIZES}
+        derived = {k: getattr(grammar, k) for k in RECORDED_SIZES}
         if recorded != derived:
             raise bad(f"recorded sizes {recorded} disagree with the arrays {derived}")
         return grammar
@@ -215,8 +206,8 @@ class Grammar:
             data = path.read_bytes()
         except OSError as e:
             raise Refusal("file_missing" if isinstance(e, FileNotFoundError) else "bundle_invalid",
-                          f"{path}: cannot read grammar ({e.strerror}); expected the bundle's "
-                          "grammar.msgpack", file=str(path)) from None
+                          f"{path}: cannot read grammar ({e.strerror}); expected the bundle's grammar.msgpack",
+                          file=str(path)) from None
         return cls.from_msgpack(data, source=str(path))
 
 
@@ -234,8 +225,9 @@ def _check(g: Grammar) -> None:
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             fail(f"{name} = {value!r}, expected {kind.__name__}", field=name)
     n, e, t, w = g.num_nodes, g.num_edges, g.num_tools, g.bitset_words
-    if n < 2 or t < 1 or g.max_tools < 1 or g.sep_token_id == g.end_token_id:
-        fail(f"{n} nodes, {t} tools, max_tools {g.max_tools}: expected >= 2, >= 1, >= 1, SEP != END")
+    if n < 2 or t < 1 or g.max_tools < 1 or g.sep_token_id == g.end_token_id or not all(
+            isinstance(name, str) for name in g.tool_names):
+        fail(f"{n} nodes, {t} tools, max_tools {g.max_tools}: expected >= 2, >= 1, >= 1, SEP != END, names str")
     starts = g.node_edge_start.astype(np.int64)
     if starts[0] != 0 or starts[-1] != e or (np.diff(starts) < 0).any() or starts[-2] != e:
         fail("node_edge_start must rise from 0 to num_edges, the terminal node without edges")
@@ -248,13 +240,14 @@ def _check(g: Grammar) -> None:
     expected_child = np.select([kind == EDGE_SEP, kind == EDGE_NAME], [ROOT, child], n - 1)
     if ((kind > EDGE_EMPTY_END).any() or (child != expected_child).any()
             or ((kind == EDGE_NAME) & ((child <= ROOT) | (child >= n - 1))).any()
-            or ((kind == EDGE_EMPTY_END) & ((node_of_edge != ROOT) | (not g.allow_empty))).any()):
-        fail("edge kinds and children disagree (SEP -> root, END -> terminal, names -> inner)")
+            or (node_of_edge[kind == EDGE_EMPTY_END] != ROOT).any()
+            or (kind == EDGE_EMPTY_END).sum() != int(g.allow_empty)):
+        fail("edge kinds and children disagree (SEP -> root, END -> terminal, names -> inner, empty END at "
+             "root iff allow_empty)")
     if (closes & ((tool < 0) | (tool >= t))).any() or (~closes & (tool != -1)).any():
         fail("edge_tool must name a tool on SEP/END edges and be -1 elsewhere")
     token = g.edge_token
-    expected_token = np.select([kind == EDGE_SEP, kind == EDGE_NAME], [g.sep_token_id, token],
-                               g.end_token_id)
+    expected_token = np.select([kind == EDGE_SEP, kind == EDGE_NAME], [g.sep_token_id, token], g.end_token_id)
     is_special = (token == g.sep_token_id) | (token == g.end_token_id)
     if (token != expected_token).any() or ((kind == EDGE_NAME) & is_special).any():
         fail("SEP edges must carry the SEP token, END edges END, name edges neither")
@@ -279,16 +272,14 @@ def _check(g: Grammar) -> None:
     has_edges = np.flatnonzero(np.diff(starts) > 0)
     if e:
         union[has_edges] = np.bitwise_or.reduceat(g.edge_bits, starts[has_edges], axis=0)
-    all_tools = np.zeros(w * 64, bool)
-    all_tools[:t] = True
+    all_tools = np.packbits(np.arange(w * 64) < t, bitorder="little").view("<u8")  # bits 0..t-1 set
     expected_bits = np.where(closes[:, None], onehot, union[child])
     expected_bits[kind == EDGE_EMPTY_END] = 0
-    if ((g.edge_bits != expected_bits).any()
-            or (union[ROOT] != np.packbits(all_tools, bitorder="little").view("<u8")).any()):
+    if (g.edge_bits != expected_bits).any() or (union[ROOT] != all_tools).any():
         fail("edge_bits are not the tool sets of the edges' subtrees")
     path_start = g.tool_path_start.astype(np.int64)
-    if (len(path_start) != t + 1 or path_start[0] != 0 or path_start[-1] != len(g.tool_path_tokens)
-            or (np.diff(path_start) < 1).any()):
+    if len(path_start) != t + 1 or path_start[0] != 0 or path_start[-1] != len(g.tool_path_tokens) or (
+            np.diff(path_start) < 1).any():
         fail("tool_path_start must rise strictly from 0 to len(tool_path_tokens)")
     # Each tool's path, walked from the root, must end at the node whose END edge closes it.
     end_node = np.full(t, -1, np.int64)

@@ -44,17 +44,21 @@ class GrammarStepper:
         states["node"] = ROOT
         return states
 
-    def allowed_mask_batch(self, states: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Candidates of every state, in edge order, padded to ``max_edges_per_node``.
+    def allowed_mask_batch(self, states: np.ndarray, max_edges: int | None = None
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Candidates of every state, in edge order, padded to M = ``max_edges`` columns
+        (default and minimum: the grammar's ``max_edges_per_node``).
 
         Returns ``tokens`` int32[B, M] (-1 past the node's edges), ``edges`` int32[B, M]
         (global edge index, -1 past the node's edges) and ``allowed`` bool[B, M].
         """
         g = self.grammar
+        width = self.max_edges if max_edges is None else max_edges
+        assert width >= self.max_edges, f"{width} columns cannot hold {self.max_edges} edges"
         node = states["node"].astype(np.int64)
         first = self._start[node]
         degree = self._start[node + 1] - first
-        slot = np.arange(self.max_edges)
+        slot = np.arange(width)
         valid = slot[None, :] < degree[:, None]  # [B, M]
         edges = np.where(valid, first[:, None] + slot[None, :], -1)
         tokens = np.where(valid, g.edge_token[np.maximum(edges, 0)], -1).astype(np.int32)

@@ -15,6 +15,7 @@ class MachineFacts:
     gpu_name: str | None = None
     compute_capability: str | None = None  # "9.0"
     driver_version: int | None = None  # 1000*major + 10*minor
+    no_gpu_reason: str | None = None  # why gpu_name is None, when a GPU was looked for
 
 
 def cpu_facts() -> MachineFacts:
@@ -27,19 +28,18 @@ def cpu_facts() -> MachineFacts:
 
 
 def gpu_facts(device: int = 0) -> MachineFacts:
-    """Facts of GPU ``device``; Refusal("no_gpu") when there is no driver or no device."""
+    """Facts of GPU ``device``; without a driver or device, facts with ``gpu_name`` None and the reason."""
     try:
         from cuda.bindings import driver
         (err,) = driver.cuInit(0)
     except Exception as e:  # DynamicLibNotFoundError and friends: no driver installed
-        raise Refusal("no_gpu", f"no CUDA driver on this machine ({type(e).__name__}); this bundle needs a GPU",
-                      reason=type(e).__name__) from None
+        return MachineFacts(free_bytes=0, no_gpu_reason=f"no CUDA driver ({type(e).__name__})")
     if err != driver.CUresult.CUDA_SUCCESS:
-        raise Refusal("no_gpu", f"cuInit failed ({err.name}); no usable GPU", reason=err.name)
+        return MachineFacts(free_bytes=0, no_gpu_reason=f"cuInit failed ({err.name})")
     from .cuda_check import check
     count = check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
     if count <= device:
-        raise Refusal("no_gpu", f"cuDeviceGetCount found {count} devices; need device {device}", devices=count)
+        return MachineFacts(free_bytes=0, no_gpu_reason=f"cuDeviceGetCount found {count} devices")
     dev = check(driver.cuDeviceGet(device), "cuDeviceGet")
     name = check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName").split(b"\0")[0].decode()
     attr = driver.CUdevice_attribute
@@ -65,8 +65,9 @@ def check_target(contract: Contract, facts: MachineFacts) -> None:
     t = contract.target
     if t.name != CPU_TARGET:
         if facts.gpu_name is None:
-            raise Refusal("no_gpu", f"this bundle targets {t.name} ({t.sm_arch}); this machine has no GPU",
-                          target=t.name)
+            reason = facts.no_gpu_reason or "no GPU"
+            raise Refusal("no_gpu", f"this bundle targets {t.name} ({t.sm_arch}); this machine has no usable GPU: "
+                          f"{reason}", target=t.name, reason=reason)
         name = facts.gpu_name.lower()
         if facts.compute_capability != t.compute_capability or (t.gpu_names and not any(g in name for g in t.gpu_names)):
             raise Refusal("target_mismatch", f"this bundle targets {t.name} (compute capability {t.compute_capability}, "

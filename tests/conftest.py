@@ -25,3 +25,17 @@ def make_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_checkpoint(make_checkpoint):
     return make_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory, tiny_checkpoint):
+    """A CPU FP8 bundle of the tiny checkpoint and the 64-tool example catalog."""
+    from builder.compile import compile_bundle
+    from runtime.contract import BuildOptions
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny-fp8-cpu"
+    options = BuildOptions(precision="fp8_e4m3", target="cpu", max_sequences=8, max_input_tokens=128,
+                           max_output_tokens=None, page_size=32, max_tokens_per_step=128, prefill_chunk=64,
+                           memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
+    compile_bundle(tiny_checkpoint, "builder/data/tools-64.json", options, out)
+    return out
