@@ -34,13 +34,13 @@ def _read_json(path: Path, required: bool = True) -> dict | None:
 def _eos_ids(folder: Path, cfg_json: dict) -> tuple[int, ...]:
     gen = _read_json(folder / "generation_config.json", required=False) or {}
     eos = gen.get("eos_token_id", cfg_json.get("eos_token_id"))
-    if eos is None:
+    if eos is None:  # fall back to the tokenizer's eos_token, looked up in the tokenizer
         tok_cfg = _read_json(folder / "tokenizer_config.json", required=False) or {}
         name = tok_cfg.get("eos_token")
         name = name.get("content") if isinstance(name, dict) else name
-        vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
-        added = {t["content"]: t["id"] for t in json.loads((folder / "tokenizer.json").read_text()).get("added_tokens", [])}
-        eos = added.get(name, vocab.get(name)) if name else None
+        if name:
+            from tokenizers import Tokenizer
+            eos = Tokenizer.from_file(str(folder / "tokenizer.json")).token_to_id(name)
     if eos is None:
         raise CheckpointError("checkpoint_invalid", f"{folder}: no EOS token id in generation_config.json, "
                               "config.json or tokenizer_config.json; add eos_token_id", file=str(folder))
