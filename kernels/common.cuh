@@ -1,0 +1,108 @@
+// common.cuh: device helpers shared by every kernel of the engine.
+//
+// Numerics contract (all kernels): float32 accumulation; every reduction is a fixed tree
+// (sequential per lane, then an xor butterfly over lanes in a fixed order), so a row's
+// result depends only on that row's data, never on how many other rows share the launch.
+// Expressions whose rounding must match the numpy reference (kernels/reference.py) are
+// written with explicit __fmul_rn/__fadd_rn so the compiler cannot contract them to FMA.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_fp4.h>
+
+#define FULL_MASK 0xffffffffu
+#define NEG_INF (__int_as_float(0xff800000))
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+typedef unsigned char u8;
+
+// Sum over the 32 lanes; every lane ends with the same bits (xor pairs add commutatively).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+    return v;
+}
+
+// ---- conversions (all exact except float -> bf16, which rounds to nearest even) ----
+
+// Two bf16 packed in a 32-bit word (element 0 in the low half) -> two floats. Exact.
+__device__ __forceinline__ float2 bf16x2_to_float2(u32 w) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+// 8 bf16 (one 16-byte vector) -> 8 floats, element order preserved.
+__device__ __forceinline__ void bf16x8_to_float(const uint4 r, float f[8]) {
+    float2 a = bf16x2_to_float2(r.x), b = bf16x2_to_float2(r.y);
+    float2 c = bf16x2_to_float2(r.z), d = bf16x2_to_float2(r.w);
+    f[0] = a.x; f[1] = a.y; f[2] = b.x; f[3] = b.y;
+    f[4] = c.x; f[5] = c.y; f[6] = d.x; f[7] = d.y;
+}
+
+__device__ __forceinline__ float bf16_to_float(const __nv_bfloat16* p) {
+    return __bfloat162float(*p);
+}
+
+// Two floats -> two bf16 in one word, round-to-nearest-even (what ml_dtypes.astype does).
+__device__ __forceinline__ u32 float2_to_bf16x2(float a, float b) {
+    __nv_bfloat16 lo = __float2bfloat16_rn(a), hi = __float2bfloat16_rn(b);
+    return (u32)__bfloat16_as_ushort(lo) | ((u32)__bfloat16_as_ushort(hi) << 16);
+}
+
+// Two e4m3 codes (low byte = first element) -> two floats. Exact: e4m3 fits in fp16.
+// On sm_89+ this is one cvt.rn.f16x2.e4m3x2 instruction.
+__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short v) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+    return __half22float2(*reinterpret_cast<__half2*>(&h));
+}
+
+// Two e4m3 codes -> half2, for multiplying into e2m1 values without rounding.
+__device__ __forceinline__ __half2 e4m3x2_to_half2(unsigned short v) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+    return *reinterpret_cast<__half2*>(&h);
+}
+
+// One byte of two e2m1 codes (low nibble = first element) -> half2. Exact.
+__device__ __forceinline__ __half2 e2m1x2_to_half2(unsigned char v) {
+    __half2_raw h = __nv_cvt_fp4x2_to_halfraw2((__nv_fp4x2_storage_t)v, __NV_E2M1);
+    return *reinterpret_cast<__half2*>(&h);
+}
+
+// ---- row statistics shared by rmsnorm.cu and the matvec prologues ----
+
+// sqrt(mean(x^2) + eps) of one float32 row x[0:n] (n % 4 == 0, x 16-byte aligned), computed by
+// one warp: lane sums float4 chunks lane, lane+32, ... sequentially (fmaf), then warp_sum.
+// Every caller of this function gets the same bits for the same row.
+__device__ __forceinline__ float row_rms(const float* __restrict__ x, int n, float eps, int lane) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    float s = 0.f;
+    for (int i = lane; i < n / 4; i += 32) {
+        float4 v = x4[i];
+        s = fmaf(v.x, v.x, s); s = fmaf(v.y, v.y, s);
+        s = fmaf(v.z, v.z, s); s = fmaf(v.w, v.w, s);
+    }
+    s = warp_sum(s);
+    return sqrtf(__fadd_rn(__fdiv_rn(s, (float)n), eps));
+}
+
+// The normalized value as runtime/cpu_backend.rms_norm writes it: (x / rms) * weight.
+__device__ __forceinline__ float rms_apply(float x, float rms, float w) {
+    return __fmul_rn(__fdiv_rn(x, rms), w);
+}
+
+// silu(g) * u with silu(g) = g / (1 + exp(-g)), as the CPU backend computes it.
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+// ---- attention geometry shared by attention.cu and attention_merge.cu ----
+// Key positions per split: split s of a sequence covers positions [s*ATTN_SPLIT, (s+1)*ATTN_SPLIT).
+#define ATTN_SPLIT 256

@@ -1,0 +1,27 @@
+// embedding.cu: token embedding gather, bf16 -> float32 (exact).
+//
+//   x[t, :] = float(table[tokens[t], :])      (zeros where tokens[t] is outside [0, vocab))
+//
+// tokens: int32 [T]; table: bf16 [vocab, hidden] row-major; x: float32 [T, hidden].
+// hidden % 8 == 0. Each thread moves 16-byte vectors (8 bf16 in, two float4 out).
+// Launch: grid (T), block EMB_THREADS.
+#include "common.cuh"
+
+#define EMB_THREADS 128
+
+extern "C" __global__ void __launch_bounds__(EMB_THREADS)
+embed_gather(const int* tokens, const __nv_bfloat16* table, int vocab, int hidden, float* x,
+             int T) {
+    const int t = blockIdx.x;
+    if (t >= T) return;
+    const int tok = tokens[t];
+    const bool ok = tok >= 0 && tok < vocab;
+    const uint4* src = reinterpret_cast<const uint4*>(table + (size_t)(ok ? tok : 0) * hidden);
+    float4* dst = reinterpret_cast<float4*>(x + (size_t)t * hidden);
+    for (int v = threadIdx.x; v < hidden / 8; v += EMB_THREADS) {
+        float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (ok) bf16x8_to_float(__ldg(src + v), f);
+        dst[2 * v] = make_float4(f[0], f[1], f[2], f[3]);
+        dst[2 * v + 1] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+}

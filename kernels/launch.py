@@ -1,0 +1,212 @@
+"""A small CUDA driver-API launcher for the kernels: device, memory, modules, launches.
+
+Every cuda-python call goes through ``_check``, which raises ``CudaError("cuda_error")``
+naming the call and the driver's error name. Arguments are packed by the kernel's parameter
+kinds (kernels.signatures): device arrays (or None for a null pointer) for ``ptr``, numbers
+for ``i32`` / ``f32`` / ``u64``; a wrong count or type fails here, naming the parameter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.errors import CudaError
+
+from .signatures import KernelSignature, kernel_signatures
+
+_SCALAR_DTYPES = {"i32": np.int32, "f32": np.float32, "u64": np.uint64}
+
+
+def _driver():
+    from cuda.bindings import driver
+    return driver
+
+
+def _check(result, call: str):
+    """Unpacks a driver result tuple; ``CudaError`` naming ``call`` unless CUDA_SUCCESS."""
+    driver = _driver()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        name = driver.cuGetErrorName(err)
+        label = name[1].decode() if name[0] == driver.CUresult.CUDA_SUCCESS else repr(err)
+        raise CudaError("cuda_error", f"{call} failed: {label}", call=call, result=int(err),
+                        error=label)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+check = _check  # public name for callers that drive other cuda-python calls (graphs)
+
+
+def probe_gpu() -> tuple[bool, str]:
+    """(True, "name, sm_XY") if a CUDA device is usable, else (False, why); never raises."""
+    try:
+        driver = _driver()
+        _check(driver.cuInit(0), "cuInit")
+        if _check(driver.cuDeviceGetCount(), "cuDeviceGetCount") < 1:
+            return False, "the CUDA driver reports no device"
+        dev = _check(driver.cuDeviceGet(0), "cuDeviceGet")
+        name = _check(driver.cuDeviceGetName(256, dev), "cuDeviceGetName")
+        return True, name.split(b"\0")[0].decode()
+    except Exception as e:  # DynamicLibNotFoundError without a driver, CudaError, ImportError
+        return False, f"no usable CUDA device ({type(e).__name__}: {e})"
+
+
+@dataclass
+class DeviceArray:
+    """A device allocation: ``ptr`` (int), ``nbytes``; freed by ``Gpu.free`` or ``Gpu.close``."""
+
+    ptr: int
+    nbytes: int
+
+
+class Kernel:
+    """A loaded kernel function with its signature."""
+
+    def __init__(self, function, signature: KernelSignature):
+        self.function = function
+        self.signature = signature
+
+    def pack(self, args: tuple) -> tuple[np.ndarray, list[np.ndarray]]:
+        """kernelParams: uint64 array of addresses of one numpy scalar per parameter."""
+        sig = self.signature
+        if len(args) != len(sig.params):
+            raise TypeError(f"{sig.name} takes {len(sig.params)} arguments "
+                            f"({', '.join(n for n, _ in sig.params)}), got {len(args)}")
+        holders = []
+        for (pname, kind), value in zip(sig.params, args):
+            if kind == "ptr":
+                if value is None:
+                    value = 0
+                elif isinstance(value, DeviceArray):
+                    value = value.ptr
+                elif not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                    raise TypeError(f"{sig.name}: parameter {pname!r} is a device pointer; got "
+                                    f"{type(value).__name__}")
+                holders.append(np.array([value], np.uint64))
+            else:
+                if isinstance(value, DeviceArray) or value is None:
+                    raise TypeError(f"{sig.name}: parameter {pname!r} is a {kind} scalar; got "
+                                    f"{type(value).__name__}")
+                if kind != "f32" and not isinstance(value, (int, np.integer)):
+                    raise TypeError(f"{sig.name}: parameter {pname!r} is an integer ({kind}); got "
+                                    f"{type(value).__name__}")
+                if kind == "i32" and not -2**31 <= int(value) < 2**31:
+                    raise TypeError(f"{sig.name}: {pname} = {value} does not fit in int32")
+                holders.append(np.array([value], _SCALAR_DTYPES[kind]))
+        params = np.array([h.ctypes.data for h in holders], np.uint64)
+        return params, holders
+
+
+class Gpu:
+    """One device's primary context, made current on this thread; ``close`` releases all."""
+
+    def __init__(self, ordinal: int = 0):
+        driver = _driver()
+        try:
+            _check(driver.cuInit(0), "cuInit")
+        except CudaError:
+            raise
+        except Exception as e:  # cuda.pathfinder's DynamicLibNotFoundError without a driver
+            raise CudaError("cuda_error", f"cuInit failed: no CUDA driver ({type(e).__name__}: {e})",
+                            call="cuInit") from None
+        self.device = _check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.context = _check(driver.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
+        _check(driver.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        raw = _check(driver.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        self.name = raw.split(b"\0")[0].decode()
+        attr = driver.CUdevice_attribute
+        self.compute_capability = tuple(
+            _check(driver.cuDeviceGetAttribute(a, self.device), "cuDeviceGetAttribute")
+            for a in (attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                      attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+        self.driver_version = _check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+        self._allocs: dict[int, DeviceArray] = {}
+        self._modules: list = []
+
+    @property
+    def arch(self) -> str:
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}"
+
+    # ---- memory ----
+    def alloc(self, nbytes: int) -> DeviceArray:
+        ptr = _check(_driver().cuMemAlloc(max(int(nbytes), 1)), "cuMemAlloc")
+        arr = DeviceArray(int(ptr), int(nbytes))
+        self._allocs[arr.ptr] = arr
+        return arr
+
+    def zeros(self, nbytes: int) -> DeviceArray:
+        arr = self.alloc(nbytes)
+        _check(_driver().cuMemsetD8(arr.ptr, 0, max(arr.nbytes, 1)), "cuMemsetD8")
+        return arr
+
+    def upload(self, host: np.ndarray) -> DeviceArray:
+        host = np.ascontiguousarray(host)
+        arr = self.alloc(host.nbytes)
+        self.copy_in(arr, host)
+        return arr
+
+    def copy_in(self, arr: DeviceArray, host: np.ndarray) -> None:
+        host = np.ascontiguousarray(host)
+        if host.nbytes > arr.nbytes:
+            raise ValueError(f"copy of {host.nbytes} bytes into a {arr.nbytes}-byte allocation")
+        if host.nbytes:
+            _check(_driver().cuMemcpyHtoD(arr.ptr, host, host.nbytes), "cuMemcpyHtoD")
+
+    def download(self, arr: DeviceArray, shape, dtype) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        if out.nbytes > arr.nbytes:
+            raise ValueError(f"download of {out.nbytes} bytes from a {arr.nbytes}-byte allocation")
+        if out.nbytes:
+            _check(_driver().cuMemcpyDtoH(out, arr.ptr, out.nbytes), "cuMemcpyDtoH")
+        return out
+
+    def free(self, arr: DeviceArray) -> None:
+        if self._allocs.pop(arr.ptr, None) is not None:
+            _check(_driver().cuMemFree(arr.ptr), "cuMemFree")
+
+    # ---- modules and launches ----
+    def load(self, cubin: bytes) -> "Module":
+        module = _check(_driver().cuModuleLoadData(cubin), "cuModuleLoadData")
+        self._modules.append(module)
+        return Module(module)
+
+    def launch(self, kernel: Kernel, grid, block, *args, shared_bytes: int = 0, stream=0) -> None:
+        params, holders = kernel.pack(args)
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = (tuple(block) + (1, 1))[:3]
+        _check(_driver().cuLaunchKernel(kernel.function, gx, gy, gz, bx, by, bz, shared_bytes,
+                                        stream, params.ctypes.data, 0),
+               f"cuLaunchKernel({kernel.signature.name})")
+        del holders  # the driver copied the parameter values during the call
+
+    def synchronize(self) -> None:
+        _check(_driver().cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def close(self) -> None:
+        """Frees every allocation and module, then releases the primary context."""
+        driver = _driver()
+        for arr in list(self._allocs.values()):
+            self.free(arr)
+        for module in self._modules:
+            _check(driver.cuModuleUnload(module), "cuModuleUnload")
+        self._modules.clear()
+        _check(driver.cuDevicePrimaryCtxRelease(self.device), "cuDevicePrimaryCtxRelease")
+
+
+class Module:
+    """A loaded cubin; ``kernel(name)`` looks a function up with its signature."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def kernel(self, name: str) -> Kernel:
+        sig = kernel_signatures().get(name)
+        if sig is None:
+            raise KeyError(f"no kernel {name!r} in kernels/*.cu")
+        fn = _check(_driver().cuModuleGetFunction(self.module, name.encode()),
+                    f"cuModuleGetFunction({name})")
+        return Kernel(fn, sig)

@@ -1,0 +1,228 @@
+// matvec.cuh: small-batch linear layer, shared by matvec_{fp8,nvfp4,bf16}.cu and head_dense.cu.
+//
+//   y[t, o] (+)= scale(o) * sum_k prologue(x)[t, k] * Wq[o, k]  (+ bias[o])
+//
+// x: float32 [T, x_stride] (first `in` columns used); y: float32 [T, out], must not alias x.
+// W: one 16-byte vector = ELEMS consecutive elements of one row; rows are row-major, `in`
+// elements each. Prologue, applied while staging x into shared memory:
+//   PRO_PLAIN   x
+//   PRO_RMSNORM (x / sqrt(mean(x^2) + eps)) * norm_w[k]   (norm_w bf16 [in]; = rmsnorm.cu)
+//   PRO_SWIGLU  silu(x[t, k]) * x2[t, k]                   (gate x, up x2; = swiglu.cu)
+//
+// Launch: grid (ceil(out / MV_ROWS_PER_BLOCK), ceil(T / MV_TILE_T)), block MV_THREADS.
+// Each warp owns MV_ROWS_PER_WARP output rows and all MV_TILE_T activation rows of the block,
+// so one 16-byte weight load feeds 8 rows of x (read from shared memory, conflict-free thanks
+// to a 16-byte pad after every vector's columns). Lane l reads vectors l, l+32, l+64, ... of
+// each weight row: a warp reads 512 contiguous bytes per load instruction. The next chunk's
+// weights are loaded into registers before the current chunk is computed (loads in flight
+// across the chunk's arithmetic and barriers).
+//
+// Determinism: for each (o, t) the products are summed in the same order (lane's vectors in
+// order, elements in order, fmaf), then one warp_sum; T and the tile a row lands in never
+// change its bits. Requires in % ELEMS == 0, x_stride % 4 == 0, 16-byte aligned bases.
+#pragma once
+#include "common.cuh"
+
+#define MV_THREADS 256
+#define MV_WARPS 8
+#define MV_ROWS_PER_WARP 2
+#define MV_ROWS_PER_BLOCK 16
+#define MV_TILE_T 8
+
+#define PRO_PLAIN 0
+#define PRO_RMSNORM 1
+#define PRO_SWIGLU 2
+
+// ---- weight formats: ELEMS per 16-byte vector, K_CHUNK staged columns (multiple of
+// 32 * ELEMS; smem = MV_TILE_T * K_CHUNK * (1 + 4 / ELEMS) * 4 bytes <= 40 KiB) ----
+
+// FP8 e4m3 [out, in] + float32 per-row scale [out].
+struct FmtFP8 {
+    static constexpr int ELEMS = 16, K_CHUNK = 1024;
+    static __device__ __forceinline__ size_t row_bytes(int in) { return (size_t)in; }
+    static __device__ __forceinline__ u32 aux(const void*, int, int, int) { return 0u; }
+    // Sub-vector `sub` (0..1) = bytes 8*sub .. 8*sub+7 of the vector.
+    static __device__ __forceinline__ void decode(const uint4 r, u32, int sub, float w[8]) {
+        const u32 a = sub == 0 ? r.x : r.z, b = sub == 0 ? r.y : r.w;
+        float2 f0 = e4m3x2_to_float2((unsigned short)(a & 0xffffu));
+        float2 f1 = e4m3x2_to_float2((unsigned short)(a >> 16));
+        float2 f2 = e4m3x2_to_float2((unsigned short)(b & 0xffffu));
+        float2 f3 = e4m3x2_to_float2((unsigned short)(b >> 16));
+        w[0] = f0.x; w[1] = f0.y; w[2] = f1.x; w[3] = f1.y;
+        w[4] = f2.x; w[5] = f2.y; w[6] = f3.x; w[7] = f3.y;
+    }
+    static __device__ __forceinline__ float row_scale(const void* s, float, int o) {
+        return static_cast<const float*>(s)[o];
+    }
+};
+
+// NVFP4: e2m1 codes uint8 [out, in/2] (element 2k in the low nibble), e4m3 block scales
+// [out, in/16], float32 global scale. A vector holds 32 elements = 2 scale blocks; the
+// block scale is multiplied into the codes in fp16, which is exact (<= 6 significant bits,
+// magnitudes 2^-10 .. 2688), so w = e2m1 * block_scale exactly and global is applied last.
+struct FmtNVFP4 {
+    static constexpr int ELEMS = 32, K_CHUNK = 1024;
+    static __device__ __forceinline__ size_t row_bytes(int in) { return (size_t)(in / 2); }
+    // The vector's two block-scale bytes (in % 32 == 0 keeps the u16 load aligned).
+    static __device__ __forceinline__ u32 aux(const void* s, int o, int v, int in) {
+        const u8* row = static_cast<const u8*>(s) + (size_t)o * (in / 16);
+        return *reinterpret_cast<const unsigned short*>(row + 2 * v);
+    }
+    // Sub-vector `sub` (0..3) = word `sub` = 8 elements of block sub / 2.
+    static __device__ __forceinline__ void decode(const uint4 r, u32 scales, int sub, float w[8]) {
+        const u32 word = sub == 0 ? r.x : sub == 1 ? r.y : sub == 2 ? r.z : r.w;
+        const __half2 bs2 = e4m3x2_to_half2((unsigned short)scales);
+        const __half2 bs = sub < 2 ? __low2half2(bs2) : __high2half2(bs2);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float2 f = __half22float2(__hmul2(e2m1x2_to_half2((u8)(word >> (8 * i))), bs));
+            w[2 * i] = f.x; w[2 * i + 1] = f.y;
+        }
+    }
+    static __device__ __forceinline__ float row_scale(const void*, float g, int) { return g; }
+};
+
+// BF16 [out, in], no scale (unquantized reference build and the lm head).
+struct FmtBF16 {
+    static constexpr int ELEMS = 8, K_CHUNK = 512;
+    static __device__ __forceinline__ size_t row_bytes(int in) { return (size_t)in * 2; }
+    static __device__ __forceinline__ u32 aux(const void*, int, int, int) { return 0u; }
+    static __device__ __forceinline__ void decode(const uint4 r, u32, int, float w[8]) {
+        bf16x8_to_float(r, w);
+    }
+    static __device__ __forceinline__ float row_scale(const void*, float, int) { return 1.0f; }
+};
+
+// Loads chunk c's weight vectors of this warp's rows into registers (zeros past the edges).
+template <class F, int R, int VPL>
+__device__ __forceinline__ void mv_load_chunk(const u8* __restrict__ w, const void* wscale,
+                                              size_t rb, int in, int out, int obase, int nvec,
+                                              int c, int lane, uint4 (&raw)[R][VPL],
+                                              u32 (&aux)[R][VPL]) {
+    constexpr int VPC = F::K_CHUNK / F::ELEMS;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+            const int o = obase + r, v = c * VPC + i * 32 + lane;
+            if (o < out && v < nvec) {
+                raw[r][i] = __ldg(reinterpret_cast<const uint4*>(w + (size_t)o * rb) + v);
+                aux[r][i] = F::aux(wscale, o, v, in);
+            } else {
+                raw[r][i] = make_uint4(0u, 0u, 0u, 0u);
+                aux[r][i] = 0u;
+            }
+        }
+    }
+}
+
+template <class F, int PRO>
+__device__ __forceinline__ void matvec_tile(
+    const float* __restrict__ x, const float* __restrict__ x2, int x_stride,
+    const __nv_bfloat16* __restrict__ norm_w, float eps, const u8* __restrict__ w,
+    const void* __restrict__ wscale, float gscale, const float* __restrict__ bias,
+    float* __restrict__ y, int T, int in, int out, int accumulate) {
+    constexpr int R = MV_ROWS_PER_WARP, TM = MV_TILE_T;
+    constexpr int VPC = F::K_CHUNK / F::ELEMS, VPL = VPC / 32, SUBS = F::ELEMS / 8;
+    constexpr int XS_ROW = F::K_CHUNK + VPC * 4;  // padded floats per staged row
+    constexpr int Q4 = F::K_CHUNK / 4;            // float4 per staged row
+    __shared__ __align__(16) float xs[TM * XS_ROW];
+    __shared__ float rms_s[TM];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t0 = blockIdx.y * TM;
+    const int nt = min(TM, T - t0);
+    const int obase = blockIdx.x * MV_ROWS_PER_BLOCK + warp * R;
+    const int nvec = in / F::ELEMS;
+    const int nchunks = (in + F::K_CHUNK - 1) / F::K_CHUNK;
+    const size_t rb = F::row_bytes(in);
+
+    uint4 wn[R][VPL];
+    u32 an[R][VPL];
+    mv_load_chunk<F, R, VPL>(w, wscale, rb, in, out, obase, nvec, 0, lane, wn, an);
+    if (PRO == PRO_RMSNORM && warp < nt) {  // one warp per activation row (TM == MV_WARPS)
+        const float r = row_rms(x + (size_t)(t0 + warp) * x_stride, in, eps, lane);
+        if (lane == 0) rms_s[warp] = r;
+    }
+
+    float acc[R][TM];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < TM; ++t) acc[r][t] = 0.f;
+
+    for (int c = 0; c < nchunks; ++c) {
+        __syncthreads();  // xs free (previous chunk done); rms_s written
+        const int k0 = c * F::K_CHUNK;
+        for (int idx = threadIdx.x; idx < nt * Q4; idx += MV_THREADS) {
+            const int t = idx / Q4, k = (idx - t * Q4) * 4, gk = k0 + k;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (gk < in) {
+                const size_t off = (size_t)(t0 + t) * x_stride + gk;
+                v = *reinterpret_cast<const float4*>(x + off);
+                if (PRO == PRO_RMSNORM) {
+                    const float r = rms_s[t];
+                    v.x = rms_apply(v.x, r, __bfloat162float(norm_w[gk]));
+                    v.y = rms_apply(v.y, r, __bfloat162float(norm_w[gk + 1]));
+                    v.z = rms_apply(v.z, r, __bfloat162float(norm_w[gk + 2]));
+                    v.w = rms_apply(v.w, r, __bfloat162float(norm_w[gk + 3]));
+                } else if (PRO == PRO_SWIGLU) {
+                    const float4 u = *reinterpret_cast<const float4*>(x2 + off);
+                    v.x = silu_mul(v.x, u.x); v.y = silu_mul(v.y, u.y);
+                    v.z = silu_mul(v.z, u.z); v.w = silu_mul(v.w, u.w);
+                }
+            }
+            *reinterpret_cast<float4*>(&xs[t * XS_ROW + k + (k / F::ELEMS) * 4]) = v;
+        }
+        __syncthreads();
+
+        uint4 wc[R][VPL];
+        u32 ac[R][VPL];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < VPL; ++i) { wc[r][i] = wn[r][i]; ac[r][i] = an[r][i]; }
+        if (c + 1 < nchunks)
+            mv_load_chunk<F, R, VPL>(w, wscale, rb, in, out, obase, nvec, c + 1, lane, wn, an);
+
+#pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+            const int vl = i * 32 + lane;  // vector index within the chunk
+            if (c * VPC + vl >= nvec) continue;
+            const float* xv = xs + vl * (F::ELEMS + 4);
+#pragma unroll
+            for (int sub = 0; sub < SUBS; ++sub) {
+                float wf[R][8];
+#pragma unroll
+                for (int r = 0; r < R; ++r) F::decode(wc[r][i], ac[r][i], sub, wf[r]);
+#pragma unroll
+                for (int t = 0; t < TM; ++t) {
+                    if (t >= nt) break;
+                    const float4 xa = *reinterpret_cast<const float4*>(xv + t * XS_ROW + sub * 8);
+                    const float4 xb = *reinterpret_cast<const float4*>(xv + t * XS_ROW + sub * 8 + 4);
+                    const float xf[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc[r][t] = fmaf(wf[r][e], xf[e], acc[r][t]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int t = 0; t < TM; ++t) {
+            if (t >= nt) break;
+            const float s = warp_sum(acc[r][t]);
+            const int o = obase + r;
+            if (lane == 0 && o < out) {
+                float res = __fmul_rn(s, F::row_scale(wscale, gscale, o));
+                if (bias != nullptr) res = __fadd_rn(res, bias[o]);
+                float* yp = y + (size_t)(t0 + t) * out + o;
+                *yp = accumulate ? __fadd_rn(*yp, res) : res;
+            }
+        }
+    }
+}

@@ -1,0 +1,36 @@
+// matvec_bf16.cu: bf16 linear layer for small batches (the unquantized `bf16` build);
+// see matvec.cuh for the tiling.
+//
+//   y[t, o] (+)= sum_k prologue(x)[t, k] * w[o, k]  (+ bias[o])
+//
+// w: bf16 [out, in]; bias: float32 [out] or null; x: float32 [T, x_stride];
+// y: float32 [T, out]; accumulate != 0 adds into y. in % 8 == 0.
+// Launch: grid (ceil(out / 16), ceil(T / 8)), block 256, no dynamic shared memory.
+#include "matvec.cuh"
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS)
+bf16_matvec(const float* x, int x_stride, const __nv_bfloat16* w, const float* bias, float* y,
+            int T, int in, int out, int accumulate) {
+    matvec_tile<FmtBF16, PRO_PLAIN>(x, nullptr, x_stride, nullptr, 0.f,
+                                    reinterpret_cast<const u8*>(w), nullptr, 0.f, bias, y, T, in,
+                                    out, accumulate);
+}
+
+// Input RMSNorm fused: x is the raw residual stream, norm_w bf16 [in].
+extern "C" __global__ void __launch_bounds__(MV_THREADS)
+bf16_matvec_rmsnorm(const float* x, int x_stride, const __nv_bfloat16* norm_w, float eps,
+                    const __nv_bfloat16* w, const float* bias, float* y, int T, int in, int out,
+                    int accumulate) {
+    matvec_tile<FmtBF16, PRO_RMSNORM>(x, nullptr, x_stride, norm_w, eps,
+                                      reinterpret_cast<const u8*>(w), nullptr, 0.f, bias, y, T,
+                                      in, out, accumulate);
+}
+
+// SwiGLU fused: the input is silu(gate) * up, both float32 [T, x_stride].
+extern "C" __global__ void __launch_bounds__(MV_THREADS)
+bf16_matvec_swiglu(const float* gate, const float* up, int x_stride, const __nv_bfloat16* w,
+                   const float* bias, float* y, int T, int in, int out, int accumulate) {
+    matvec_tile<FmtBF16, PRO_SWIGLU>(gate, up, x_stride, nullptr, 0.f,
+                                     reinterpret_cast<const u8*>(w), nullptr, 0.f, bias, y, T,
+                                     in, out, accumulate);
+}

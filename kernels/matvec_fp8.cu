@@ -1,0 +1,34 @@
+// matvec_fp8.cu: FP8 e4m3 linear layer for small batches (see matvec.cuh for the tiling).
+//
+//   y[t, o] (+)= w_scale[o] * sum_k prologue(x)[t, k] * e4m3(w[o, k])  (+ bias[o])
+//
+// w: uint8 e4m3 codes [out, in] row-major; w_scale: float32 [out]; bias: float32 [out] or
+// null (qwen2 q/k/v); x: float32 [T, x_stride]; y: float32 [T, out]; accumulate != 0 adds
+// into y (the residual stream after o_proj / down_proj). in % 16 == 0.
+// Launch: grid (ceil(out / 16), ceil(T / 8)), block 256, no dynamic shared memory.
+#include "matvec.cuh"
+
+extern "C" __global__ void __launch_bounds__(MV_THREADS)
+fp8_matvec(const float* x, int x_stride, const u8* w, const float* w_scale, const float* bias,
+           float* y, int T, int in, int out, int accumulate) {
+    matvec_tile<FmtFP8, PRO_PLAIN>(x, nullptr, x_stride, nullptr, 0.f, w, w_scale, 0.f, bias, y,
+                                   T, in, out, accumulate);
+}
+
+// Input RMSNorm fused: x is the raw residual stream, norm_w bf16 [in].
+extern "C" __global__ void __launch_bounds__(MV_THREADS)
+fp8_matvec_rmsnorm(const float* x, int x_stride, const __nv_bfloat16* norm_w, float eps,
+                   const u8* w, const float* w_scale, const float* bias, float* y, int T,
+                   int in, int out, int accumulate) {
+    matvec_tile<FmtFP8, PRO_RMSNORM>(x, nullptr, x_stride, norm_w, eps, w, w_scale, 0.f, bias, y,
+                                     T, in, out, accumulate);
+}
+
+// SwiGLU fused: the input is silu(gate) * up, both float32 [T, x_stride].
+extern "C" __global__ void __launch_bounds__(MV_THREADS)
+fp8_matvec_swiglu(const float* gate, const float* up, int x_stride, const u8* w,
+                  const float* w_scale, const float* bias, float* y, int T, int in, int out,
+                  int accumulate) {
+    matvec_tile<FmtFP8, PRO_SWIGLU>(gate, up, x_stride, nullptr, 0.f, w, w_scale, 0.f, bias, y,
+                                    T, in, out, accumulate);
+}

@@ -1,0 +1,168 @@
+"""Running kernels by name with numpy in and out: parity tests and host-driven cross-checks.
+
+``KernelRunner(gpu)`` compiles each kernels/*.cu once for the device's arch, launches with the
+shape from kernels.geometry, uploads numpy arguments and downloads the ``Out`` ones.
+``DryRunGpu`` stands in for a device on machines without one: launches only pack their
+arguments (count and kinds checked against the kernel's signature), downloads are zeros, so
+a launch sequence can be checked in CPU-only CI. ``run_while_graph`` builds and runs a graph
+whose single WHILE conditional node loops over a body of kernel launches.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .geometry import launch_shape
+from .launch import DeviceArray, Kernel, check
+from .nvrtc_build import compile_kernel
+from .signatures import kernel_signatures
+
+
+class Out:
+    """A kernel argument uploaded before the launch and downloaded after it."""
+
+    def __init__(self, init: np.ndarray):
+        self.init = np.ascontiguousarray(init)
+
+
+class KernelRunner:
+    """Kernels by name on ``gpu`` (a launch.Gpu or a DryRunGpu). ``close``/``same`` assert
+    agreement, and do nothing on a dry run (its results are zeros)."""
+
+    def __init__(self, gpu):
+        self.gpu = gpu
+        self.dry = isinstance(gpu, DryRunGpu)
+        self.modules: dict = {}
+
+    def kernel(self, fn: str) -> Kernel:
+        file = kernel_signatures()[fn].file
+        if file not in self.modules:
+            cubin = b"" if self.dry else compile_kernel(file, self.gpu.arch).cubin
+            self.modules[file] = self.gpu.load(cubin)
+        return self.modules[file].kernel(fn)
+
+    def launch(self, fn: str, sizes: dict, *args) -> None:
+        """Launches ``fn`` with device arguments (DeviceArray / None / scalars), no sync."""
+        grid, block = launch_shape(fn, **sizes)
+        self.gpu.launch(self.kernel(fn), grid, block, *args)
+
+    def run(self, fn: str, sizes: dict, *args) -> list[np.ndarray]:
+        """Uploads numpy / Out arguments, launches, synchronizes; returns the Out arrays."""
+        temps, outs, dev_args = [], [], []
+        for a in args:
+            if isinstance(a, (np.ndarray, Out)):
+                host = a.init if isinstance(a, Out) else np.ascontiguousarray(a)
+                d = self.gpu.upload(host)
+                temps.append(d)
+                if isinstance(a, Out):
+                    outs.append((d, host))
+                a = d
+            dev_args.append(a)
+        self.launch(fn, sizes, *dev_args)
+        self.gpu.synchronize()
+        result = [self.gpu.download(d, h.shape, h.dtype) for d, h in outs]
+        for d in temps:
+            self.gpu.free(d)
+        return result
+
+    def close(self, got, want, atol, rtol=0.0, label: str = "") -> None:
+        """Asserts |got - want| <= atol + rtol |want| elementwise (equal infinities pass)."""
+        if self.dry:
+            return
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        bad = ~(np.abs(got - want) <= atol + rtol * np.abs(want))
+        bad &= ~(np.isinf(got) & (got == want))
+        assert not bad.any(), (f"{label}: {bad.sum()} of {bad.size} differ; worst "
+                               f"{np.nanmax(np.abs(got - want))} at {np.argwhere(bad)[:3].tolist()}")
+
+    def same(self, got, want, label: str = "") -> None:
+        """Asserts bit-for-bit equality (NaN == NaN)."""
+        if not self.dry:
+            assert np.array_equal(np.asarray(got), np.asarray(want), equal_nan=True), label
+
+
+class _DryModule:
+    def kernel(self, name: str) -> Kernel:
+        return Kernel(None, kernel_signatures()[name])
+
+
+class DryRunGpu:
+    """A host stand-in for launch.Gpu: fake addresses, launches that only pack arguments."""
+
+    arch, context = "sm_90", None
+
+    def __init__(self):
+        self.next, self.launches = 1 << 30, []
+
+    def upload(self, host: np.ndarray) -> DeviceArray:
+        arr = DeviceArray(self.next, host.nbytes)
+        self.next += host.nbytes + 256
+        return arr
+
+    def download(self, arr, shape, dtype) -> np.ndarray:
+        return np.zeros(shape, dtype)
+
+    def free(self, arr) -> None:
+        pass
+
+    def load(self, cubin: bytes) -> _DryModule:
+        return _DryModule()
+
+    def launch(self, kernel: Kernel, grid, block, *args, shared_bytes: int = 0, stream=0) -> None:
+        kernel.pack(args)
+        if min(grid) < 1 or not 32 <= block[0] <= 1024:
+            raise ValueError(f"{kernel.signature.name}: bad launch shape {grid} x {block}")
+        self.launches.append(kernel.signature.name)
+
+    def synchronize(self) -> None:
+        pass
+
+
+def run_while_graph(runner: KernelRunner, body_for_handle, timeout_s: float = 30.0) -> None:
+    """Runs a graph made of one WHILE node (condition default 1, reset at each launch) whose
+    body is ``body_for_handle(handle)``: a list of (fn, sizes, device args) launched in order.
+    A body kernel must clear the condition (cudaGraphSetConditional); a loop still running
+    after ``timeout_s`` fails an assertion instead of hanging the caller."""
+    from cuda.bindings import driver as drv
+    graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
+    handle = check(drv.cuGraphConditionalHandleCreate(graph, runner.gpu.context, 1,
+                                                      drv.CU_GRAPH_COND_ASSIGN_DEFAULT),
+                   "cuGraphConditionalHandleCreate")
+    params = drv.CUgraphNodeParams()
+    params.type = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    params.conditional.handle = handle
+    params.conditional.type = drv.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE
+    params.conditional.size = 1
+    params.conditional.ctx = runner.gpu.context
+    check(drv.cuGraphAddNode(graph, None, None, 0, params), "cuGraphAddNode")
+    body, prev, keep = params.conditional.phGraph_out[0], None, []
+    for fn, sizes, args in body_for_handle(int(handle)):
+        kernel = runner.kernel(fn)
+        kparams, holders = kernel.pack(tuple(args))
+        keep.append((kparams, holders))  # alive until the node has copied them
+        (gx, gy, gz), (bx, by, bz) = launch_shape(fn, **sizes)
+        node = drv.CUDA_KERNEL_NODE_PARAMS()
+        node.func, node.gridDimX, node.gridDimY, node.gridDimZ = kernel.function, gx, gy, gz
+        node.blockDimX, node.blockDimY, node.blockDimZ = bx, by, bz
+        node.sharedMemBytes, node.kernelParams, node.extra = 0, kparams.ctypes.data, 0
+        deps = [prev] if prev is not None else None
+        prev = check(drv.cuGraphAddKernelNode(body, deps, 0 if deps is None else 1, node),
+                     f"cuGraphAddKernelNode({fn})")
+    exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    stream = check(drv.cuStreamCreate(0), "cuStreamCreate")
+    try:
+        check(drv.cuGraphLaunch(exe, stream), "cuGraphLaunch")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            err = drv.cuStreamQuery(stream)[0]
+            if err == drv.CUresult.CUDA_SUCCESS:
+                break
+            if err != drv.CUresult.CUDA_ERROR_NOT_READY:
+                check((err,), "cuStreamQuery")
+            assert time.monotonic() < deadline, "WHILE loop still running: condition never cleared"
+            time.sleep(0.001)
+    finally:
+        check(drv.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
+        check(drv.cuGraphDestroy(graph), "cuGraphDestroy")
+        check(drv.cuStreamDestroy(stream), "cuStreamDestroy")

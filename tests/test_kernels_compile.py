@@ -1,0 +1,153 @@
+"""The kernels compile to cubin with NVRTC for every shipped architecture, without a GPU:
+resource reports without spills in the hot kernels, byte-identical cubins, typed compile
+errors carrying the log, and the target table."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kernels import geometry, nvrtc_build, targets
+from kernels.nvrtc_build import compile_all, compile_kernel, kernel_sources, resource_table
+from kernels.signatures import kernel_signatures, parse_signatures
+from runtime.errors import BuildError
+
+ARCHS = ("sm_90", "sm_100", "sm_120")
+# Kernels on the per-token path whose spills would cost bandwidth: no spill allowed.
+HOT = ("fp8_matvec", "fp8_matvec_rmsnorm", "fp8_matvec_swiglu", "nvfp4_matvec",
+       "nvfp4_matvec_rmsnorm", "nvfp4_matvec_swiglu", "bf16_matvec", "bf16_matvec_rmsnorm",
+       "bf16_matvec_swiglu", "head_dense", "head_sparse", "attention_decode_partial",
+       "attention_prefill_partial", "attention_merge", "rmsnorm", "qk_norm_rope")
+EXPECTED_FILES = {"argmax", "attention", "attention_merge", "embedding", "grammar_advance",
+                  "grammar_candidates", "head_dense", "head_sparse", "kv_write", "matvec_bf16",
+                  "matvec_fp8", "matvec_nvfp4", "qk_norm_rope", "rmsnorm", "swiglu"}
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def compiled(request):
+    """(arch, every kernels/*.cu compiled for it): one NVRTC run per (file, arch) per session."""
+    return request.param, compile_all(request.param)
+
+
+def test_kernel_sources_are_the_expected_files():
+    assert {p.stem for p in kernel_sources()} == EXPECTED_FILES
+
+
+def test_every_kernel_compiles_with_a_resource_report(compiled):
+    arch, kernels = compiled
+    print(f"\n{resource_table(kernels)}")
+    found = {}
+    for k in kernels:
+        assert k.arch == arch and k.cubin[:4] == b"\x7fELF", k.name
+        assert f"for '{arch}'" in k.log
+        for fn in k.resources:
+            found[fn] = k.name
+    expected = {name: sig.file for name, sig in kernel_signatures().items()}
+    assert found == expected  # every extern "C" kernel, each from its own file
+    for fn, res in (r for k in kernels for r in k.resources.items()):
+        assert 0 < res["registers"] <= 255, fn
+        assert res["shared_bytes"] <= 48 * 1024, fn  # static shared memory only
+
+
+def test_hot_kernels_do_not_spill(compiled):
+    arch, kernels = compiled
+    res = {fn: r for k in kernels for fn, r in k.resources.items()}
+    spilled = {fn: res[fn] for fn in HOT if res[fn]["spill_stores"] or res[fn]["spill_loads"]}
+    assert not spilled, f"{arch}: spills in {spilled}"
+
+
+@pytest.mark.parametrize("name,arch", [("attention", "sm_90"), ("matvec_nvfp4", "sm_100")])
+def test_cubin_is_byte_identical_across_compiles_and_paths(name, arch, tmp_path):
+    first = compile_kernel(name, arch, use_cache=False)
+    copy = tmp_path / f"{name}.cu"
+    copy.write_bytes((nvrtc_build.KERNEL_DIR / f"{name}.cu").read_bytes())
+    second = compile_kernel(copy, arch, use_cache=False)
+    assert first.cubin == second.cubin
+    assert first.resources == second.resources
+    assert str(tmp_path).encode() not in second.cubin
+
+
+def test_compile_error_raises_build_error_with_the_log(tmp_path):
+    bad = tmp_path / "broken.cu"
+    bad.write_text('#include "common.cuh"\nextern "C" __global__ void k(float* x) { x[0] = y; }\n')
+    with pytest.raises(BuildError) as info:
+        compile_kernel(bad, "sm_90")
+    err = info.value
+    assert err.code == "kernel_compile_failed" and err.exit_code == 15
+    assert "broken.cu" in err.details["log"] and "identifier \"y\" is undefined" in err.details["log"]
+    assert "broken.cu does not compile for sm_90" in err.message
+
+
+def test_missing_source_is_a_build_error(tmp_path):
+    with pytest.raises(BuildError, match="cannot read kernel source"):
+        compile_kernel(tmp_path / "nothing.cu", "sm_90")
+
+
+def test_parse_resources_reads_each_entry():
+    log = ("ptxas info    : Compiling entry function 'a' for 'sm_90'\n"
+           "ptxas info    : Function properties for a\n"
+           "ptxas         .     16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas info    : Used 40 registers, used 1 barriers, 4096 bytes smem\n"
+           "ptxas info    : Compiling entry function 'b' for 'sm_90'\n"
+           "ptxas info    : Function properties for b\n"
+           "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 12 registers, used 0 barriers\n")
+    assert nvrtc_build.parse_resources(log) == {
+        "a": {"registers": 40, "spill_stores": 8, "spill_loads": 4, "stack_bytes": 16, "shared_bytes": 4096},
+        "b": {"registers": 12, "spill_stores": 0, "spill_loads": 0, "stack_bytes": 0, "shared_bytes": 0}}
+
+
+# ---- targets ----
+
+@pytest.mark.parametrize("name,arch,cc,accepts,rejects", [
+    ("h100", "sm_90", (9, 0), "NVIDIA H100 80GB HBM3", "NVIDIA H200"),
+    ("H200", "sm_90", (9, 0), "NVIDIA H200", "NVIDIA H100 PCIe"),
+    ("b200", "sm_100", (10, 0), "NVIDIA B200", "NVIDIA H200"),
+    ("rtx5090", "sm_120", (12, 0), "NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 4090"),
+    ("sm_89", "sm_89", (8, 9), "NVIDIA L4", None),
+    ("sm_80", "sm_80", (8, 0), "NVIDIA A100-SXM4-40GB", None),
+])
+def test_target_table(name, arch, cc, accepts, rejects):
+    t = targets.resolve_target(name)
+    assert (t.sm_arch, t.compute_capability, t.min_driver_version) == (arch, cc, 13000)
+    assert t.accepts(accepts, cc) and not t.accepts(accepts, (cc[0], cc[1] + 1))
+    if rejects:
+        assert not t.accepts(rejects, cc)
+
+
+def test_cpu_target_has_no_kernels():
+    cpu = targets.resolve_target("cpu")
+    assert not cpu.is_gpu and cpu.sm_arch is None and not cpu.accepts("anything", (9, 0))
+
+
+@pytest.mark.parametrize("bad", ["h300", "sm_75", "", "gpu"])
+def test_unknown_target_lists_the_known_ones(bad):
+    with pytest.raises(targets.TargetError) as info:
+        targets.resolve_target(bad)
+    assert info.value.code == "usage" and "h200" in info.value.message
+    assert info.value.details["known"] == targets.known_targets()
+
+
+def test_unsupported_arch_is_refused_before_compiling():
+    with pytest.raises(targets.TargetError, match="sm_75"):
+        compile_kernel("swiglu", "sm_75")
+
+
+# ---- sources vs the Python mirrors ----
+
+def test_geometry_constants_match_the_sources():
+    defines = {}
+    for path in list(kernel_sources()) + sorted(nvrtc_build.KERNEL_DIR.glob("*.cuh")):
+        for name, value in re.findall(r"^#define\s+(\w+)\s+(\d+)\s*$", path.read_text(), re.M):
+            assert defines.setdefault(name, int(value)) == int(value), f"{name} defined twice"
+    mirrored = {n: getattr(geometry, n) for n in dir(geometry) if n.isupper() and n in defines}
+    assert len(mirrored) >= 20
+    assert all(defines[n] == v for n, v in mirrored.items()), mirrored
+
+
+def test_signature_parser():
+    sigs = parse_signatures('// x\nextern "C" __global__ void __launch_bounds__(128)\n'
+                            "f(const float* a, int n, float s,\n cudaGraphConditionalHandle h) {}\n"
+                            'extern "C" __global__ void g() {}')
+    assert sigs["f"].params == (("a", "ptr"), ("n", "i32"), ("s", "f32"), ("h", "u64"))
+    assert sigs["g"].params == ()

@@ -1,0 +1,144 @@
+"""The grammar decode loop on the GPU: grammar_candidates -> head_gather -> grammar_advance,
+stepped from the host (cond_handle 0) and as the body of a WHILE conditional graph node whose
+condition grammar_advance clears through cudaGraphSetConditional. Both must write exactly the
+answers of the numpy references (kernels/reference.py), which follow the grammar stepper.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from builder.catalog import AnswerFormat, Catalog, TokenizedCatalog, Tool
+from builder.trie import grammar_from_paths
+from kernels import reference as ref
+from kernels.launch import Gpu, probe_gpu
+from kernels.runner import DryRunGpu, KernelRunner, run_while_graph
+
+
+@pytest.fixture(scope="module")
+def dev():
+    ok, why = probe_gpu()
+    if not ok:
+        pytest.skip(f"needs a CUDA GPU and driver: {why}")
+    gpu = Gpu()
+    yield KernelRunner(gpu)
+    gpu.close()
+
+
+def make_grammar(paths, max_tools, allow_empty=False):
+    catalog = Catalog(tools=tuple(Tool(f"tool{i}") for i in range(len(paths))),
+                      answer=AnswerFormat(max_tools=max_tools, allow_empty=allow_empty))
+    return grammar_from_paths(TokenizedCatalog(catalog, tuple(map(tuple, paths)), 1000, 1001))
+
+
+class Loop:
+    """One grammar decode loop's arrays: S sequence slots, B sample rows, fixed dense logits."""
+
+    def __init__(self, rng, g, max_out=24, vocab=1002):
+        self.g, self.max_out, self.vocab = g, max_out, vocab
+        self.M, self.W, S = g.max_edges_per_node, g.bitset_words, 6
+        self.seq = np.array([0, 2, -1, 3, 5], np.int32)
+        self.B = len(self.seq)
+        self.state = np.zeros((S, 1 + self.W), np.uint64)  # all at the root, no tool used
+        self.status = np.zeros(S, np.int32)
+        self.status[5] = 1
+        self.out_tokens = np.zeros((S, max_out), np.int32)
+        self.out_len = np.zeros(S, np.int32)
+        self.token = np.full(self.B, 7, np.int32)
+        self.pos = np.arange(10, 10 + self.B, dtype=np.int32)
+        self.logits = rng.standard_normal((self.B, vocab)).astype(np.float32)
+        self.logits[:, 1000] -= 1.5  # SEP a little less likely, so answers hold 1-2 tools
+
+    def reference(self):
+        """(out_tokens, out_len, status) of the loop run to the end with the references."""
+        st, status = self.state.copy(), self.status.copy()
+        toks, lens = self.out_tokens.copy(), self.out_len.copy()
+        token, pos = self.token.copy(), self.pos.copy()
+        for _ in range(10 * self.max_out):
+            cand, valid = ref.grammar_candidates(self.seq, st, status, self.g, self.M)
+            cl = ref.head_gather(self.logits, cand, valid)
+            token, pos, cond = ref.grammar_advance(cl, cand, valid, self.seq, token, pos, self.g,
+                                                   self.max_out, st, status, toks, lens)
+            if not cond:
+                return toks, lens, status, st
+        raise AssertionError("reference loop did not stop")
+
+
+def body_launches(lp: Loop, dev_arrays: dict, cond_handle: int):
+    """The decode-loop body: candidates -> candidate logits -> advance (fn, sizes, args)."""
+    a, g = dev_arrays, lp.g
+    B, M = lp.B, lp.M
+    return [
+        ("grammar_candidates", dict(max_edges=M, B=B),
+         (a["seq"], a["state"], a["status"], a["nes"], a["etok"], a["ekind"], a["ebits"], lp.W,
+          g.num_nodes, g.num_tools, g.max_tools, int(g.allow_empty), M, B, a["cand"], a["valid"])),
+        ("head_gather", dict(n_cand=M, B=B),
+         (a["logits"], a["cand"], a["valid"], lp.vocab, M, B, a["cl"])),
+        ("grammar_advance", dict(B=B),
+         (a["cl"], a["cand"], a["valid"], a["seq"], a["token"], a["pos"], a["nes"], a["echild"],
+          a["ekind"], a["etool"], lp.W, g.num_nodes, M, lp.max_out, B, a["state"], a["status"],
+          a["out_tokens"], a["out_len"], a["token"], a["pos"], a["ws"], a["cond"], cond_handle)),
+    ]
+
+
+def upload_loop(d: KernelRunner, lp: Loop) -> dict:
+    g, up = lp.g, d.gpu.upload
+    return dict(seq=up(lp.seq), state=up(lp.state), status=up(lp.status), nes=up(g.node_edge_start),
+                etok=up(g.edge_token), ekind=up(g.edge_kind), ebits=up(g.edge_bits),
+                echild=up(g.edge_child), etool=up(g.edge_tool), logits=up(lp.logits),
+                cand=up(np.zeros((lp.B, lp.M), np.int32)), valid=up(np.zeros((lp.B, lp.M), np.uint8)),
+                cl=up(np.zeros((lp.B, lp.M), np.float32)), token=up(lp.token), pos=up(lp.pos),
+                out_tokens=up(lp.out_tokens), out_len=up(lp.out_len), ws=up(np.zeros(2, np.int32)),
+                cond=up(np.full(1, 7, np.int32)))
+
+
+def download_loop(d: KernelRunner, lp: Loop, a: dict):
+    get = d.gpu.download
+    return (get(a["out_tokens"], lp.out_tokens.shape, np.int32), get(a["out_len"], lp.out_len.shape, np.int32),
+            get(a["status"], lp.status.shape, np.int32), get(a["state"], lp.state.shape, np.uint64))
+
+
+GRAMMARS = [dict(paths=[[5], [5, 6], [7, 8, 9], [7, 10]], max_tools=3),
+            dict(paths=[[i % 50, 200 + i % 3] for i in range(70)], max_tools=4, allow_empty=True)]
+
+
+def host_loop(d: KernelRunner, spec):
+    """Host-driven stepping (cond_handle 0): the same answers as the references."""
+    lp = Loop(np.random.default_rng(11), make_grammar(**spec))
+    a = upload_loop(d, lp)
+    for _ in range(10 * lp.max_out):
+        for fn, sizes, args in body_launches(lp, a, 0):
+            d.launch(fn, sizes, *args)
+        d.gpu.synchronize()
+        if d.gpu.download(a["cond"], (1,), np.int32)[0] == 0:
+            break
+    for got, want, what in zip(download_loop(d, lp, a), lp.reference(), ("tokens", "len", "status", "state")):
+        d.same(got, want, f"grammar host loop {what}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", GRAMMARS, ids=["prefix", "wide"])
+def test_host_stepped_loop_matches_the_references(dev, spec):
+    host_loop(dev, spec)
+
+
+@pytest.mark.parametrize("spec", GRAMMARS, ids=["prefix", "wide"])
+def test_loop_launches_pack_their_arguments(spec):
+    """CPU: the loop body's launches match the kernels' parameter lists."""
+    dry = KernelRunner(DryRunGpu())
+    host_loop(dry, spec)
+    assert dry.gpu.launches == ["grammar_candidates", "head_gather", "grammar_advance"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", GRAMMARS, ids=["prefix", "wide"])
+def test_while_graph_loop_stops_on_the_device(dev, spec):
+    """cudaGraphSetConditional resolves at module load and ends the WHILE loop; the device
+    loop writes the same answers as host-driven stepping / the references."""
+    lp = Loop(np.random.default_rng(11), make_grammar(**spec))
+    a = upload_loop(dev, lp)
+    run_while_graph(dev, lambda handle: body_launches(lp, a, handle))
+    for got, want, what in zip(download_loop(dev, lp, a), lp.reference(), ("tokens", "len", "status", "state")):
+        dev.same(got, want, f"WHILE graph {what}")
+    assert dev.gpu.download(a["cond"], (1,), np.int32)[0] == 0
+    dev.same(dev.gpu.download(a["ws"], (2,), np.int32), np.zeros(2, np.int32), "sync_ws left zeroed")

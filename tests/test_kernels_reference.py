@@ -1,0 +1,312 @@
+"""CPU tests of kernels/reference.py: each numpy reference against straightforward float64
+math (or the CPU backend / grammar stepper it must agree with), so the GPU parity tests
+compare the kernels with something known to be right."""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from builder.catalog import AnswerFormat, Catalog, TokenizedCatalog, Tool
+from builder.trie import grammar_from_paths
+from kernels import geometry
+from kernels import reference as ref
+from runtime import cpu_backend, rope
+from runtime.grammar_stepper import GrammarStepper, decode_tools
+
+BF16 = ml_dtypes.bfloat16
+
+
+def rel_err(got, want):
+    return float(np.max(np.abs(np.float64(got) - want)) / max(np.max(np.abs(want)), 1e-30))
+
+
+# ---- dequantization ----
+
+def e4m3_value(code: int) -> float:
+    """E4M3 "fn" decoded from its bits: bias 7, subnormals, 0x7f / 0xff are NaN."""
+    sign = -1.0 if code & 0x80 else 1.0
+    exp, man = (code >> 3) & 0xF, code & 0x7
+    if exp == 0:
+        return sign * man / 8 * 2.0 ** -6
+    return sign * (1 + man / 8) * 2.0 ** (exp - 7)
+
+
+def test_fp8_dequant_every_code():
+    codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)
+    w = np.tile(codes, (3, 1))
+    scale = np.array([1.0, 0.5, 3.25], np.float32)
+    want = np.array([e4m3_value(int(c)) for c in codes])[None, :] * scale[:, None].astype(np.float64)
+    np.testing.assert_array_equal(ref.fp8_dequant(w, scale), want.astype(np.float32))
+
+
+def test_nvfp4_dequant_nibble_order_and_scales():
+    e2m1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 16, size=(2, 64))
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)  # element 2k low nibble
+    bs_codes = np.array([[0x38, 0x40, 0x30, 0x44], [0x3C, 0x01, 0x48, 0x38]], np.uint8)
+    glob = 0.0123
+    want = np.empty((2, 64))
+    for o in range(2):
+        for k in range(64):
+            c = codes[o, k]
+            v = (-1 if c & 8 else 1) * e2m1[c & 7]
+            want[o, k] = v * e4m3_value(int(bs_codes[o, k // 16])) * np.float32(glob)
+    got = ref.nvfp4_dequant(packed, bs_codes, glob)
+    assert rel_err(got, want) < 1e-6
+
+
+def test_dequant_layouts_match_the_runtime_dequantizer():
+    """Same nibble order and scale indexing as runtime/dequant.py (the CPU backend's loader);
+    NVFP4 may differ by an ulp: (e2m1 * block) * global here, e2m1 * (block * global) there."""
+    from runtime import dequant
+    rng = np.random.default_rng(7)
+    codes = rng.integers(0, 256, (8, 64), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0
+    scale = rng.uniform(0.001, 1, 8).astype(np.float32)
+    np.testing.assert_array_equal(ref.fp8_dequant(codes, scale), dequant.dequantize_fp8(codes, scale))
+    packed = rng.integers(0, 256, (8, 32), dtype=np.uint8)
+    bs = rng.integers(0x08, 0x70, (8, 4), dtype=np.uint8)
+    np.testing.assert_allclose(ref.nvfp4_dequant(packed, bs, 0.0173),
+                               dequant.dequantize_nvfp4(packed, bs, np.float32(0.0173)), rtol=2.4e-7, atol=0)
+
+
+# ---- row kernels vs float64 ----
+
+@pytest.mark.parametrize("T,n_in,n_out", [(1, 64, 16), (5, 1024, 48), (16, 96, 7)])
+def test_linear_matches_float64(T, n_in, n_out):
+    rng = np.random.default_rng(T)
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    b = rng.standard_normal(n_out).astype(np.float32)
+    y0 = rng.standard_normal((T, n_out)).astype(np.float32)
+    want = y0.astype(np.float64) + x.astype(np.float64) @ w.T.astype(np.float64) + b
+    assert rel_err(ref.linear(x, w, b, y0, accumulate=True), want) < 1e-5
+
+
+def test_rmsnorm_float64_and_row_gather():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    w = rng.standard_normal(256).astype(BF16)
+    eps = 1e-6
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + eps) * w.astype(np.float64)
+    assert rel_err(ref.rmsnorm(x, w, eps), want) < 1e-6
+    gathered = ref.rmsnorm(x, w, eps, rows=np.array([3, -1, 0], np.int32))
+    np.testing.assert_array_equal(gathered[1], 0)
+    np.testing.assert_allclose(gathered[[0, 2]], ref.rmsnorm(x, w, eps)[[3, 0]], rtol=0, atol=0)
+    # the CPU backend (source of truth) computes the same formula
+    np.testing.assert_allclose(ref.rmsnorm(x, w, eps),
+                               cpu_backend.rms_norm(x, w.astype(np.float32), eps), rtol=1e-6)
+
+
+def test_swiglu_float64():
+    g = np.linspace(-20, 20, 101, dtype=np.float32)[None, :]
+    u = np.linspace(3, -3, 101, dtype=np.float32)[None, :]
+    want = g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64))) * u
+    assert rel_err(ref.swiglu(g, u), want) < 1e-6
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_qk_norm_rope_is_a_rotation_and_matches_cpu_backend(qk_norm):
+    rng = np.random.default_rng(2)
+    T, nh, nkv, hd = 3, 4, 2, 64
+    q = rng.standard_normal((T, nh * hd)).astype(np.float32)
+    k = rng.standard_normal((T, nkv * hd)).astype(np.float32)
+    pos = np.array([0, 7, 40000], np.int32)
+    inv_freq = (1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
+    nq = rng.standard_normal(hd).astype(BF16) if qk_norm else None
+    nk = rng.standard_normal(hd).astype(BF16) if qk_norm else None
+    q2, k2 = ref.qk_norm_rope(q, k, pos, nq, nk, inv_freq, 1e-6, nh, nkv, hd)
+    # float64 complex rotation of (x1 + i x2) by the float32 angle
+    qn = ref.rmsnorm(q.reshape(T, nh, hd), nq, 1e-6) if qk_norm else q.reshape(T, nh, hd)
+    z = qn[..., :hd // 2].astype(np.float64) + 1j * qn[..., hd // 2:]
+    ang = (pos.astype(np.float32)[:, None] * inv_freq).astype(np.float64)[:, None, :]
+    z = z * np.exp(1j * ang)
+    want = np.concatenate([z.real, z.imag], axis=-1).reshape(T, -1)
+    assert rel_err(q2, want) < 1e-5
+    # bit-compatible with runtime/rope.py (the CPU backend's rope)
+    cos, sin = rope.cos_sin(inv_freq, pos)
+    kn = ref.rmsnorm(k.reshape(T, nkv, hd), nk, 1e-6) if qk_norm else k.reshape(T, nkv, hd)
+    np.testing.assert_array_equal(k2, rope.apply_rope(kn, cos, sin).reshape(T, -1))
+
+
+def test_kv_write_rounds_to_nearest_even_and_skips_padding():
+    page_size, nkv, hd = 4, 1, 8
+    kc = np.zeros((3, page_size, nkv, hd), BF16)
+    vc = np.zeros_like(kc)
+    bt = np.array([[2, 0], [1, -1]], np.int32)
+    # 1 + 2^-8 is halfway between bf16 1 and 1 + 2^-7: ties go to the even (1.0)
+    k = np.full((3, hd), 1 + 2 ** -8, np.float32)
+    k[1] = 1 + 3 * 2 ** -8  # halfway between 1+2^-7 and 1+2^-6: even is 1 + 2^-6
+    v = -k
+    seq, pos = np.array([0, 0, -1], np.int32), np.array([1, 5, 0], np.int32)
+    ref.kv_write(k, v, seq, pos, bt, page_size, kc, vc)
+    assert np.all(kc[2, 1].astype(np.float32) == 1.0)
+    assert np.all(kc[0, 1].astype(np.float32) == 1 + 2 ** -6)
+    assert np.all(vc[0, 1].astype(np.float32) == -(1 + 2 ** -6))
+    assert np.count_nonzero(kc.astype(np.float32)) == 2 * hd  # the padding row wrote nothing
+
+
+# ---- attention ----
+
+def paged_problem(seed, lengths, nh=4, nkv=2, hd=64, page_size=16):
+    """Random paged caches for sequences of the given lengths, pages shuffled over the pool."""
+    rng = np.random.default_rng(seed)
+    pages_per = [geometry.cdiv(n, page_size) for n in lengths]
+    perm = rng.permutation(sum(pages_per) + 2)
+    bt = np.full((len(lengths), max(pages_per)), -1, np.int32)
+    i = 0
+    for s, n in enumerate(pages_per):
+        bt[s, :n] = perm[i:i + n]
+        i += n
+    kc = rng.standard_normal((len(perm), page_size, nkv, hd)).astype(BF16)
+    vc = rng.standard_normal((len(perm), page_size, nkv, hd)).astype(BF16)
+    return bt, kc, vc
+
+
+def attention_f64(q, seq, pos, bt, page_size, kc, vc, nh, nkv, hd, scale):
+    out = np.zeros((len(q), nh * hd))
+    for t in range(len(q)):
+        if seq[t] < 0:
+            continue
+        p = np.arange(pos[t] + 1)
+        keys = kc[bt[seq[t], p // page_size], p % page_size].astype(np.float64)
+        vals = vc[bt[seq[t], p // page_size], p % page_size].astype(np.float64)
+        for h in range(nh):
+            s = keys[:, h // (nh // nkv)] @ q[t, h * hd:(h + 1) * hd].astype(np.float64) * scale
+            pr = np.exp(s - s.max())
+            out[t, h * hd:(h + 1) * hd] = pr @ vals[:, h // (nh // nkv)] / pr.sum()
+    return out
+
+
+def test_attention_and_split_merge_match_float64():
+    lengths = [700, 33]
+    bt, kc, vc = paged_problem(3, lengths)
+    nh, nkv, hd, ps = 4, 2, 64, 16
+    seq = np.array([0, 1, -1, 0, 1], np.int32)
+    pos = np.array([699, 0, 5, 255, 32], np.int32)
+    q = np.random.default_rng(4).standard_normal((5, nh * hd)).astype(np.float32)
+    scale = np.float32(hd ** -0.5)
+    want = attention_f64(q, seq, pos, bt, ps, kc, vc, nh, nkv, hd, scale)
+    direct = ref.attention(q, seq, pos, bt, ps, kc, vc, nh, nkv, hd, scale)
+    max_splits = geometry.attention_max_splits(700)
+    po, pml = ref.attention_partials(q, seq, pos, bt, ps, kc, vc, nh, nkv, hd, scale, max_splits)
+    merged = ref.attention_merge(po, pml, seq, pos, max_splits)
+    assert max_splits == 3
+    assert rel_err(direct, want) < 1e-5 and rel_err(merged, want) < 1e-5
+    np.testing.assert_array_equal(merged[2], 0)
+
+
+# ---- heads, argmax ----
+
+def test_head_sparse_gather_and_dense_agree():
+    rng = np.random.default_rng(5)
+    table = rng.standard_normal((50, 32)).astype(BF16)
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    norm_w = rng.standard_normal(32).astype(BF16)
+    cand = np.array([[3, 49, 0, -1], [7, 7, 12, 60]], np.int32)
+    valid = np.array([[1, 1, 0, 0], [1, 1, 1, 1]], np.uint8)
+    xn = ref.rmsnorm(x, norm_w, 1e-6)
+    sparse = ref.head_sparse(xn, cand, valid, table)
+    want = np.einsum("bh,beh->be", xn.astype(np.float64), table[np.clip(cand, 0, 49)].astype(np.float64))
+    ok = valid.astype(bool) & (cand >= 0) & (cand < 50)
+    assert np.all(np.isneginf(sparse[~ok]))
+    assert rel_err(sparse[ok], want[ok]) < 1e-5
+    dense = ref.head_dense(x, norm_w, 1e-6, table)
+    np.testing.assert_allclose(ref.head_gather(dense, cand, valid)[ok], sparse[ok], rtol=1e-5, atol=1e-5)
+
+
+def test_argmax_tie_break_and_nan():
+    logits = np.array([[1, 3, 3, -1], [np.nan, -np.inf, -np.inf, np.nan],
+                       [np.nan, 2, 5, 5]], np.float32)
+    idx, val = ref.argmax_rows(logits)
+    assert idx.tolist() == [1, 0, 2] and val.tolist() == [3, -np.inf, 5]
+
+
+# ---- launch geometry ----
+
+def test_prefill_tiles_cut_runs_of_one_sequence():
+    seq = np.array([0, 0, 0, 1, 1, -1, 2, 0, 0], np.int32)
+    pos = np.array([0, 1, 2, 5, 6, 0, 9, 3, 4], np.int32)
+    start, length = geometry.prefill_tiles(seq, pos, rows_per_tile=2)
+    assert start.tolist() == [0, 2, 3, 6, 7] and length.tolist() == [2, 1, 2, 1, 2]
+
+
+@pytest.mark.parametrize("kernel,sizes,grid,block", [
+    ("fp8_matvec", dict(T=9, out=33), (3, 2, 1), 256),
+    ("head_dense", dict(T=1, vocab=151936), (9496, 1, 1), 256),
+    ("attention_decode_partial", dict(T=5, n_kv_heads=8, max_splits=3), (5, 8, 3), 128),
+    ("grammar_advance", dict(B=17), (3, 1, 1), 256),
+    ("qk_norm_rope", dict(T=2, n_heads=16, n_kv_heads=8), (6, 2, 1), 128),
+])
+def test_launch_shapes(kernel, sizes, grid, block):
+    assert geometry.launch_shape(kernel, **sizes) == (grid, (block, 1, 1))
+
+
+def test_shape_problems_name_the_dimension():
+    assert geometry.shape_problems(1024, 3072, 16, 8, 128, "nvfp4") == []
+    problems = geometry.shape_problems(1000, 3072, 16, 8, 96, "fp8")
+    assert any("hidden_size = 1000" in p for p in problems) and any("head_dim = 96" in p for p in problems)
+
+
+# ---- grammar: the references agree with runtime.grammar_stepper (the CPU truth) ----
+
+def make_grammar(paths, max_tools=3, allow_empty=False):
+    catalog = Catalog(tools=tuple(Tool(f"tool{i}") for i in range(len(paths))),
+                      answer=AnswerFormat(max_tools=max_tools, allow_empty=allow_empty))
+    return grammar_from_paths(TokenizedCatalog(catalog, tuple(map(tuple, paths)), 1000, 1001))
+
+
+GRAMMARS = {
+    "prefix": dict(paths=[[5], [5, 6], [7, 8, 9], [7, 10]], max_tools=3),
+    "empty_ok": dict(paths=[[4], [9, 2]], max_tools=2, allow_empty=True),
+    "single": dict(paths=[[3, 4], [3, 5], [6]], max_tools=1),
+    "wide": dict(paths=[[i, 200 + i % 3] for i in range(70)], max_tools=5),  # 2 bitset words
+}
+
+
+@pytest.mark.parametrize("name", GRAMMARS)
+def test_grammar_kernels_follow_the_stepper(name):
+    g = make_grammar(**GRAMMARS[name])
+    stepper = GrammarStepper(g)
+    rng = np.random.default_rng(len(name))
+    B, S, max_out = 6, 8, 64
+    M = g.max_edges_per_node
+    records = stepper.initial_states(S)
+    state = ref.state_words(records).copy()
+    status = np.zeros(S, np.int32)
+    status[5] = 1  # a finished sequence stays put
+    out_tokens = np.zeros((S, max_out), np.int32)
+    out_len = np.zeros(S, np.int32)
+    seq = np.array([0, 2, 3, -1, 5, 7], np.int32)
+    token, pos = np.full(B, 11, np.int32), np.arange(B, dtype=np.int32)
+    for _ in range(100):
+        cand, valid = ref.grammar_candidates(seq, state, status, g, M)
+        live = (seq >= 0) & (status[np.maximum(seq, 0)] == 0)
+        want_tok, _, want_allowed = stepper.allowed_mask_batch(records[np.maximum(seq, 0)])
+        np.testing.assert_array_equal(cand[live], want_tok[live])
+        np.testing.assert_array_equal(valid[live].astype(bool), want_allowed[live])
+        assert not valid[~live].any()
+        logits = rng.standard_normal((B, M)).astype(np.float32)
+        logits[:, 1] = logits[:, 0]  # ties: the lower token id must win
+        before = records.copy()
+        token2, pos2, cond = ref.grammar_advance(logits, cand, valid, seq, token, pos, g, max_out,
+                                                 state, status, out_tokens, out_len)
+        records = state.view(records.dtype).reshape(S)
+        for b in np.flatnonzero(live):
+            pick = int(np.argmax(np.where(valid[b], logits[b], -np.inf)))  # first max = lowest id
+            assert token2[b] == cand[b, pick] and pos2[b] == pos[b] + 1
+            new, taken = stepper.step_batch(before[seq[b]:seq[b] + 1], np.array([cand[b, pick]]))
+            assert taken[0] >= 0 and new.tobytes() == records[seq[b]:seq[b] + 1].tobytes()
+        for b in np.flatnonzero(~live):
+            assert token2[b] == token[b] and pos2[b] == pos[b]
+        token, pos = token2, pos2
+        if not cond:
+            break
+    assert not cond and set(status[[0, 2, 3, 7]]) == {1}
+    for s in (0, 2, 3, 7):
+        names = decode_tools(g, out_tokens[s, :out_len[s]].tolist())
+        assert (0 if g.allow_empty else 1) <= len(names) <= g.max_tools
+        assert len(set(names)) == len(names)
