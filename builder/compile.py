@@ -124,8 +124,13 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         lap("kernels")
         canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, tokenizer)
         lap("canary")
-        report = {"quantization": quant.to_dict(), "kernels": kernels, "grammar": grammar.summary(),
-                  "memory_breakdown": dataclasses.asdict(memory)}
+        quant_report = quant.to_dict()
+        quant_report.pop("timings")  # hashed content holds no timings: they go to the caller
+        # The options and limits make a bundle that differs only in them (same weights, same
+        # kernels) a different bundle, with its own bundle_id.
+        report = {"quantization": quant_report, "kernels": kernels, "grammar": grammar.summary(),
+                  "build_options": dataclasses.asdict(options), "target": dataclasses.asdict(target),
+                  "limits": dataclasses.asdict(limits), "memory": dataclasses.asdict(memory)}
         (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
         files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         s = grammar.summary()
