@@ -157,12 +157,17 @@ class SafetensorsWriter:
         assert name == exp_name, f"tensor order: expected {exp_name}, got {name}"
         assert DTYPE_NAMES[array.dtype] == exp_dtype and tuple(array.shape) == exp_shape, \
             f"{name}: expected {exp_dtype}{list(exp_shape)}, got {array.dtype}{list(array.shape)}"
-        self._fh.write(np.ascontiguousarray(array).tobytes())
+        self._fh.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)  # no bytes copy
         self._next += 1
 
     def close(self) -> None:
         assert self._next == len(self._order), f"wrote {self._next} of {len(self._order)} tensors"
         self._fh.close()
+
+    def abort(self) -> None:
+        """Closes and deletes the partial file (a failed build leaves nothing behind)."""
+        self._fh.close()
+        self.path.unlink(missing_ok=True)
 
 
 def write_tensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
