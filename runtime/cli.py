@@ -7,21 +7,13 @@ import time
 
 import click
 
+from .cli_errors import TypedErrorGroup, fail
 from .errors import EngineError
 from .generator import HEAD_MODES, Result
 from .sampling import Sampling
 
 
-def fail(err: EngineError, as_json: bool) -> None:
-    """A typed refusal: JSON on stdout with --json, else one line on stderr; exit with the code's number."""
-    if as_json:
-        click.echo(json.dumps(err.to_json(), indent=2))
-    else:
-        click.echo(f"refused: {err}", err=True)
-    sys.exit(err.exit_code)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=TypedErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Load contract-bound bundles and answer tool-discovery requests.
 

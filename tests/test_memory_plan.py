@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from builder import memory_plan, tiers
+from builder import memory_plan
 from builder.memory_plan import (CONTEXT_RESERVE_BYTES_GPU, GRAPHS_BYTES_GPU, kv_bytes_per_token, parse_size,
                                  plan_memory, size_pool_for_budget, weights_bytes, workspace_breakdown)
 from builder.tiers import LONG_SEQUENCES, START_STEP_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows

@@ -1,0 +1,56 @@
+"""Command-line plumbing shared by `builder` and `runtime`: typed errors out, never a traceback."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from .errors import EngineError
+
+# Set to 1 to let an unexpected exception end in its traceback instead of an "internal" error.
+TRACEBACK_ENV = "TOOLCALL_TRACEBACK"
+
+
+def fail(err: EngineError, as_json: bool) -> None:
+    """Prints a typed error (JSON on stdout with --json, else a message on stderr) and exits with its code."""
+    if as_json:
+        click.echo(json.dumps(err.to_json(), indent=2))
+    else:
+        click.echo(f"error: {err}", err=True)
+    sys.exit(err.exit_code)
+
+
+class TypedErrorGroup(click.Group):
+    """A click group that never ends in a traceback: with --json anywhere on the command line,
+    click's own usage errors come out as {"error": "usage", ...} too; an unexpected exception
+    becomes an "internal" error naming it (set TOOLCALL_TRACEBACK=1 to see the traceback)."""
+
+    wants_json = False
+
+    def main(self, args=None, *rest, **kwargs):
+        args = list(sys.argv[1:] if args is None else args)
+        self.wants_json = "--json" in args
+        return super().main(args, *rest, **kwargs)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            if not self.wants_json:
+                raise
+            where = f"`{e.ctx.command_path} --help`" if e.ctx is not None else f"`{self.name} --help`"
+            param = getattr(e, "param", None)
+            fail(EngineError("usage", f"{e.format_message()} See {where}.",
+                             **({"option": param.name} if param is not None else {})), True)
+        except EngineError as e:  # a command that forgot to catch its typed error
+            fail(e, self.wants_json)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except Exception as e:
+            if os.environ.get(TRACEBACK_ENV) == "1":
+                raise
+            fail(EngineError("internal", f"{type(e).__name__}: {e}. This is a bug or an environment problem "
+                             f"(disk, permissions); rerun with {TRACEBACK_ENV}=1 for the traceback and report it.",
+                             exception=type(e).__name__), self.wants_json)
