@@ -19,15 +19,6 @@ from pathlib import Path
 import numpy as np
 
 
-def median_ms(fn, steps: int) -> float:
-    times = []
-    for i in range(steps):
-        start = time.perf_counter()
-        fn(i)
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("bundle")
@@ -58,7 +49,7 @@ def main() -> None:
     prompt = np.random.default_rng(0).integers(3, 3000, args.prompt_tokens)
     total = args.prompt_tokens + 2 * args.steps + 4
 
-    def ours(head: str) -> float:
+    def ours(head: str):
         pool = PagedKVPool(cfg, -(-total // 32), 32, 1, total, "bf16")
         slot = pool.admit(total)
         model.forward(prompt, np.full(len(prompt), slot), np.arange(len(prompt)), pool)
@@ -66,10 +57,7 @@ def main() -> None:
         def step(i):
             h = model.forward(np.array([5 + i]), np.array([slot]), np.array([len(prompt) + i]), pool)
             model.sparse_logits(h, cand) if head == "sparse" else model.dense_logits(h)
-        step(0)  # warm-up
-        return median_ms(lambda i: step(i + 1), args.steps)
-
-    sparse_ms, dense_ms = ours("sparse"), ours("dense")
+        return step
 
     hf_cfg = transformers.AutoConfig.for_model(**hf_config_json(cfg, "fp32"))
     hf = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32).eval()
@@ -77,20 +65,28 @@ def main() -> None:
     if cfg.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     hf.load_state_dict(state, strict=False)
-    with torch.no_grad():
-        out = hf(torch.tensor(prompt)[None], use_cache=True)
-        cache = {"past": out.past_key_values}
+    torch.set_grad_enabled(False)
+    cache = {"past": hf(torch.tensor(prompt)[None], use_cache=True).past_key_values}
 
-        def hf_step(i):
-            o = hf(torch.tensor([[5 + i]]), past_key_values=cache["past"], use_cache=True)
-            cache["past"] = o.past_key_values
-        hf_step(0)
-        hf_ms = median_ms(lambda i: hf_step(i + 1), args.steps)
+    def hf_step(i):
+        cache["past"] = hf(torch.tensor([[5 + i]]), past_key_values=cache["past"], use_cache=True).past_key_values
+
+    # Interleaved: step i of each contender back to back, so load drift on a shared machine
+    # hits all three alike; the first step of each is a warm-up.
+    contenders = {"sparse": ours("sparse"), "dense": ours("dense"), "hf": hf_step}
+    times = {k: [] for k in contenders}
+    for i in range(args.steps + 1):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            fn(i)
+            if i:
+                times[name].append(time.perf_counter() - start)
+    sparse_ms, dense_ms, hf_ms = (1e3 * statistics.median(times[k]) for k in ("sparse", "dense", "hf"))
 
     result = {"bundle": str(folder), "precision": contract.precision.weights, "layers": cfg.num_layers,
               "hidden": cfg.hidden_size, "vocab": cfg.vocab_size, "sparse_ms": sparse_ms, "dense_ms": dense_ms,
               "hf_ms": hf_ms, "sparse_speedup_vs_dense": dense_ms / sparse_ms, "vs_hf": hf_ms / sparse_ms,
-              "torch_threads": torch.get_num_threads(),
+              "torch_threads": torch.get_num_threads(), "load_avg": os.getloadavg()[0],
               "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                           "python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__}}
     if args.json_out:
