@@ -14,6 +14,7 @@ import dataclasses
 import re
 from decimal import Decimal, InvalidOperation
 
+from kernels.geometry import attention_max_splits
 from runtime.contract import CPU_TARGET, Limits, Memory
 from runtime.errors import BuildError
 from runtime.model_config import ModelConfig
@@ -31,9 +32,6 @@ CONTEXT_RESERVE_BYTES_GPU = 512 * MIB
 # Graph nodes, kernel parameters and the conditional-node state of the captured decode loop:
 # a few MiB in practice; 64 MiB is a fixed upper estimate so the total never falls short.
 GRAPHS_BYTES_GPU = 64 * MIB
-# Split-K attention (flash-decoding): each split covers this many cached tokens and leaves a
-# partial output (head_dim) plus its running max and sum (2) per row and query head.
-ATTN_SPLIT_TOKENS = 512
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
 # Binary with "i" (KiB, Gi), decimal without (KB, G), as Kubernetes and Docker read them.
@@ -86,8 +84,10 @@ def kv_pool_bytes(config: ModelConfig, num_pages: int, page_size: int) -> int:
 
 
 def attention_splits(limits: Limits) -> int:
-    """Splits of the longest context (max_input + max_output tokens) in split-K attention."""
-    return -(-(limits.max_input_tokens + limits.max_output_tokens) // ATTN_SPLIT_TOKENS)
+    """Split-K attention (flash-decoding) splits of the longest context (max_input + max_output
+    tokens), as the kernels cut it; each leaves a partial output (head_dim) plus its running max
+    and sum per row and query head."""
+    return attention_max_splits(limits.max_input_tokens + limits.max_output_tokens)
 
 
 def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None) -> dict[str, int]:

@@ -10,7 +10,7 @@ from .bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, check_files, rea
 from .contract import CPU_TARGET, Contract
 from .cpu_backend import CpuModel
 from .dequant import load_dequantized
-from .errors import EngineError, Refusal
+from .errors import CudaError, EngineError, Refusal
 from .generator import Generator, Request, Result
 from .grammar import Grammar
 from .kv_pool import PagedKVPool
@@ -51,6 +51,8 @@ class Engine:
         self.folder, self.contract, self.generator, self.tokenizer = folder, contract, generator, tokenizer
         self.grammar = generator.grammar
         self.load_seconds = load_seconds
+        self.model = generator.model
+        self.loop = None  # GPU bundles: the single-request decode graph (runtime/cuda_graph.py)
 
     @classmethod
     def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse") -> "Engine":
@@ -59,9 +61,7 @@ class Engine:
         folder = Path(path)
         contract = check_bundle(folder, facts)
         if contract.target.name != CPU_TARGET:
-            raise Refusal("target_mismatch", f"bundle targets {contract.target.name}; this runtime build serves "
-                          "GPU bundles only through the CUDA backend, which is not available here",
-                          expected=contract.target.name, found="cpu backend")
+            return cls._load_gpu(folder, contract, head, start)
         try:
             tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
             grammar = Grammar.read(folder / GRAMMAR_FILE)
@@ -78,15 +78,65 @@ class Engine:
         engine.load_seconds = time.perf_counter() - start
         return engine
 
+    @classmethod
+    def _load_gpu(cls, folder: Path, contract: Contract, head: str, start: float) -> "Engine":
+        """GPU bundle, after the target check: load the CUDA backend, canary-gate both decode paths."""
+        from .cuda_backend import load_cuda_model
+        from .cuda_graph import CudaDecodeLoop
+        try:
+            tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+            grammar = Grammar.read(folder / GRAMMAR_FILE)
+        except EngineError:
+            raise
+        except Exception as e:
+            raise Refusal("bundle_invalid", f"bundle file failed to load: {type(e).__name__}: {e}",
+                          reason=type(e).__name__) from None
+        try:
+            model = load_cuda_model(folder, contract, grammar)  # frees what it took if it fails
+        except EngineError:
+            raise
+        except Exception as e:  # a binding or driver surprise: typed, never a traceback
+            raise CudaError("cuda_error", f"loading the CUDA backend failed: {type(e).__name__}: {e}",
+                            reason=type(e).__name__) from None
+        try:
+            lim = contract.limits
+            generator = Generator(model, model.kv, grammar, max_input_tokens=lim.max_input_tokens,
+                                  max_output_tokens=lim.max_output_tokens, max_tokens_per_step=lim.max_tokens_per_step,
+                                  prefill_chunk=lim.prefill_chunk, head=head)
+            engine = cls(folder, contract, generator, tokenizer, 0.0)
+            engine.loop = CudaDecodeLoop(model)
+            engine.check_canary()
+        except CudaError as e:
+            if "timeout_s" not in e.details:  # a loop that never ended leaves the device busy: closing would block
+                model.close()
+            raise
+        except BaseException:
+            model.close()
+            raise
+        engine.load_seconds = time.perf_counter() - start
+        return engine
+
     def check_canary(self) -> None:
-        """Refusal("canary_failed") unless the canary prompt gives exactly the recorded ids."""
+        """Refusal("canary_failed") unless the canary prompt gives exactly the recorded ids (on a
+        GPU: through host-driven stepping and through the decode graph, each)."""
         canary = self.contract.canary
+        expected = list(canary.expected_token_ids)
         (result,) = self.generator.generate([Request(tuple(canary.prompt_token_ids))])
-        got = result.token_ids if isinstance(result, Result) else []
-        if got != list(canary.expected_token_ids):
-            raise Refusal("canary_failed", f"canary output {got} differs from the recorded "
-                          f"{list(canary.expected_token_ids)}; this machine computes the model differently: "
-                          "do not serve from it", expected=list(canary.expected_token_ids), got=got)
+        paths = [("generator", result.token_ids if isinstance(result, Result) else [])]
+        if self.loop is not None:
+            paths.append(("decode graph", self.loop.generate(canary.prompt_token_ids).token_ids))
+        for path, got in paths:
+            if got != expected:
+                where = f" ({path})" if self.loop is not None else ""
+                raise Refusal("canary_failed", f"canary output {got}{where} differs from the recorded "
+                              f"{expected}; this machine computes the model differently: do not serve from it",
+                              expected=expected, got=got, path=path)
+
+    def close(self) -> None:
+        """Frees the device memory of a GPU engine (no-op on the CPU backend)."""
+        close = getattr(self.model, "close", None)
+        if close is not None:
+            close()
 
     def encode(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(self.grammar.render_prompt(text)).ids)

@@ -56,7 +56,7 @@ def test_kv_bytes_per_token():
 
 
 def test_tiny_workspace_breakdown():
-    # T = 8 rows, R = min(8, 4 sequences) = 4 head rows, 1 attention split (48 tokens <= 512).
+    # T = 8 rows, R = min(8, 4 sequences) = 4 head rows, 1 attention split (48 tokens <= 256).
     assert workspace_breakdown(TINY, TINY_LIMITS, max_edges_per_node=5) == {
         "hidden": 8 * 32 * 4, "normed": 8 * 32 * 4, "q": 8 * 32 * 4, "k": 8 * 16 * 4, "v": 8 * 16 * 4,
         "attn_out": 8 * 32 * 4, "gate": 8 * 64 * 4, "up": 8 * 64 * 4, "attn_partials": 8 * 4 * 1 * (8 + 2) * 4,
@@ -87,10 +87,10 @@ def test_qwen3_kv_pool_and_workspace(stub_weights):
     assert mem.kv_pool_bytes == 272 * 32 * 114_688 == 998_244_352
     ws = workspace_breakdown(QWEN3_06B, limits, max_edges_per_node=12)
     assert ws["hidden"] == 1_048_576 and ws["q"] == 2_097_152 and ws["gate"] == 3_145_728
-    assert ws["attn_partials"] == 256 * 16 * 3 * 130 * 4 == 6_389_760  # ceil(1088 / 512) = 3 splits
+    assert ws["attn_partials"] == 256 * 16 * 5 * 130 * 4 == 10_649_600  # ceil(1088 / 256) = 5 splits
     assert ws["logits_sparse"] == 8 * 12 * 4 and ws["logits_dense"] == 8 * 151_936 * 4 == 4_861_952
     assert mem.workspace_bytes == sum(ws.values()) == 2 * 1_048_576 + 2 * 2_097_152 + 2 * 1_048_576 \
-        + 2 * 3_145_728 + 6_389_760 + 384 + 4_861_952
+        + 2 * 3_145_728 + 10_649_600 + 384 + 4_861_952
 
 
 def test_size_pool_for_budget(stub_weights):

@@ -1,0 +1,187 @@
+"""The stages of bench/gpu_check.py; each runs in its own process (a hang or crash in one
+cannot take the others down) and returns a JSON-ready dict.
+
+build    synthetic checkpoints (a kernel-compatible "small" model and qwen3-0.6b) and h200
+         bundles in fp8 and nvfp4
+kernels  every case of tests/test_kernels_gpu*.py against kernels/reference.py, recording
+         relative errors instead of asserting
+e2e      Engine.load (target check, CUDA backend, canary on both decode paths), then the e2e
+         prompts through the host-driven generator (sparse and check heads), the decode graph
+         and the host-stepped loop; the canary prompt's final hidden rows saved for parity
+cpuref   the same prompts and hidden rows on the CPU reference backend
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+CATALOG = REPO / "builder" / "data" / "tools-64.json"
+# The synthetic "tiny" shape has head_dim 16, which the attention kernels do not take; this
+# one is as small but kernel-compatible (head_dim 64, dims multiples of 32 for nvfp4).
+SMALL_SHAPE = dict(hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64)
+# bundle -> (checkpoint, precision, max_input_tokens, prefill_chunk)
+BUNDLES = {"small-fp8": ("small", "fp8_e4m3", 256, 64), "small-nvfp4": ("small", "nvfp4", 256, 64),
+           "q06-fp8": ("q06", "fp8_e4m3", 2048, 128), "q06-nvfp4": ("q06", "nvfp4", 2048, 128)}
+E2E_REQUESTS = 4  # canary candidate requests per bundle, plus one long multi-chunk prompt
+
+
+def load_test_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"gpu_check_{name}", REPO / "tests" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- build ----
+def synth_small(out: Path) -> None:
+    """A synthetic checkpoint of SMALL_SHAPE (builder.synth's tiny shape with the sizes replaced)."""
+    from unittest import mock
+
+    import builder.synth as synth
+    original = synth.model_config_for
+
+    def small_config(opts, vocab):
+        return dataclasses.replace(original(opts, vocab), **SMALL_SHAPE)
+    with mock.patch.object(synth, "model_config_for", small_config):
+        synth.synth_checkpoint(out, synth.SynthOptions(shape="tiny"))
+
+
+def ensure_headers() -> str:
+    """kernels.nvrtc_build.include_dir(), or (if cuda.pathfinder cannot find them) the first
+    folder on the Python path or in /usr/local/cuda holding cuda_fp8.h and cuda_fp4.h."""
+    import sys
+
+    import kernels.nvrtc_build as nb
+    try:
+        return nb.include_dir()
+    except Exception as e:
+        why = f"{type(e).__name__}: {e}"
+    roots = [Path(p) for p in sys.path if p] + [Path("/usr/local/cuda")]
+    for root in roots:
+        for sub in ("nvidia/cu13/include", "nvidia/cuda_runtime/include", "include"):
+            d = root / sub
+            if (d / "cuda_fp8.h").is_file() and (d / "cuda_fp4.h").is_file():
+                nb.include_dir = lambda d=d: str(d)
+                return f"{d} (fallback: {why})"
+    raise RuntimeError(f"no CUDA headers with cuda_fp8.h and cuda_fp4.h: {why}")
+
+
+def stage_build(work: Path, names: list[str]) -> dict:
+    from builder.compile import compile_bundle
+    from builder.synth import SynthOptions, synth_checkpoint
+    from runtime.contract import BuildOptions
+    out = {"headers": ensure_headers()}
+    work.mkdir(parents=True, exist_ok=True)
+    for ckpt in sorted({BUNDLES[n][0] for n in names}):
+        t = time.perf_counter()
+        if not (work / ckpt / "config.json").is_file():
+            if ckpt == "small":
+                synth_small(work / ckpt)
+            else:
+                synth_checkpoint(work / ckpt, SynthOptions(shape="qwen3-0.6b"))
+        out[f"synth-{ckpt}"] = {"seconds": time.perf_counter() - t}
+    for name in names:
+        ckpt, precision, max_in, chunk = BUNDLES[name]
+        if (work / name / "contract.json").is_file():
+            out[name] = {"path": str(work / name), "reused": True}
+            continue
+        t = time.perf_counter()
+        options = BuildOptions(precision=precision, target="h200", max_sequences=8, max_input_tokens=max_in,
+                               max_output_tokens=None, page_size=32, max_tokens_per_step=256, prefill_chunk=chunk,
+                               memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
+        try:
+            r = compile_bundle(work / ckpt, CATALOG, options, work / name, force=True)
+        except Exception as e:  # one bundle failing leaves the others
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:800]}
+            continue
+        out[name] = {"path": str(work / name), "seconds": time.perf_counter() - t, "timings": r.timings,
+                     "canary_margin": r.contract.canary.min_margin}
+    return out
+
+
+# ---- kernels ----
+def stage_kernels() -> dict:
+    from kernels.launch import Gpu
+    from kernels.runner import KernelRunner
+
+    class RecordingRunner(KernelRunner):
+        """close/same record ||got - want|| / ||want|| and pass/fail instead of asserting."""
+        case = ""
+
+        def _record(self, got, want, ok: bool, label: str) -> None:
+            g, w = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
+            fin = np.isfinite(w) & np.isfinite(g)
+            num, den = np.linalg.norm(g[fin] - w[fin]), np.linalg.norm(w[fin])
+            self.records.append({"case": self.case, "check": label, "ok": bool(ok),
+                                 "rel_err": float(num / den) if den > 0 else float(num),
+                                 "max_abs": float(np.max(np.abs(g[fin] - w[fin]), initial=0.0)),
+                                 "nonfinite_mismatch": int(np.sum(np.isfinite(w) != np.isfinite(g)))})
+
+        def close(self, got, want, atol, rtol=0.0, label=""):
+            g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+            bad = ~(np.abs(g - w) <= atol + rtol * np.abs(w)) & ~(np.isinf(g) & (g == w))
+            self._record(got, want, not bad.any(), label)
+
+        def same(self, got, want, label=""):
+            self._record(got, want, np.array_equal(np.asarray(got), np.asarray(want), equal_nan=True), label)
+
+    headers = ensure_headers()
+    gpu = Gpu()
+    runner = RecordingRunner(gpu)
+    runner.records = []
+    t = time.perf_counter()
+    cases = load_test_module("test_kernels_gpu").CASES
+    loop = load_test_module("test_kernels_gpu_loop")
+    jobs = [(p.id, p.values[0], p.values[1]) for p in cases]
+    for spec, gid in zip(loop.GRAMMARS, ("prefix", "wide")):
+        jobs.append((f"loop-host-{gid}", lambda d, rng, s=spec: loop.host_loop(d, s), ()))
+        jobs.append((f"loop-while-graph-{gid}",
+                     lambda d, rng, s=spec: loop.test_while_graph_loop_stops_on_the_device(d, s), ()))
+    errors = {}
+    for cid, case, spec in jobs:
+        runner.case = cid
+        try:
+            case(runner, np.random.default_rng(zlib.crc32(repr(spec).encode())), *spec)
+        except Exception as e:  # a launch failure or a plain assert in a case
+            errors[cid] = f"{type(e).__name__}: {e}"[:500]
+    gpu.close()
+    return {"records": runner.records, "errors": errors, "cases": len(jobs), "seconds": time.perf_counter() - t,
+            "headers": headers, "device": gpu.name}
+
+
+# ---- prompts shared by e2e and cpuref ----
+def e2e_prompts(grammar, tokenizer, max_input: int) -> list[tuple[int, ...]]:
+    from builder.canary import CANARY_REQUESTS
+    texts = list(CANARY_REQUESTS[:E2E_REQUESTS]) + [" ".join(CANARY_REQUESTS * 2)]
+    return [tuple(tokenizer.encode(grammar.render_prompt(t)).ids)[-max_input:] for t in texts]
+
+
+def stage_cpuref(work: Path, names: list[str]) -> dict:
+    from tokenizers import Tokenizer
+
+    from runtime.bundle import read_contract
+    from runtime.engine import cpu_generator, load_cpu_weights
+    from runtime.generator import Request, Result
+    from runtime.grammar import Grammar
+    out = {}
+    for name in names:
+        t, folder = time.perf_counter(), work / name
+        c, g = read_contract(folder), Grammar.read(folder / "grammar.msgpack")
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        gen = cpu_generator(c.model, load_cpu_weights(folder / "weights.safetensors", c.model), g, c.limits)
+        prompts = e2e_prompts(g, tok, c.limits.max_input_tokens)
+        res = gen.generate([Request(p) for p in prompts])
+        p = np.asarray(c.canary.prompt_token_ids)
+        slot = gen.kv.admit(len(p) + 1)
+        np.save(work / f"{name}-cpu-hidden.npy", gen.model.forward(p, np.full(len(p), slot), np.arange(len(p)), gen.kv))
+        gen.kv.release(slot)
+        out[name] = {"tokens": [r.token_ids if isinstance(r, Result) else str(r) for r in res],
+                     "margins": [r.min_margin if isinstance(r, Result) else None for r in res],
+                     "prompt_lengths": [len(q) for q in prompts], "seconds": time.perf_counter() - t}
+    return out

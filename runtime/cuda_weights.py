@@ -1,0 +1,171 @@
+"""Bundle weights on the device, in the bundle's own formats, uploaded once at load.
+
+Formats (DESIGN.md "Weight formats"; the kernels read them as stored):
+  fp8:   codes uint8 [out, in] + float32 per-row scale [out]
+  nvfp4: packed uint8 [out, in/2] + e4m3 block scales uint8 [out, in/16] + float32 global
+  bf16:  bf16 [out, in]
+Embedding, (untied) head and norms stay bf16; biases go up as float32 (exact).
+
+Fusions that change no bit: with a per-row scale (fp8) or none (bf16), q/k/v become one
+[q_dim + 2 kv_dim, hidden] weight and gate/up one [2 inter, hidden] weight, since every
+output row is computed alone. NVFP4 has one global scale per tensor, so its q, k, v and
+gate, up stay apart (launched as parallel graph branches instead).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .cuda_buffers import DeviceArena
+from .errors import Refusal
+from .grammar import Grammar
+from .model_config import ModelConfig
+from .rope import inv_freq
+from .tensor_file import DTYPE_NAMES
+
+FORMATS = {"fp8_e4m3": "fp8", "nvfp4": "nvfp4", "bf16": "bf16"}
+GRAMMAR_ARRAYS = ("node_edge_start", "edge_token", "edge_kind", "edge_bits", "edge_child", "edge_tool")
+
+
+@dataclass
+class Matvec:
+    """One linear layer's device weights: ``weight_args`` are its kernel's (w, scales...) params."""
+
+    fmt: str
+    n_in: int
+    n_out: int
+    keys: tuple[str, ...]  # arena names: weight, then scale (fp8, nvfp4)
+    global_scale: float = 0.0  # nvfp4 weight_scale_2
+    bias_key: str | None = None  # float32 [out]
+    arena: DeviceArena | None = None
+
+    def weight_args(self) -> tuple:
+        arrays = tuple(self.arena[k] for k in self.keys)
+        return arrays + ((np.float32(self.global_scale),) if self.fmt == "nvfp4" else ())
+
+    def bias(self):
+        return None if self.bias_key is None else self.arena[self.bias_key]
+
+
+@dataclass
+class LayerWeights:
+    qkv: list[Matvec]  # [fused] or [q, k, v]
+    o: Matvec
+    gate_up: list[Matvec]  # [fused] or [gate, up]
+    down: Matvec
+    norms: dict[str, str] = field(default_factory=dict)  # ln_in, ln_post, q_norm, k_norm -> arena key
+
+
+class DeviceWeights:
+    """Plans, then uploads, every tensor of a bundle (``tensors``: name -> numpy view)."""
+
+    def __init__(self, cfg: ModelConfig, precision: str, tensors, grammar: Grammar):
+        self.cfg, self.fmt, self.t = cfg, FORMATS[precision], tensors
+        self.lookup = tensors.get if isinstance(tensors, dict) else (
+            lambda n: tensors.get(n) if n in tensors.tensors else None)  # a SafetensorsFile
+        self.producers: dict[str, callable] = {}
+        self.sizes: dict[str, int] = {}
+        self.shapes = cfg.tensor_shapes()
+        self.layers = [self._plan_layer(i) for i in range(cfg.num_layers)]
+        self.embed = self._add("embed", lambda: self._get("model.embed_tokens.weight", "BF16",
+                                                          (cfg.vocab_size, cfg.hidden_size)))
+        self.head = self.embed if cfg.tie_word_embeddings else self._add(
+            "lm_head", lambda: self._get("lm_head.weight", "BF16", (cfg.vocab_size, cfg.hidden_size)))
+        self.final_norm = self._add("final_norm", lambda: self._get("model.norm.weight", "BF16", (cfg.hidden_size,)))
+        self.inv_freq = self._add("inv_freq", lambda: inv_freq(cfg))
+        for name in GRAMMAR_ARRAYS:
+            self._add("grammar." + name, lambda n=name: getattr(grammar, n))
+        self.arena = DeviceArena(dict(self.sizes))
+        for layer in self.layers:
+            for mv in (*layer.qkv, layer.o, *layer.gate_up, layer.down):
+                mv.arena = self.arena
+
+    # ---- planning ----
+    def _get(self, name: str, dtype: str, shape: tuple) -> np.ndarray:
+        """The tensor ``name`` checked against (dtype, shape); Refusal("bundle_invalid") otherwise."""
+        arr = self.lookup(name)
+        if arr is None:
+            raise Refusal("bundle_invalid", f"weights file: tensor {name} is missing; expected {dtype}{list(shape)}; "
+                          "rebuild the bundle", tensor=name)
+        found = DTYPE_NAMES.get(arr.dtype, str(arr.dtype))
+        if found != dtype or tuple(arr.shape) != tuple(shape):
+            raise Refusal("bundle_invalid", f"weights file: {name} is {found}{list(arr.shape)}, expected "
+                          f"{dtype}{list(shape)}; rebuild the bundle", tensor=name,
+                          expected=[dtype, list(shape)], found=[found, list(arr.shape)])
+        return arr
+
+    def _add(self, key: str, producer, nbytes: int | None = None) -> str:
+        """Registers arena buffer ``key``; ``producer()`` gives its host array at upload time.
+        Without ``nbytes`` the producer runs now to size it (views of the mmapped file: cheap)."""
+        self.producers[key] = producer
+        self.sizes[key] = int(producer().nbytes) if nbytes is None else int(nbytes)
+        return key
+
+    def _linear(self, names: list[str], key: str) -> Matvec:
+        """One Matvec over the row-concatenation of ``names`` (one name: no concatenation)."""
+        cfg, fmt = self.cfg, self.fmt
+        shapes = [self.shapes[n + ".weight"] for n in names]
+        n_in, n_out = shapes[0][1], sum(s[0] for s in shapes)
+        cat = (lambda parts: parts[0]) if len(names) == 1 else (lambda parts: np.concatenate(parts, axis=0))
+        if fmt == "fp8":
+            self._add(key + ".w", lambda: cat([self._get(n + ".weight", "F8_E4M3", s).view(np.uint8)
+                                              for n, s in zip(names, shapes)]), n_out * n_in)
+            self._add(key + ".s", lambda: cat([self._get(n + ".weight_scale", "F32", (s[0],))
+                                              for n, s in zip(names, shapes)]), 4 * n_out)
+            mv = Matvec(fmt, n_in, n_out, (key + ".w", key + ".s"))
+        elif fmt == "nvfp4":
+            (name,), (shape,) = names, shapes
+            self._add(key + ".w", lambda: self._get(name + ".weight", "U8", (shape[0], n_in // 2)))
+            self._add(key + ".s", lambda: self._get(name + ".weight_scale", "F8_E4M3",
+                                                    (shape[0], n_in // 16)).view(np.uint8))
+            g = float(self._get(name + ".weight_scale_2", "F32", ())[()])
+            mv = Matvec(fmt, n_in, n_out, (key + ".w", key + ".s"), global_scale=g)
+        else:
+            self._add(key + ".w", lambda: cat([self._get(n + ".weight", "BF16", s) for n, s in zip(names, shapes)]),
+                      2 * n_out * n_in)
+            mv = Matvec(fmt, n_in, n_out, (key + ".w",))
+        if cfg.qkv_bias and names[0].endswith(("q_proj", "k_proj", "v_proj")):
+            mv.bias_key = self._add(key + ".b", lambda: np.concatenate(
+                [self._get(n + ".bias", "BF16", (s[0],)).astype(np.float32) for n, s in zip(names, shapes)]), 4 * n_out)
+        return mv
+
+    def _plan_layer(self, i: int) -> LayerWeights:
+        p, cfg, key = f"model.layers.{i}.", self.cfg, f"L{i}."
+        fused = self.fmt != "nvfp4"
+        qkv = [p + "self_attn." + m for m in ("q_proj", "k_proj", "v_proj")]
+        gu = [p + "mlp.gate_proj", p + "mlp.up_proj"]
+        layer = LayerWeights(
+            qkv=[self._linear(qkv, key + "qkv")] if fused else
+            [self._linear([n], key + short) for n, short in zip(qkv, ("q", "k", "v"))],
+            o=self._linear([p + "self_attn.o_proj"], key + "o"),
+            gate_up=[self._linear(gu, key + "gu")] if fused else
+            [self._linear([n], key + short) for n, short in zip(gu, ("gate", "up"))],
+            down=self._linear([p + "mlp.down_proj"], key + "down"))
+        norms = {"ln_in": ("input_layernorm", cfg.hidden_size),
+                 "ln_post": ("post_attention_layernorm", cfg.hidden_size)}
+        if cfg.qk_norm:
+            norms.update(q_norm=("self_attn.q_norm", cfg.head_dim), k_norm=("self_attn.k_norm", cfg.head_dim))
+        for short, (name, n) in norms.items():
+            layer.norms[short] = self._add(key + short,
+                                           lambda name=name, n=n: self._get(p + name + ".weight", "BF16", (n,)))
+        return layer
+
+    # ---- upload and sizes ----
+    def upload(self, gpu) -> None:
+        """One allocation, then every tensor copied in (one host temporary at a time)."""
+        self.arena.allocate(gpu)
+        for key, producer in self.producers.items():
+            gpu.copy_in(self.arena[key], np.ascontiguousarray(producer()).reshape(-1).view(np.uint8))
+
+    def free(self, gpu) -> None:
+        self.arena.free(gpu)
+
+    def layer_bytes(self) -> int:
+        """Bytes of the decoder layers' weights, scales and norms: what one decode step reads."""
+        return sum(n for k, n in self.arena.sizes.items() if k.startswith("L"))
+
+    def decode_bytes(self, max_edges: int) -> int:
+        """Weight bytes one decode token reads: layers, final norm, one embedding row, head rows of the candidates."""
+        h = self.cfg.hidden_size
+        return self.layer_bytes() + self.arena.sizes[self.final_norm] + 2 * h + 2 * h * max_edges

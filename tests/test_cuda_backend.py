@@ -1,0 +1,268 @@
+"""The CUDA backend's host side: buffer plans, launch lists, the decode loop and the GPU load path.
+
+On CPU the backend runs on tests/emulated_gpu.py (numpy references behind the real launch
+arguments), so pointers, strides, fused layouts, prefill padding, grammar buffers and the
+graph loop's logic are checked against the CPU backend's tokens without a driver. The GPU
+tests (marked gpu) load a real bundle; without a device they skip with the reason.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from tokenizers import Tokenizer
+
+from builder.catalog import load_catalog
+from builder.checkpoint import open_checkpoint
+from builder.memory_plan import kv_pool_bytes, weights_bytes, workspace_breakdown
+from builder.quantize import quantize_checkpoint
+from builder.synth import SynthOptions, model_config_for
+from builder.trie import build_grammar
+from emulated_gpu import EmulatedGpu
+from kernels.launch import probe_gpu
+from kernels.signatures import kernel_signatures
+from runtime.cli import main as runtime_cli
+from runtime.contract import CONTRACT_FILE, Limits
+from runtime.cuda_backend import CudaModel
+from runtime.cuda_buffers import BREAKDOWN_NAMES, attention_splits, workspace_plan
+from runtime.cuda_graph import CudaDecodeLoop
+from runtime.cuda_graph_build import dependencies
+from runtime.engine import Engine, cpu_generator, load_cpu_weights
+from runtime.errors import EXIT_CODES, CudaError, Refusal
+from runtime.generator import Generator, Request
+from runtime.machine import MachineFacts
+from runtime.tensor_file import SafetensorsFile
+
+PRECISIONS = ("fp8_e4m3", "nvfp4", "bf16")
+SHAPE = dict(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64)
+REQUESTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send an email to Bob " * 12]
+CUBINS = {s.file: b"" for s in kernel_signatures().values()}  # the emulator runs references, not cubins
+
+_SPEC = importlib.util.spec_from_file_location("gpu_check_stages",
+                                               Path(__file__).parents[1] / "bench" / "gpu_check_stages.py")
+stages = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(stages)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """A kernel-compatible synthetic checkpoint: config, grammar, limits, prompts, weights files."""
+    root = tmp_path_factory.mktemp("small-cuda")
+    original = model_config_for
+
+    def config_for(opts, vocab):
+        return dataclasses.replace(original(opts, vocab), **SHAPE)
+    import builder.synth as synth
+    synth.model_config_for = config_for
+    try:
+        synth.synth_checkpoint(root / "ckpt", SynthOptions())
+    finally:
+        synth.model_config_for = original
+    ckpt = open_checkpoint(root / "ckpt")
+    tok = Tokenizer.from_file(str(root / "ckpt" / "tokenizer.json"))
+    grammar = build_grammar(load_catalog("builder/data/tools-64.json"), tok, ckpt.config.eos_token_ids[0])
+    limits = Limits(page_size=16, num_pages=4 * 12, max_sequences=4, max_tokens_per_step=64, prefill_chunk=32,
+                    max_input_tokens=160, max_output_tokens=grammar.max_answer_tokens)
+    files = {}
+    for precision in PRECISIONS:
+        files[precision] = root / f"{precision}.safetensors"
+        quantize_checkpoint(ckpt, ckpt.config, precision, files[precision])
+    prompts = [tuple(tok.encode(grammar.render_prompt(r)).ids) for r in REQUESTS]
+    assert len(prompts[-1]) > 2 * limits.prefill_chunk  # the long prompt spans several chunks
+    return dict(cfg=ckpt.config, grammar=grammar, limits=limits, files=files, prompts=prompts, ckpt=root / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def cpu_tokens(small):
+    out = {}
+    for precision, path in small["files"].items():
+        gen = cpu_generator(small["cfg"], load_cpu_weights(path, small["cfg"]), small["grammar"], small["limits"])
+        out[precision] = [r.token_ids for r in gen.generate([Request(p) for p in small["prompts"]])]
+    return out
+
+
+def emulated_model(small, precision: str) -> tuple[CudaModel, EmulatedGpu]:
+    gpu = EmulatedGpu()
+    with SafetensorsFile(small["files"][precision]) as st:
+        model = CudaModel(small["cfg"], small["limits"], small["grammar"], precision, st, CUBINS, gpu)
+    return model, gpu
+
+
+def generator(model: CudaModel, small, head: str = "sparse") -> Generator:
+    lim = small["limits"]
+    return Generator(model, model.kv, small["grammar"], max_input_tokens=lim.max_input_tokens,
+                     max_output_tokens=lim.max_output_tokens, max_tokens_per_step=lim.max_tokens_per_step,
+                     prefill_chunk=lim.prefill_chunk, head=head)
+
+
+# ---- buffer plans ----
+def test_workspace_plan_matches_the_memory_plan():
+    cfg = model_config_for(SynthOptions(shape="qwen3-0.6b"), 151936)
+    limits = Limits(page_size=32, num_pages=528, max_sequences=8, max_tokens_per_step=256, prefill_chunk=128,
+                    max_input_tokens=2048, max_output_tokens=35)
+    plan, breakdown = workspace_plan(cfg, limits, 32, 1), workspace_breakdown(cfg, limits, 32)
+    assert set(BREAKDOWN_NAMES) == set(breakdown)
+    for name in BREAKDOWN_NAMES:
+        assert plan[name] == breakdown[name], name
+    assert attention_splits(limits) == 9  # ceil(2083 / 256): the kernels' split size
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_device_bytes_match_the_contract_plan(small, precision):
+    model, gpu = emulated_model(small, precision)
+    cfg, lim = small["cfg"], small["limits"]
+    model_keys = [k for k in model.weights.arena.sizes if not k.startswith(("grammar.", "inv_freq"))]
+    scalars = 4 * 7 * cfg.num_layers if precision == "nvfp4" else 0  # weight_scale_2: kernel arguments
+    assert sum(model.weights.arena.sizes[k] for k in model_keys) + scalars == weights_bytes(cfg, precision)
+    assert model.kv.nbytes == kv_pool_bytes(cfg, lim.num_pages, lim.page_size)
+    model.close()
+    assert not gpu.buffers, "close() left device allocations behind"
+
+
+# ---- launch lists ----
+@pytest.mark.parametrize("precision,per_layer", [("fp8_e4m3", 8), ("nvfp4", 11), ("bf16", 8)])
+def test_decode_step_launches(small, precision, per_layer):
+    model, _ = emulated_model(small, precision)
+    loop = CudaDecodeLoop(model)
+    body = loop.body(0x1234)
+    tail = ["rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance"]
+    assert [ln.fn for ln in body[-4:]] == tail and body[0].fn == "embed_gather"
+    assert len(body) == 1 + per_layer * small["cfg"].num_layers + 4
+    assert body[-1].args[-1] == 0x1234 and loop.first_sample()[-1].args[-1] == 0
+    deps, last = dependencies(body)
+    assert last == [len(body) - 1] and deps[0] == []
+    if precision == "nvfp4":  # q, k, v side by side, then rope waits for all three
+        assert [ln.parallel for ln in body[1:5]] == [False, True, True, False] and deps[4] == [1, 2, 3]
+    plan = loop.plan(3)
+    assert len(plan) == 3 * (len(body) - 4) + 4 and plan[-1].args[-1] == 0
+    model.close()
+
+
+# ---- the whole backend on the emulated device ----
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_emulated_backend_gives_the_cpu_tokens(small, cpu_tokens, precision):
+    model, gpu = emulated_model(small, precision)
+    want = cpu_tokens[precision]
+    prompts = small["prompts"]
+    assert [r.token_ids for r in generator(model, small).generate([Request(p) for p in prompts])] == want
+    assert [r.token_ids for r in generator(model, small, "check").generate([Request(p) for p in prompts])] == want
+    loop = CudaDecodeLoop(model)
+    assert [loop.generate(p).token_ids for p in prompts] == want
+    assert [loop.generate(p, mode="host").token_ids for p in prompts] == want
+    assert model.kv.free_slots == small["limits"].max_sequences and model.kv.free_pages == small["limits"].num_pages
+    model.close()
+    assert not gpu.buffers
+
+
+def test_emulated_forward_matches_cpu_hidden(small):
+    cfg, lim = small["cfg"], small["limits"]
+    gen = cpu_generator(cfg, load_cpu_weights(small["files"]["fp8_e4m3"], cfg), small["grammar"], lim)
+    model, _ = emulated_model(small, "fp8_e4m3")
+    p = np.asarray(small["prompts"][0])
+    rows = (p, np.zeros(len(p), np.int64), np.arange(len(p)))
+    assert gen.kv.admit(len(p)) == 0 and model.kv.admit(len(p)) == 0
+    want = gen.model.forward(*rows, gen.kv)
+    got = model.forward(*rows, model.kv)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5
+    model.close()
+
+
+def test_failed_load_frees_what_it_took(small):
+    gpu = EmulatedGpu()
+    with SafetensorsFile(small["files"]["fp8_e4m3"]) as st:
+        tensors = {n: st.get(n) for n in st.names() if n != "model.norm.weight"}
+    with pytest.raises(Refusal) as info:
+        CudaModel(small["cfg"], small["limits"], small["grammar"], "fp8_e4m3", tensors, CUBINS, gpu)
+    assert info.value.code == "bundle_invalid" and "model.norm.weight" in info.value.message
+    assert not gpu.buffers
+    with pytest.raises(Refusal, match="cubin is missing"):
+        CudaModel(small["cfg"], small["limits"], small["grammar"], "fp8_e4m3", tensors, {}, gpu)
+
+
+# ---- GPU bundles on a machine without a GPU ----
+@pytest.fixture
+def gpu_bundle(tmp_path, tiny_bundle):
+    folder = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, folder)
+    path = folder / CONTRACT_FILE
+    d = json.loads(path.read_text())
+    d["target"].update(name="h200", gpu_names=["h200"], compute_capability="9.0", sm_arch="sm_90",
+                       min_driver_version=13000)
+    path.write_text(json.dumps(d))
+    return folder
+
+
+@pytest.mark.skipif(probe_gpu()[0], reason="checks the refusal on a machine without a usable GPU")
+def test_gpu_bundle_without_a_gpu_is_refused_no_gpu(gpu_bundle):
+    with pytest.raises(Refusal) as info:
+        Engine.load(gpu_bundle)
+    assert info.value.code == "no_gpu"
+    result = CliRunner().invoke(runtime_cli, ["load", str(gpu_bundle), "--json"])
+    assert result.exit_code == EXIT_CODES["no_gpu"] and json.loads(result.output)["error"] == "no_gpu"
+    with pytest.raises(CudaError):  # past the checks (facts claim a GPU), the driver is still missing
+        CudaModel(dataclasses.replace(model_config_for(SynthOptions(), 1024), **SHAPE), Limits(16, 8, 1, 8, 8, 32, 8),
+                  None, "fp8_e4m3", {}, {})
+
+
+def test_gpu_bundle_with_a_shape_the_kernels_cannot_run_is_refused(gpu_bundle):
+    with pytest.raises(Refusal) as info:  # the tiny model's head_dim 16: no attention kernel for it
+        Engine.load(gpu_bundle, facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000))
+    assert info.value.code == "bundle_invalid" and "head_dim = 16" in info.value.message
+
+
+def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monkeypatch):
+    """Engine.load's GPU branch end to end: target check, CUDA backend, canary on both decode paths."""
+    from builder.compile import compile_bundle
+    from runtime.contract import BuildOptions
+    import runtime.cuda_backend
+    options = BuildOptions(precision="fp8_e4m3", target="cpu", max_sequences=4, max_input_tokens=96,
+                           max_output_tokens=None, page_size=16, max_tokens_per_step=64, prefill_chunk=32,
+                           memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
+    folder = tmp_path / "bundle"
+    compile_bundle(small["ckpt"], "builder/data/tools-64.json", options, folder)
+    d = json.loads((folder / CONTRACT_FILE).read_text())
+    d["target"].update(name="h200", gpu_names=["h200"], compute_capability="9.0", sm_arch="sm_90",
+                       min_driver_version=13000)
+    (folder / CONTRACT_FILE).write_text(json.dumps(d))
+    (folder / "kernels").mkdir()
+    for name in CUBINS:  # unlisted files: the hash check passes; the emulator ignores their bytes
+        (folder / "kernels" / f"{name}.cubin").write_bytes(b"")
+    monkeypatch.setattr(runtime.cuda_backend, "Gpu", EmulatedGpu)
+    engine = Engine.load(folder, facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000))
+    try:
+        (result,) = engine.run(["Book a flight to Paris"])
+        assert result.finish == "done" and result.tools
+        assert engine.loop.generate(engine.encode("Book a flight to Paris")).token_ids == result.token_ids
+    finally:
+        engine.close()
+
+
+# ---- on a GPU ----
+@pytest.fixture(scope="module")
+def device_bundle(tmp_path_factory):
+    ok, why = probe_gpu()
+    if not ok:
+        pytest.skip(f"needs a CUDA GPU and driver: {why}")
+    work = tmp_path_factory.mktemp("gpu-bundles")
+    stages.stage_build(work, ["small-fp8", "small-nvfp4"])
+    return work
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["small-fp8", "small-nvfp4"])
+def test_gpu_engine_loads_and_both_loops_match_the_cpu(device_bundle, name):
+    engine = Engine.load(device_bundle / name)  # canary gate: host-driven and graph
+    try:
+        prompts = stages.e2e_prompts(engine.grammar, engine.tokenizer, engine.contract.limits.max_input_tokens)
+        cpu = stages.stage_cpuref(device_bundle, [name])[name]["tokens"]
+        assert [r.token_ids for r in engine.generator.generate([Request(p) for p in prompts])] == cpu
+        assert [engine.loop.generate(p).token_ids for p in prompts] == cpu
+        assert [engine.loop.generate(p, mode="host").token_ids for p in prompts] == cpu
+    finally:
+        engine.close()
