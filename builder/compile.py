@@ -26,7 +26,7 @@ from runtime.errors import BuildError
 from .canary import record_canary
 from .catalog import load_catalog
 from .checkpoint import open_checkpoint
-from .kernel_build import compile_kernels, contract_target
+from .kernel_build import check_kernel_shapes, compile_kernels, contract_target
 from .memory_plan import default_context_reserve, plan_memory, size_pool_for_budget
 from .quantize import quantize_checkpoint
 from .trie import build_grammar
@@ -105,6 +105,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
     tokenizer = Tokenizer.from_file(str(ckpt.folder / TOKENIZER_FILE))
     grammar = build_grammar(load_catalog(catalog_path), tokenizer, cfg.eos_token_ids[0])
     target = contract_target(options.target)
+    check_kernel_shapes(target, cfg, options.precision)
     options = resolve_defaults(options, grammar)
     limits = plan_limits(options, cfg, grammar)
     memory = plan_memory(cfg, options.precision, limits, options.target, options.context_reserve_bytes,

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kernels.geometry import shape_problems
 from kernels.nvrtc_build import compile_all
 from kernels.targets import resolve_target
 from runtime.contract import Target
+from runtime.cuda_weights import FORMATS
+from runtime.errors import BuildError
+from runtime.model_config import ModelConfig
 
 
 def contract_target(name: str) -> Target:
@@ -28,3 +32,14 @@ def compile_kernels(target: Target, out_dir: Path) -> dict[str, dict]:
         (out_dir / kernel.file_name).write_bytes(kernel.cubin)
         report[kernel.name] = kernel.resources
     return report
+
+
+def check_kernel_shapes(target: Target, cfg: ModelConfig, precision: str) -> None:
+    """BuildError before any work when a GPU target's kernels cannot run this model's sizes."""
+    if target.sm_arch is None:
+        return
+    problems = shape_problems(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                              cfg.head_dim, FORMATS[precision])
+    if problems:
+        raise BuildError("build_failed", f"the {target.name} kernels cannot run this model: {'; '.join(problems)}; "
+                         "build for --target cpu, or use a model with supported sizes", problems=problems)

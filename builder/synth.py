@@ -45,8 +45,9 @@ def model_config_for(opts: SynthOptions, tokenizer_vocab: int) -> ModelConfig:
     """The architecture a synthetic checkpoint gets for these options."""
     if opts.shape == "tiny":
         vocab = -(-tokenizer_vocab // 64) * 64
+        # head_dim 64: the smallest the GPU attention kernels take, so tiny bundles run there too
         cfg = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                   num_kv_heads=2, head_dim=16, max_position_embeddings=2048, rope_theta=10000.0,
+                   num_kv_heads=2, head_dim=64, max_position_embeddings=2048, rope_theta=10000.0,
                    tie_word_embeddings=True)
     elif opts.shape == "qwen3-0.6b":
         cfg = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,

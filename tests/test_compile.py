@@ -144,7 +144,7 @@ def json_differences(x, y, path="$") -> list[str]:
 
 OPTION_CHANGES = [["--precision", "nvfp4"], ["--precision", "bf16"], ["--max-sequences", "4"],
                   ["--page-size", "16"], ["--max-input-tokens", "96"], ["--max-output-tokens", "20"],
-                  ["--max-tokens-per-step", "64"], ["--prefill-chunk", "32"], ["--memory-budget", "1200KiB"],
+                  ["--max-tokens-per-step", "64"], ["--prefill-chunk", "32"], ["--memory-budget", "2MiB"],
                   ["--context-reserve", "1MiB"]]
 
 
@@ -232,7 +232,7 @@ PLANS = [  # extra compile options
     ["--precision", "fp8"],
     ["--precision", "nvfp4", "--page-size", "16", "--max-sequences", "3"],
     ["--precision", "bf16", "--max-sequences", "2", "--max-output-tokens", "40"],
-    ["--precision", "fp8", "--memory-budget", "1200KiB"],
+    ["--precision", "fp8", "--memory-budget", "2MiB"],
 ]
 
 
@@ -245,7 +245,7 @@ def test_memory_plan_equals_written_and_allocated_bytes(tmp_path, tiny_checkpoin
     assert memory["kv_pool_bytes"] == engine.generator.kv.nbytes
     assert memory["total_bytes"] == sum(v for k, v in memory.items() if k != "total_bytes")
     if "--memory-budget" in extra:
-        limits, budget = engine.contract.limits, 1200 << 10
+        limits, budget = engine.contract.limits, 2 << 20
         page = memory["kv_pool_bytes"] // limits.num_pages
         assert memory["total_bytes"] <= budget < memory["total_bytes"] + page  # no whole page left unused
         assert limits.pages_per_sequence <= limits.num_pages < limits.max_sequences * limits.pages_per_sequence

@@ -210,9 +210,27 @@ def test_gpu_bundle_without_a_gpu_is_refused_no_gpu(gpu_bundle):
                   None, "fp8_e4m3", {}, {})
 
 
-def test_gpu_bundle_with_a_shape_the_kernels_cannot_run_is_refused(gpu_bundle):
-    with pytest.raises(Refusal) as info:  # the tiny model's head_dim 16: no attention kernel for it
-        Engine.load(gpu_bundle, facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000))
+def test_a_shape_the_kernels_cannot_run_is_refused_by_builder_and_runtime(tmp_path, make_checkpoint):
+    from builder.compile import compile_bundle
+    from runtime.contract import BuildOptions
+    from runtime.errors import BuildError
+    qwen2 = make_checkpoint(family="qwen2")  # head_dim = hidden / heads = 16: no attention kernel for it
+    options = BuildOptions(precision="fp8_e4m3", target="h200", max_sequences=2, max_input_tokens=64,
+                           max_output_tokens=None, page_size=16, max_tokens_per_step=64, prefill_chunk=32,
+                           memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
+    with pytest.raises(BuildError) as built:
+        compile_bundle(qwen2, "builder/data/tools-64.json", options, tmp_path / "gpu")
+    assert built.value.code == "build_failed" and "head_dim = 16" in built.value.message
+    assert not (tmp_path / "gpu").exists()
+    # A CPU bundle retargeted by hand gets past the builder; the runtime refuses it before the driver.
+    compile_bundle(qwen2, "builder/data/tools-64.json", dataclasses.replace(options, target="cpu"), tmp_path / "cpu")
+    path = tmp_path / "cpu" / CONTRACT_FILE
+    d = json.loads(path.read_text())
+    d["target"].update(name="h200", gpu_names=["h200"], compute_capability="9.0", sm_arch="sm_90",
+                       min_driver_version=13000)
+    path.write_text(json.dumps(d))
+    with pytest.raises(Refusal) as info:
+        Engine.load(tmp_path / "cpu", facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000))
     assert info.value.code == "bundle_invalid" and "head_dim = 16" in info.value.message
 
 
