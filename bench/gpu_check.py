@@ -1,7 +1,10 @@
 """The one GPU check: builds its bundles, checks kernel parity and token identity, times decode.
 
 Run on the GPU machine from the repository root (no `pip install -e` needed; jsonschema and its
-three dependencies come as wheels in .whl/):
+three dependencies come as wheels in .whl/, git-ignored, fetched here first with
+`python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl jsonschema
+jsonschema-specifications referencing rpds-py`, and carried: `run(carry=[".whl"], timeout_s=540)`):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && \\
