@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("bundle")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1, help="BLAS threads for ours, torch threads for transformers")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
 
@@ -42,7 +43,8 @@ def main() -> None:
     contract = read_contract(folder)
     cfg = contract.model
     weights = load_cpu_weights(folder / WEIGHTS_FILE, cfg)
-    model = CpuModel(cfg, weights)
+    model = CpuModel(cfg, weights, blas_threads=args.threads)
+    torch.set_num_threads(args.threads)
     stepper = GrammarStepper(Grammar.read(folder / GRAMMAR_FILE))
     cand, _, allowed = stepper.allowed_mask_batch(stepper.initial_states(1))
     cand = np.maximum(cand, 0)

@@ -7,10 +7,18 @@ one step. Weights are float32 arrays under their Hugging Face names.
 from __future__ import annotations
 
 import numpy as np
+import threadpoolctl
 
 from .kv_pool import PagedKVPool
 from .model_config import ModelConfig
 from .rope import apply_rope, cos_sin, inv_freq
+
+
+# BLAS threads of the process once a CpuModel exists. One: on a node shared with other work
+# (the product's case), OpenBLAS's spinning worker threads lose whole time slices to the other
+# processes; measured on this 2-core machine under load, a 0.6B decode step took 125 ms with one
+# thread and 1,560 ms with two (bench/RESULTS.md). None leaves the process's setting alone.
+DEFAULT_BLAS_THREADS = 1
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -26,7 +34,9 @@ def silu(x: np.ndarray) -> np.ndarray:
 class CpuModel:
     """Forward pass over rows, plus the dense head (all vocab rows) and the sparse head (given rows)."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray]):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], blas_threads: int | None = DEFAULT_BLAS_THREADS):
+        if blas_threads is not None:
+            threadpoolctl.threadpool_limits(blas_threads, user_api="blas")  # process-wide, see above
         self.cfg = cfg
         self.w = weights
         self.embed = weights["model.embed_tokens.weight"]  # (vocab, hidden) float32
