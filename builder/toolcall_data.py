@@ -1,0 +1,160 @@
+"""Seeded tool-discovery examples for the 64-tool example catalog (builder/data/tools-64.json).
+
+Every tool has seven request templates (clauses with ``{slot}`` holes). A request joins one
+to four clauses of distinct tools with connectors ("and", "then", "also"...); its label is
+the tools in the order their clauses appear, the order the steps would run (canonical order).
+Splits are by template: per tool, one template is test-only, one validation-only, five are
+train-only (chosen from the seed), so test requests use phrasings never seen in training.
+The train split may also take clauses from builder.toolcall_lexicon (tool words in frames all
+tools share) and wording noise; validation and test examples are always clean templates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .toolcall_lexicon import lexicon_clauses
+from .toolcall_templates import PAIRED, SLOTS, TEMPLATES
+
+SPLITS = ("train", "val", "test")
+LEXICON_ID = -1  # template id of a training-only lexicon clause
+SPLIT_SIZES = {"train": 60_000, "val": 500, "test": 1000}  # default example counts per split
+TOOL_COUNT_WEIGHTS = (0.3, 0.35, 0.2, 0.15)  # P(1, 2, 3, 4 tools in a request)
+CONNECTORS = (" and ", " and then ", ", then ", " then ", ". Also ", " and also ", ", plus ", "; after that ",
+              ". After that, ", ", and ")
+# Training-time noise (make_split(noise=...)): politeness around a clause, filler words inside it,
+# template words dropped; slot values are never touched. It keeps a model from keying on a
+# template's exact wording, so held-out phrasings of the same intent still land.
+PREFIXES = ("please ", "could you ", "can you ", "I want to ", "I'd like to ", "go ahead and ", "quickly ",
+            "hey, ", "now ", "I need to ")
+SUFFIXES = (" please", " for me", " now", " right away", " asap", " thanks", " if you can", " today",
+            " when you get a chance", " too")
+FILLERS = ("just", "quickly", "really", "maybe", "kindly", "actually", "the", "my", "now", "a", "to", "for", "me",
+           "some", "in", "on", "with", "this", "that", "at", "of", "about", "new", "all", "any", "please")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One labelled request: ``tools`` in canonical order, ``clauses[i]`` the text naming ``tools[i]``,
+    ``patterns[i]`` the clause before slot filling and noise, ``template_ids[i]`` its template
+    (LEXICON_ID for a training-only lexicon clause)."""
+
+    request: str
+    tools: tuple[str, ...]
+    clauses: tuple[str, ...]
+    patterns: tuple[str, ...]
+    template_ids: tuple[int, ...]
+
+
+def template_table() -> list[tuple[str, str]]:
+    """Every (tool, template) pair; a template's id is its index here (tools in TEMPLATES order)."""
+    return [(tool, t) for tool, text in TEMPLATES.items() for t in text.split("|")]
+
+
+def template_splits(seed: int) -> dict[int, str]:
+    """Template id -> split: per tool one test, one val, the rest train, drawn from ``seed``."""
+    rng = np.random.default_rng([seed, 1])
+    out, first = {}, 0
+    for text in TEMPLATES.values():
+        ids = first + rng.permutation(len(text.split("|")))
+        out[int(ids[0])], out[int(ids[1])] = "test", "val"
+        out.update({int(i): "train" for i in ids[2:]})
+        first += len(text.split("|"))
+    return out
+
+
+def _fill(template: str, rng: np.random.Generator) -> str:
+    """Replaces every {slot} with a value; {x2} differs from {x} in the same clause."""
+    chosen: dict[str, int] = {}  # slot name -> index drawn into its value list
+    parts = template.split("{")
+    out = [parts[0]]
+    for part in parts[1:]:
+        name, rest = part.split("}", 1)
+        base = name[:-1] if name.endswith("2") else name
+        values = SLOTS[base]
+        partner = PAIRED.get(name) or next((k for k, v in PAIRED.items() if v == name), None)
+        if partner in chosen:  # a paired slot reuses its partner's index, in either order
+            chosen[name] = chosen[partner]
+        else:
+            choices = [i for i in range(len(values)) if name == base or i != chosen.get(base)]
+            chosen[name] = choices[int(rng.integers(len(choices)))]
+        out.append(values[chosen[name]] + rest)
+    words = "".join(out).split(" ")
+    # "the {event}" with event "the budget meeting": say "the" once
+    words = [w for k, w in enumerate(words) if not (w == "the" and k + 1 < len(words) and words[k + 1] == "the")]
+    return " ".join("I" if w == "i" else w for w in words)
+
+
+def _perturb(template: str, rng: np.random.Generator, noise: float) -> str:
+    """The template with each plain word dropped with p=noise or swapped for a filler with p=noise/2,
+    fillers inserted with p=noise/2, a prefix / suffix with p=2*noise each, and with p=2.5*noise
+    the words shuffled (a bag of words: only the tool's own words can tell it apart). Words
+    holding a {slot} are never dropped or swapped."""
+    words = []
+    for w in template.split(" "):
+        r = rng.random()
+        if "{" in w or r >= 1.5 * noise:
+            words.append(w)
+        elif r >= noise:
+            words.append(FILLERS[int(rng.integers(len(FILLERS)))])
+        if rng.random() < noise / 2:
+            words.append(FILLERS[int(rng.integers(len(FILLERS)))])
+    if rng.random() < 2.5 * noise:
+        words = [words[i] for i in rng.permutation(len(words))]
+    text = " ".join(words) or template
+    if rng.random() < 2 * noise:
+        text = PREFIXES[int(rng.integers(len(PREFIXES)))] + text
+    if rng.random() < 2 * noise:
+        text += SUFFIXES[int(rng.integers(len(SUFFIXES)))]
+    return text
+
+
+def _example(rng: np.random.Generator, by_tool: dict[str, list[int]], table: list[tuple[str, str]],
+             noise: float, lexicon: dict[str, list[str]] | None, lexicon_share: float,
+             counts: tuple[float, ...]) -> Example:
+    names = list(by_tool)
+    k = 1 + int(rng.choice(4, p=counts))
+    tools = [names[int(i)] for i in rng.choice(len(names), size=k, replace=False)]
+    ids, patterns = [], []
+    for t in tools:
+        if lexicon and rng.random() < lexicon_share:
+            ids.append(LEXICON_ID)
+            patterns.append(lexicon[t][int(rng.integers(len(lexicon[t])))])
+        else:
+            ids.append(by_tool[t][int(rng.integers(len(by_tool[t])))])
+            patterns.append(table[ids[-1]][1])
+    clauses = [_fill(_perturb(p, rng, noise) if noise else p, rng) for p in patterns]
+    text = clauses[0][0].upper() + clauses[0][1:]
+    for clause in clauses[1:]:
+        joiner = CONNECTORS[int(rng.integers(len(CONNECTORS)))]
+        text += joiner + clause
+    last = patterns[-1].split(" ")[0]
+    question = last in ("what", "what's", "how", "is", "are", "when", "which", "who", "did", "do", "has",
+                        "will", "where", "can")
+    text += "?" if question else (".", "", "!")[int(rng.integers(3))]
+    return Example(text, tuple(tools), tuple(clauses), tuple(patterns), tuple(ids))
+
+
+def make_split(split: str, seed: int = 0, size: int | None = None, noise: float = 0.0,
+               lexicon: float = 0.0, counts: tuple[float, ...] = TOOL_COUNT_WEIGHTS) -> list[Example]:
+    """The ``split`` examples (train, val or test) for ``seed``; the same arguments give the same list.
+
+    Training only: ``noise`` (0 to 0.4) perturbs each clause's wording (see ``_perturb``);
+    ``lexicon`` (0 to 1) is the share of clauses drawn from builder.toolcall_lexicon instead
+    of the tool's training templates (never a pattern equal to a held-out template).
+    ``counts``: P(1, 2, 3, 4 tools) per request.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if split != "train" and (noise or lexicon):
+        raise ValueError(f"noise and lexicon clauses are for the train split only, not {split!r}")
+    table, assign = template_table(), template_splits(seed)
+    held_out = {t for i, (_, t) in enumerate(table) if assign[i] != "train"}
+    clauses = {tool: [c for c in lexicon_clauses(tool) if c not in held_out] for tool in TEMPLATES} if lexicon else None
+    by_tool: dict[str, list[int]] = {}
+    for i, (tool, _) in enumerate(table):
+        if assign[i] == split:
+            by_tool.setdefault(tool, []).append(i)
+    rng = np.random.default_rng([seed, 2, SPLITS.index(split)])
+    return [_example(rng, by_tool, table, noise, clauses, lexicon, counts) for _ in range(SPLIT_SIZES[split] if size is None else size)]

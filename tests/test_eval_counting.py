@@ -1,0 +1,76 @@
+"""bench/eval.py's counting and its independent grammar trie, on hand-made cases."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_SPEC = importlib.util.spec_from_file_location("toolcall_eval", Path(__file__).parents[1] / "bench" / "eval.py")
+ev = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(ev)
+
+SEP, END = 10, 2
+
+
+def test_score_on_hand_made_lists():
+    labels = [["a", "b"], ["c"], ["a", "d", "e"], ["b"]]
+    pred = [["b", "a"], ["c"], ["a", "d"], ["c", "b"]]
+    s = ev.score(pred, labels)
+    assert s["n"] == 4
+    assert s["exact_set"] == 2  # rows 0 and 1
+    assert s["exact_list"] == 1  # row 1 only: row 0 has the right set in the wrong order
+    assert s["order_agreement"] == pytest.approx(1 / 2)
+    assert s["tool_hits"] == 2 + 1 + 2 + 1 and s["labelled_tools"] == 7 and s["predicted_tools"] == 7
+    assert s["recall"] == pytest.approx(6 / 7) and s["precision"] == pytest.approx(6 / 7)
+    assert s["exact_set_rate"] == pytest.approx(0.5) and s["exact_list_rate"] == pytest.approx(0.25)
+
+
+def test_score_counts_an_empty_answer_as_all_missed():
+    s = ev.score([[], ["x", "y"]], [["x"], ["x"]])
+    assert (s["exact_set"], s["tool_hits"], s["predicted_tools"], s["labelled_tools"]) == (0, 1, 2, 2)
+    assert s["recall"] == pytest.approx(0.5) and s["precision"] == pytest.approx(0.5)
+    assert ev.score([[]], [["x"]])["precision"] == 0.0  # no predicted tools: 0, not a division error
+    assert ev.score([], [])["exact_set_rate"] == 0.0
+
+
+def test_identical_needs_same_tools_in_same_order():
+    a = [["x", "y"], ["x"], [], ["z"]]
+    b = [["x", "y"], ["y"], [], ["z", "x"]]
+    assert ev.identical(a, b) == 2
+    assert ev.identical(a, a) == 4
+
+
+@pytest.fixture
+def trie():
+    # "ab" = [5, 6] is a token-prefix of "abc" = [5, 6, 7]; "d" = [8]; at most 2 tools per answer.
+    return ev.ToolTrie(["ab", "abc", "d"], [[5, 6], [5, 6, 7], [8]], SEP, END, max_tools=2)
+
+
+def test_trie_allows_names_then_sep_or_end(trie):
+    assert trie.allowed([]) == [5, 8]
+    assert trie.allowed([5]) == [6]
+    assert trie.allowed([5, 6]) == [END, 7, SEP]  # "ab" may end here or continue to "abc"
+    assert trie.allowed([5, 6, 7]) == [END, SEP]
+    assert trie.allowed([5, 6, SEP]) == [5, 8]  # "abc" still unused below token 5
+    assert trie.allowed([5, 6, SEP, 5, 6]) == [7]  # "ab" used: only its extension; and 2 tools reached ...
+    assert trie.allowed([5, 6, SEP, 5, 6, 7]) == [END]  # ... so no SEP after the second tool
+    assert trie.allowed([8, END]) == []
+
+
+def test_trie_used_set_blocks_a_subtree_once_all_its_tools_are_named():
+    both = ev.ToolTrie(["ab", "abc", "d"], [[5, 6], [5, 6, 7], [8]], SEP, END, max_tools=3)
+    assert both.allowed([5, 6, SEP, 5, 6, 7, SEP]) == [8]
+
+
+def test_trie_refuses_tokens_outside_the_grammar(trie):
+    for bad in ([6], [5, 6, 7, 7], [8, SEP, 8], [8, END, 8], [SEP]):
+        with pytest.raises(ValueError, match="outside the grammar"):
+            trie.state(bad)
+
+
+def test_trie_decodes_closed_names_only(trie):
+    assert trie.decode([5, 6, SEP, 8, END]) == ["ab", "d"]
+    assert trie.decode([5, 6, 7, END, 0, 0]) == ["abc"]
+    assert trie.decode([8, SEP, 5]) == ["d"]  # a name still open at the length limit is dropped
+    assert trie.max_answer_tokens == (3 + 1) + (2 + 1)
