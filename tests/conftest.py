@@ -39,3 +39,17 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoint):
                            memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
     compile_bundle(tiny_checkpoint, "builder/data/tools-64.json", options, out)
     return out
+
+
+@pytest.fixture(scope="module")
+def dev():
+    """A KernelRunner on GPU 0; skips with the probe's reason where there is no usable CUDA device."""
+    from kernels.launch import Gpu, probe_gpu
+    from kernels.runner import KernelRunner
+
+    ok, why = probe_gpu()
+    if not ok:
+        pytest.skip(f"needs a CUDA GPU and driver: {why}")
+    gpu = Gpu()
+    yield KernelRunner(gpu)
+    gpu.close()

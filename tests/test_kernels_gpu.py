@@ -15,21 +15,11 @@ import pytest
 
 from kernels import geometry
 from kernels import reference as ref
-from kernels.launch import DeviceArray, Gpu, probe_gpu
+from kernels.launch import DeviceArray
 from kernels.runner import DryRunGpu, KernelRunner, Out
 
 BF16 = ml_dtypes.bfloat16
 EPS = np.float32(1e-6)
-
-
-@pytest.fixture(scope="module")
-def dev():
-    ok, why = probe_gpu()
-    if not ok:
-        pytest.skip(f"needs a CUDA GPU and driver: {why}")
-    gpu = Gpu()
-    yield KernelRunner(gpu)
-    gpu.close()
 
 
 def bf16(rng, *shape):

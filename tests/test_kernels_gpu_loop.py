@@ -11,18 +11,7 @@ import pytest
 from builder.catalog import AnswerFormat, Catalog, TokenizedCatalog, Tool
 from builder.trie import grammar_from_paths
 from kernels import reference as ref
-from kernels.launch import Gpu, probe_gpu
 from kernels.runner import DryRunGpu, KernelRunner, run_while_graph
-
-
-@pytest.fixture(scope="module")
-def dev():
-    ok, why = probe_gpu()
-    if not ok:
-        pytest.skip(f"needs a CUDA GPU and driver: {why}")
-    gpu = Gpu()
-    yield KernelRunner(gpu)
-    gpu.close()
 
 
 def make_grammar(paths, max_tools, allow_empty=False):
