@@ -6,6 +6,8 @@ default separator) is always one token.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -52,8 +54,12 @@ def training_corpus(seed: int, sentences: int = 6000) -> list[str]:
     return lines
 
 
-def train_tokenizer(seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
-    """Trains the project's byte-level BPE tokenizer; same seed and size give the same tokenizer."""
+def train_tokenizer(seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE, extra_text: Sequence[str] = ()) -> Tokenizer:
+    """Trains the project's byte-level BPE tokenizer; same arguments give the same tokenizer.
+
+    ``extra_text``: domain lines appended to the synthetic corpus (a trained model's requests and
+    tool names), so that domain's words become single tokens.
+    """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -63,5 +69,5 @@ def train_tokenizer(seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE) -> Toke
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(training_corpus(seed), trainer=trainer)
+    tok.train_from_iterator([*training_corpus(seed), *extra_text], trainer=trainer)
     return tok

@@ -46,6 +46,16 @@ class Example:
     patterns: tuple[str, ...]
     template_ids: tuple[int, ...]
 
+    def clause_spans(self) -> list[tuple[int, int]]:
+        """(start, end) character span in ``request`` of each clause, in order (connectors and the
+        closing punctuation fall outside every span)."""
+        spans, pos = [], 0
+        for clause in self.clauses:  # the first clause starts capitalized: match from its 2nd character
+            start = self.request.index(clause[1:], pos) - 1
+            spans.append((start, start + len(clause)))
+            pos = start + len(clause)
+        return spans
+
 
 def template_table() -> list[tuple[str, str]]:
     """Every (tool, template) pair; a template's id is its index here (tools in TEMPLATES order)."""

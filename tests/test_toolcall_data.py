@@ -81,6 +81,20 @@ def test_labels_are_in_canonical_order_of_mention(splits):
                 at = pos + len(body)
 
 
+def test_clause_spans_cover_each_clause_and_nothing_between(splits):
+    for examples in splits.values():
+        for e in examples:
+            spans = e.clause_spans()
+            assert len(spans) == len(e.tools)
+            for (start, end), clause in zip(spans, e.clauses):
+                assert e.request[start:end].lower() == (clause[0].lower() + clause[1:]).lower()
+            # what lies between clauses is a connector; after the last, at most the closing punctuation
+            for (_, end), (start, _) in zip(spans, spans[1:]):
+                assert end < start and e.request[end:start].strip(" ,.;").lower() in {
+                    "", "and", "and then", "then", "also", "and also", "plus", "after that", "after that,"}
+            assert spans[0][0] == 0 and e.request[spans[-1][1]:] in {"", ".", "!", "?"}
+
+
 def test_requests_have_no_unfilled_slots(splits):
     for examples in splits.values():
         for e in examples:

@@ -20,8 +20,9 @@ KNOWN = {
     3: ("translate_text", "calculate"),
     4: ("search_flights",),
     13: ("search_train_tickets", "calculate", "define_word"),
+    17: ("book_taxi", "lookup_contact", "get_stock_price"),
     22: ("search_web", "check_flight_status", "complete_task", "turn_on_lights"),
-    29: ("search_notes", "transfer_money", "track_package"),
+    33: ("calculate", "check_flight_status", "get_news", "upload_file"),
 }
 
 

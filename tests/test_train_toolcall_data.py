@@ -1,0 +1,56 @@
+"""bench/train_toolcall.py's data side: the domain tokenizer, answer ids and per-token clause labels."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from builder.catalog import load_catalog, tokenize_catalog
+from builder.toolcall_data import make_split
+
+_SPEC = importlib.util.spec_from_file_location("train_toolcall", Path(__file__).parents[1] / "bench" / "train_toolcall.py")
+tt = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(tt)
+
+
+@pytest.fixture(scope="module")
+def encoded():
+    catalog = load_catalog(tt.CATALOG)
+    train = make_split("train", seed=0, size=2000, noise=0.05, lexicon=0.5, counts=tt.TRAIN_COUNTS)
+    tokenizer = tt.toolcall_tokenizer(train, catalog, 2048)
+    return catalog, tokenizer, train[:300], tt.encode_examples(train[:300], tokenizer, catalog)
+
+
+def test_domain_tokenizer_is_compact_and_keeps_the_special_tokens(encoded):
+    catalog, tokenizer, examples, _ = encoded
+    assert tokenizer.get_vocab_size() == 2048
+    assert [tokenizer.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [0, 1, 2]
+    words = sum(len(e.request.split()) for e in examples)
+    tokens = sum(len(tokenizer.encode(e.request).ids) for e in examples)
+    assert tokens < 1.5 * words  # the generic synthetic tokenizer needs about 2 per word
+
+
+def test_answer_is_tool_paths_joined_by_sep_and_closed_by_end(encoded):
+    catalog, tokenizer, examples, pairs = encoded
+    tokenized = tokenize_catalog(catalog, tokenizer, tt.END_ID)
+    path = dict(zip(catalog.names, tokenized.paths))
+    for e, (prompt, answer, _) in zip(examples, pairs):
+        expected = []
+        for tool in e.tools:
+            expected += [*path[tool], tokenized.sep_token_id]
+        assert answer == expected[:-1] + [tt.END_ID]
+        assert tokenizer.decode(prompt, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
+
+
+def test_clause_labels_name_each_token_s_tool_and_clause(encoded):
+    catalog, tokenizer, examples, pairs = encoded
+    for e, (prompt, _, labels) in zip(examples, pairs):
+        assert len(labels) == len(prompt)
+        assert labels[:3] == [-1, -1, -1]  # "<|im_start|>user\n" is template, not request
+        for k, tool in enumerate(e.tools):
+            ids = [t for t, label in zip(prompt, labels) if label == 4 * catalog.names.index(tool) + k]
+            assert ids, (e.request, tool)
+            # the labelled tokens spell the clause (the first one capitalized); connectors carry -1
+            assert tokenizer.decode(ids).replace(" ", "").lower() == e.clauses[k].replace(" ", "").lower()
+        assert {label % 4 for label in labels if label >= 0} == set(range(len(e.tools)))
