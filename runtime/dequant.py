@@ -3,8 +3,10 @@
 The formats are DESIGN.md's "Weight formats"; the builder (builder/fp8.py, builder/nvfp4.py)
 writes them and its tests check that these functions invert it exactly:
     fp8_e4m3: value[r, c] = e4m3(q[r, c]) * scale[r]
-    nvfp4:    value[r, c] = e2m1(code[r, c]) * (e4m3(block_scale[r, c // 16]) * global_scale)
-the NVFP4 product taken in that order (ModelOpt's dequantize does the same), all in float32.
+    nvfp4:    value[r, c] = (e2m1(code[r, c]) * e4m3(block_scale[r, c // 16])) * global_scale
+all in float32. The NVFP4 product is DESIGN.md's "e2m1 · block scale · global" read left to right,
+as the GPU kernel computes it: e2m1 * block is exact (2 + 4 significant bits), so the value is
+rounded once, by the global multiply.
 """
 from __future__ import annotations
 
@@ -73,10 +75,10 @@ def dequantize_nvfp4(packed: np.ndarray, block_scale: np.ndarray, global_scale,
     assert block_scale.shape == (rows, cols // NVFP4_BLOCK)
     values = np.empty((rows, cols), np.float32) if out is None else out
     np.take(_E2M1_BYTE_VALUES, packed, out=values.view(np.uint64))      # (out, in): e2m1 values
-    block = e4m3_to_f32(block_scale)
-    block *= np.float32(global_scale)                                   # (out, in/16)
+    block = e4m3_to_f32(block_scale)                                    # (out, in/16)
     blocks = values.reshape(rows, cols // NVFP4_BLOCK, NVFP4_BLOCK)     # a view
-    blocks *= block[..., None]
+    blocks *= block[..., None]                                          # exact
+    values *= np.float32(global_scale)                                  # the one rounding
     return values
 
 

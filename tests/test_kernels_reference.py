@@ -58,8 +58,8 @@ def test_nvfp4_dequant_nibble_order_and_scales():
 
 
 def test_dequant_layouts_match_the_runtime_dequantizer():
-    """Same nibble order and scale indexing as runtime/dequant.py (the CPU backend's loader);
-    NVFP4 may differ by an ulp: (e2m1 * block) * global here, e2m1 * (block * global) there."""
+    """Same nibble order, scale indexing and order of products as runtime/dequant.py (the CPU
+    backend's loader): (e2m1 * block) * global, bit for bit."""
     from runtime import dequant
     rng = np.random.default_rng(7)
     codes = rng.integers(0, 256, (8, 64), dtype=np.uint8)
@@ -68,8 +68,8 @@ def test_dequant_layouts_match_the_runtime_dequantizer():
     np.testing.assert_array_equal(ref.fp8_dequant(codes, scale), dequant.dequantize_fp8(codes, scale))
     packed = rng.integers(0, 256, (8, 32), dtype=np.uint8)
     bs = rng.integers(0x08, 0x70, (8, 4), dtype=np.uint8)
-    np.testing.assert_allclose(ref.nvfp4_dequant(packed, bs, 0.0173),
-                               dequant.dequantize_nvfp4(packed, bs, np.float32(0.0173)), rtol=2.4e-7, atol=0)
+    np.testing.assert_array_equal(ref.nvfp4_dequant(packed, bs, 0.0173),
+                                  dequant.dequantize_nvfp4(packed, bs, np.float32(0.0173)))
 
 
 # ---- row kernels vs float64 ----

@@ -167,9 +167,11 @@ def test_fast_equals_plain_property(w):
 def test_dequantize_is_code_value_times_block_times_global():
     w = np.random.default_rng(7).standard_normal((6, 64)).astype(np.float32)
     packed, scale, global_scale = quantize_nvfp4(w)
-    per_block = scale.astype(np.float32) * global_scale                      # (6, 4)
-    expected = E2M1_VALUES[unpack(packed)] * np.repeat(per_block, 16, axis=1)
+    block = np.repeat(scale.astype(np.float32), 16, axis=1)                  # (6, 64)
+    expected = (E2M1_VALUES[unpack(packed)] * block) * global_scale          # DESIGN's order, as the kernel
     assert np.array_equal(dequantize_nvfp4(packed, scale, global_scale), expected)
+    # the other association rounds twice and differs in the last bit somewhere here
+    assert not np.array_equal(E2M1_VALUES[unpack(packed)] * (block * global_scale), expected)
 
 
 @pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16])
