@@ -21,6 +21,7 @@ by END: the exact token sequence the runtime's grammar walks.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import shutil
@@ -171,6 +172,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     ap.add_argument("--clause-loss", type=float, default=0.5,
                     help="weight of the auxiliary loss that labels each request token with its clause's tool and index")
+    ap.add_argument("--ema", type=float, default=0.0,
+                    help="decay of an exponential moving average of the weights (0: off); its snapshots are kept")
     ap.add_argument("--vocab", type=int, default=2048, help="BPE vocabulary size of the trained tokenizer")
     ap.add_argument("--layers", type=int, default=MODEL["num_hidden_layers"])
     ap.add_argument("--hidden", type=int, default=MODEL["hidden_size"])
@@ -209,6 +212,9 @@ def main() -> None:
     embed = model.model.embed_tokens.weight  # [V, H], tied head
     val_tensors = batch_tensors(val, torch)
     best: tuple[float, int, dict] = (-1.0, -1, {})  # (val accuracy, step, state dict)
+    # With --ema, the candidates are an exponential moving average of the weights, not the weights.
+    averaged = copy.deepcopy(model).eval() if args.ema > 0 else model
+    averaged_params, params = list(averaged.parameters()), list(model.parameters())
     for step in range(args.steps):
         if not schedule:  # a new epoch, in a deterministic order
             schedule = epoch_batches(lengths, args.batch, data_rng)
@@ -230,15 +236,19 @@ def main() -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if args.ema > 0:
+            with torch.no_grad():
+                torch._foreach_mul_(averaged_params, args.ema)
+                torch._foreach_add_(averaged_params, params, alpha=1 - args.ema)
         last = step == args.steps - 1
         if step % 100 == 0 or last:
             line = f"step {step} loss {loss.item():.4f} {time.perf_counter() - start:.0f} s"
             # Training loss spikes now and then; keep the snapshot that answers most validation requests.
             if step >= args.steps // 2 and (step % 100 == 0 or last):
-                acc = val_answer_accuracy(model, val_tensors, torch)
+                acc = val_answer_accuracy(averaged, val_tensors, torch)
                 line += f", val answers exact {acc:.4f}"
                 if acc > best[0]:
-                    best = (acc, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
+                    best = (acc, step, {k: v.detach().clone() for k, v in averaged.state_dict().items()})
             print(line, flush=True)
 
     model.load_state_dict(best[2])
