@@ -50,11 +50,12 @@ MODEL = dict(hidden_size=160, intermediate_size=320, num_hidden_layers=6, num_at
 # 0.2, 0.15), since finding the k-th clause is what a small model learns last (and one-tool
 # requests are learnt anyway). Against (0.2, 0.3, 0.3, 0.2): 92.6 -> 94.2 % validation exact-set.
 TRAIN_COUNTS = (0.1, 0.2, 0.3, 0.4)
+CLAUSES = len(TRAIN_COUNTS)  # the most clauses (tools) a request holds: clause labels are tool * CLAUSES + index
 
 
 def encode_examples(examples, tokenizer, catalog) -> list[tuple[list[int], list[int], list[int]]]:
     """(prompt ids, answer ids, clause labels) per example; the prompt is encoded exactly as runtime
-    Engine.encode does. A prompt token's clause label is 4 * tool index + clause index for a token
+    Engine.encode does. A prompt token's clause label is CLAUSES * tool index + clause index for a token
     inside a clause (by its last character), -1 elsewhere (template, connectors, punctuation)."""
     tokenized = tokenize_catalog(catalog, tokenizer, END_ID)
     path = dict(zip(catalog.names, tokenized.paths))
@@ -71,7 +72,7 @@ def encode_examples(examples, tokenizer, catalog) -> list[tuple[list[int], list[
         for start, end in p.offsets:
             last = end - 1 - offset
             k = next((k for k, (a, b) in enumerate(spans) if end > start and a <= last < b), None)
-            labels.append(-1 if k is None else 4 * tool_index[e.tools[k]] + k)
+            labels.append(-1 if k is None else CLAUSES * tool_index[e.tools[k]] + k)
         out.append((p.ids, answer, labels))
     return out
 
@@ -201,7 +202,7 @@ def main() -> None:
           f"data ready in {time.perf_counter() - start:.1f} s", flush=True)
 
     # A training-only probe on the middle layer: never saved, the checkpoint stays a plain Qwen3.
-    clause_head = torch.nn.Linear(args.hidden, len(catalog.names) + 4)
+    clause_head = torch.nn.Linear(args.hidden, len(catalog.names) + CLAUSES)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2] + [clause_head.weight]
     other = [p for n, p in model.named_parameters() if p.dim() < 2] + [clause_head.bias]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": other, "weight_decay": 0.0}],
@@ -225,10 +226,10 @@ def main() -> None:
         loss = torch.nn.functional.cross_entropy(logits, targets)
         if args.clause_loss > 0:  # which tool, and which clause, each request token belongs to
             middle = out.hidden_states[args.layers // 2][clause_rows, clause_cols]  # [clause tokens, H]
-            guess = clause_head(middle)  # [clause tokens, tools + 4]
+            guess = clause_head(middle)  # [clause tokens, tools + CLAUSES]
             tools = len(catalog.names)
-            aux = (torch.nn.functional.cross_entropy(guess[:, :tools], clause_labels // 4)
-                   + torch.nn.functional.cross_entropy(guess[:, tools:], clause_labels % 4))
+            aux = (torch.nn.functional.cross_entropy(guess[:, :tools], clause_labels // CLAUSES)
+                   + torch.nn.functional.cross_entropy(guess[:, tools:], clause_labels % CLAUSES))
             loss = loss + args.clause_loss * aux
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, warmup=100)

@@ -49,8 +49,8 @@ def test_clause_labels_name_each_token_s_tool_and_clause(encoded):
         assert len(labels) == len(prompt)
         assert labels[:3] == [-1, -1, -1]  # "<|im_start|>user\n" is template, not request
         for k, tool in enumerate(e.tools):
-            ids = [t for t, label in zip(prompt, labels) if label == 4 * catalog.names.index(tool) + k]
+            ids = [t for t, label in zip(prompt, labels) if label == tt.CLAUSES * catalog.names.index(tool) + k]
             assert ids, (e.request, tool)
             # the labelled tokens spell the clause (the first one capitalized); connectors carry -1
             assert tokenizer.decode(ids).replace(" ", "").lower() == e.clauses[k].replace(" ", "").lower()
-        assert {label % 4 for label in labels if label >= 0} == set(range(len(e.tools)))
+        assert {label % tt.CLAUSES for label in labels if label >= 0} == set(range(len(e.tools)))
