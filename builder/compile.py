@@ -18,9 +18,8 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from runtime.bundle import GRAMMAR_FILE, KERNELS_DIR, REPORT_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry
-from runtime.contract import (CONTRACT_FILE, FORMAT_NAME, FORMAT_VERSION, BuildOptions, Contract, Engine,
-                              Format, Limits, Precision, compute_bundle_id)
-from runtime.contract import Grammar as GrammarSection
+from runtime.contract import (CONTRACT_FILE, FORMAT_NAME, FORMAT_VERSION, BuildOptions, Contract, EngineSection,
+                              Format, GrammarSection, Limits, Precision, compute_bundle_id)
 from runtime.errors import BuildError
 
 from .canary import record_canary
@@ -137,7 +136,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         s = grammar.summary()
         contract = Contract(
             format=Format(FORMAT_NAME, FORMAT_VERSION),
-            engine=Engine(compute_bundle_id(files), builder_version(), ckpt.sha256(), options),
+            engine=EngineSection(compute_bundle_id(files), builder_version(), ckpt.sha256(), options),
             model=cfg, target=target, precision=Precision(weights=options.precision), limits=limits, memory=memory,
             grammar=GrammarSection(num_tools=s["num_tools"], bitset_bits=s["bitset_bits"], nodes=s["num_nodes"],
                                    edges=s["num_edges"], max_edges_per_node=s["max_edges_per_node"],

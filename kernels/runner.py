@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from .geometry import launch_shape
+from .graph_nodes import add_kernel_node, add_while_node
 from .launch import DeviceArray, Kernel, check
 from .nvrtc_build import compile_kernel
 from .signatures import kernel_signatures
@@ -126,29 +127,14 @@ def run_while_graph(runner: KernelRunner, body_for_handle, timeout_s: float = 30
     after ``timeout_s`` fails an assertion instead of hanging the caller."""
     from cuda.bindings import driver as drv
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
-    handle = check(drv.cuGraphConditionalHandleCreate(graph, runner.gpu.context, 1,
-                                                      drv.CU_GRAPH_COND_ASSIGN_DEFAULT),
-                   "cuGraphConditionalHandleCreate")
-    params = drv.CUgraphNodeParams()
-    params.type = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
-    params.conditional.handle = handle
-    params.conditional.type = drv.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE
-    params.conditional.size = 1
-    params.conditional.ctx = runner.gpu.context
-    check(drv.cuGraphAddNode(graph, None, None, 0, params), "cuGraphAddNode")
-    body, prev, keep = params.conditional.phGraph_out[0], None, []
-    for fn, sizes, args in body_for_handle(int(handle)):
+    handle, body = add_while_node(drv, graph, runner.gpu.context, [])
+    prev, keep = [], []
+    for fn, sizes, args in body_for_handle(handle):
         kernel = runner.kernel(fn)
         kparams, holders = kernel.pack(tuple(args))
         keep.append((kparams, holders))  # alive until the node has copied them
-        (gx, gy, gz), (bx, by, bz) = launch_shape(fn, **sizes)
-        node = drv.CUDA_KERNEL_NODE_PARAMS()
-        node.func, node.gridDimX, node.gridDimY, node.gridDimZ = kernel.function, gx, gy, gz
-        node.blockDimX, node.blockDimY, node.blockDimZ = bx, by, bz
-        node.sharedMemBytes, node.kernelParams, node.extra = 0, kparams.ctypes.data, 0
-        deps = [prev] if prev is not None else None
-        prev = check(drv.cuGraphAddKernelNode(body, deps, 0 if deps is None else 1, node),
-                     f"cuGraphAddKernelNode({fn})")
+        grid, block = launch_shape(fn, **sizes)
+        prev = [add_kernel_node(drv, body, prev, kernel.function, grid, block, kparams.ctypes.data, fn)]
     exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
     stream = check(drv.cuStreamCreate(0), "cuStreamCreate")
     try:

@@ -56,7 +56,7 @@ class BuildOptions:
 
 
 @dataclass(frozen=True)
-class Engine:
+class EngineSection:
     bundle_id: str  # compute_bundle_id(files)
     builder_version: str
     source_checkpoint_sha256: str
@@ -117,7 +117,7 @@ class Memory:
 
 
 @dataclass(frozen=True)
-class Grammar:
+class GrammarSection:
     num_tools: int
     bitset_bits: int  # width of the per-edge tool bitsets, a multiple of 64
     nodes: int  # trie nodes
@@ -147,13 +147,13 @@ class Contract:
     """The whole of ``contract.json``."""
 
     format: Format
-    engine: Engine
+    engine: EngineSection
     model: ModelConfig
     target: Target
     precision: Precision
     limits: Limits
     memory: Memory
-    grammar: Grammar
+    grammar: GrammarSection
     canary: Canary
     files: dict[str, FileEntry]  # bundle-relative path -> entry; never contract.json itself
 

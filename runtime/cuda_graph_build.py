@@ -1,16 +1,16 @@
 """Building CUDA graphs from launch lists: kernel nodes with fork/join dependencies, and an
 optional conditional WHILE node whose body is another launch list.
 
-The driver calls follow kernels/runner.py's ``run_while_graph`` (cuGraphConditionalHandleCreate,
-a CU_GRAPH_NODE_TYPE_CONDITIONAL node added with cuGraphAddNode, kernels added to
-``phGraph_out[0]``), with kernel nodes before the WHILE node, and the result kept
-instantiated for relaunching instead of run once. The graph itself is destroyed right after
+The nodes come from kernels/graph_nodes.py, as in kernels/runner.py's ``run_while_graph``,
+with kernel nodes before the WHILE node, and the result kept instantiated for relaunching
+instead of run once. The graph itself is destroyed right after
 instantiation: the executable graph owns a copy.
 """
 from __future__ import annotations
 
 import time
 
+from kernels.graph_nodes import add_kernel_node, add_while_node
 from kernels.launch import check
 
 from .errors import CudaError
@@ -30,14 +30,6 @@ def dependencies(launches) -> tuple[list[list[int]], list[int]]:
     return deps, stage
 
 
-def _add_node(drv, graph, deps: list, params):
-    """cuGraphAddNode across binding versions: 13.x takes edge data (None), 12.x does not."""
-    try:
-        return check(drv.cuGraphAddNode(graph, deps or None, None, len(deps), params), "cuGraphAddNode")
-    except TypeError:
-        return check(drv.cuGraphAddNode(graph, deps or None, len(deps), params), "cuGraphAddNode")
-
-
 class GraphBuilder:
     """Instantiates launch lists of one CudaModel as graphs on its stream; owns two timing events."""
 
@@ -52,14 +44,9 @@ class GraphBuilder:
         drv, program = self.drv, Program(self.m, launches)
         deps, last = dependencies(launches)
         nodes = []
-        for (kernel, (gx, gy, gz), (bx, by, bz), params, _holders), dep in zip(program.items, deps):
-            p = drv.CUDA_KERNEL_NODE_PARAMS()
-            p.func, p.gridDimX, p.gridDimY, p.gridDimZ = kernel.function, gx, gy, gz
-            p.blockDimX, p.blockDimY, p.blockDimZ = bx, by, bz
-            p.sharedMemBytes, p.kernelParams, p.extra = 0, params.ctypes.data, 0
-            d = [nodes[j] for j in dep]
-            nodes.append(check(drv.cuGraphAddKernelNode(graph, d or None, len(d), p),
-                               f"cuGraphAddKernelNode({kernel.signature.name})"))
+        for (kernel, grid, block, params, _holders), dep in zip(program.items, deps):
+            nodes.append(add_kernel_node(drv, graph, [nodes[j] for j in dep], kernel.function, grid, block,
+                                         params.ctypes.data, kernel.signature.name))
         return [nodes[j] for j in last]
 
     def instantiate(self, launches, body=None):
@@ -70,17 +57,8 @@ class GraphBuilder:
         try:
             last = self._add_kernels(graph, launches)
             if body is not None:
-                ctx = self.m.gpu.context
-                handle = check(drv.cuGraphConditionalHandleCreate(graph, ctx, 1, drv.CU_GRAPH_COND_ASSIGN_DEFAULT),
-                               "cuGraphConditionalHandleCreate")
-                params = drv.CUgraphNodeParams()
-                params.type = drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
-                params.conditional.handle = handle
-                params.conditional.type = drv.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_WHILE
-                params.conditional.size = 1
-                params.conditional.ctx = ctx
-                _add_node(drv, graph, last, params)
-                self._add_kernels(params.conditional.phGraph_out[0], body(int(handle)))
+                handle, body_graph = add_while_node(drv, graph, self.m.gpu.context, last)
+                self._add_kernels(body_graph, body(handle))
             exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         finally:
             check(drv.cuGraphDestroy(graph), "cuGraphDestroy")

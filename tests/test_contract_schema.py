@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from runtime.contract import (FORMAT_NAME, FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS, WEIGHT_PRECISIONS, BuildOptions,
-                              Canary, Contract, Engine, FileEntry, Format, Grammar, Limits, Memory, Precision, Target,
+                              Canary, Contract, EngineSection, FileEntry, Format, GrammarSection, Limits, Memory, Precision, Target,
                               compute_bundle_id, parse_contract, validate_contract_dict)
 from runtime.errors import EXIT_CODES, Refusal
 from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
@@ -37,7 +37,7 @@ def sample_contract(target: str = "cpu", rope_scaling: RopeScaling | None = None
     reserve = 512 << 20 if gpu else 0
     return Contract(
         format=Format(FORMAT_NAME, FORMAT_VERSION),
-        engine=Engine(bundle_id=compute_bundle_id(files), builder_version="0.1.0",
+        engine=EngineSection(bundle_id=compute_bundle_id(files), builder_version="0.1.0",
                       source_checkpoint_sha256=hashlib.sha256(b"ckpt").hexdigest(),
                       build_options=BuildOptions(precision="fp8_e4m3", target=target, max_sequences=8,
                                                  max_input_tokens=1024, max_output_tokens=64, page_size=32,
@@ -52,7 +52,7 @@ def sample_contract(target: str = "cpu", rope_scaling: RopeScaling | None = None
                       max_input_tokens=1024, max_output_tokens=64),
         memory=Memory.from_parts(weights_bytes=1000, kv_pool_bytes=2000, workspace_bytes=300,
                                  graphs_bytes=(64 << 20) if gpu else 0, context_reserve_bytes=reserve),
-        grammar=Grammar(num_tools=20, bitset_bits=64, nodes=90, edges=89, max_edges_per_node=12, sep_token_id=198,
+        grammar=GrammarSection(num_tools=20, bitset_bits=64, nodes=90, edges=89, max_edges_per_node=12, sep_token_id=198,
                         end_token_id=151645, max_tools=4, allow_empty=False),
         canary=Canary(prompt_token_ids=(1, 2, 3), expected_token_ids=(7, 198, 9, 151645), min_margin=1.25),
         files=files)
