@@ -5,10 +5,11 @@
 Runs every request of a builder.toolcall_data split through the runtime (Engine.load, one
 batched run) and scores the ranked tool lists against the labels: exact-set match, recall and
 precision (micro, over tool mentions), order agreement (exact-set matches whose order is the
-labelled one) and exact list match. Then runs the same requests through transformers'
-``generate`` (greedy, float32) on the checkpoint under a grammar LogitsProcessor written apart
-from the runtime's stepper (its own trie over the tokenizer's token paths, its own used-set)
-and counts requests whose two ranked lists are identical. Prints one summary line.
+labelled one) and exact list match, overall and per template (``by_template`` in --json).
+Then runs the same requests through transformers' ``generate`` (greedy, float32) on the
+checkpoint under a grammar LogitsProcessor written apart from the runtime's stepper (its own
+trie over the tokenizer's token paths, its own used-set) and counts requests whose two ranked
+lists are identical. Prints one summary line.
 """
 from __future__ import annotations
 
@@ -48,6 +49,20 @@ def score(predicted: Sequence[Sequence[str]], labels: Sequence[Sequence[str]]) -
             "recall": hits / n_gold if n_gold else 0.0, "precision": hits / n_pred if n_pred else 0.0,
             "order_agreement": exact_list / exact_set if exact_set else 0.0,
             "exact_list_rate": exact_list / n if n else 0.0}
+
+
+def by_pattern(patterns: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]],
+               labels: Sequence[Sequence[str]]) -> list[dict]:
+    """Per template (clause pattern): the requests that use it and how many of those are an exact
+    set, worst first (ties by pattern). A request of k clauses counts once for each of its patterns."""
+    counts: dict[str, list[int]] = {}
+    for pats, pred, gold in zip(patterns, predicted, labels, strict=True):
+        for pattern in dict.fromkeys(pats):
+            c = counts.setdefault(pattern, [0, 0])
+            c[0] += 1
+            c[1] += set(pred) == set(gold)
+    rows = [{"pattern": k, "requests": n, "exact_set": ok} for k, (n, ok) in counts.items()]
+    return sorted(rows, key=lambda r: (r["exact_set"] / r["requests"], r["pattern"]))
 
 
 def identical(a: Sequence[Sequence[str]], b: Sequence[Sequence[str]]) -> int:
@@ -205,6 +220,7 @@ def main() -> None:
               "date": datetime.date.today().isoformat(), "machine": {"platform": platform.platform(),
                                                                     "processor": platform.processor()},
               "runtime": score(ours, labels), "runtime_s": runtime_s,
+              "by_template": by_pattern([e.patterns for e in examples], ours, labels),
               "errors": sum(not isinstance(r, Result) for r in results)}
     line = (f"{report['precision']} {args.split}: exact-set {report['runtime']['exact_set_rate']:.2%} "
             f"recall {report['runtime']['recall']:.2%} precision {report['runtime']['precision']:.2%} "

@@ -9,14 +9,16 @@ by END: the exact token sequence the runtime's grammar walks.
 
 - Tokenizer: the project's byte-level BPE trained on its synthetic corpus plus the train split's
   requests, so a request is about 1.2 tokens a word (2 with the generic tokenizer).
-- Data: builder.toolcall_data's train split for the 64-tool catalog (training templates, half
-  the clauses from the shared-frame lexicon, light wording noise), mostly multi-intent.
+- Data: builder.toolcall_data's train split for the 64-tool catalog (training templates and
+  builder.toolcall_paraphrases' phrasings not near a held-out template, half the clauses from
+  the shared-frame lexicon, light wording noise), mostly multi-intent.
 - Losses: the answer tokens; plus, with weight ``--clause-loss``, a training-only linear probe on
   the middle layer that names each request token's clause (its tool and its index). It teaches
   the model to segment a request into clauses, the skill multi-intent requests need.
 - Torch on CPU with 2 threads, deterministic from the seed (seeded init, fixed data order, no
-  dropout); 8 min 55 s on a quiet 2-core machine (0.31 s per step of 48 requests). The kept
-  weights are the snapshot that answers most validation requests exactly.
+  dropout); about 7 min on a quiet 2-core machine (0.25 s per step of 48 requests; 8 min 55 s
+  on a slower one). The kept weights are the snapshot that answers most validation requests
+  exactly.
 """
 from __future__ import annotations
 
@@ -181,6 +183,8 @@ def main() -> None:
     ap.add_argument("--mlp", type=int, default=MODEL["intermediate_size"])
     ap.add_argument("--noise", type=float, default=0.05, help="wording noise of the train split (make_split)")
     ap.add_argument("--lexicon", type=float, default=0.5, help="share of training clauses from the lexicon")
+    ap.add_argument("--paraphrases", action=argparse.BooleanOptionalAction, default=True,
+                    help="add builder.toolcall_paraphrases to each tool's training templates")
     args = ap.parse_args()
 
     import torch
@@ -191,7 +195,8 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     start = time.perf_counter()
     catalog = load_catalog(CATALOG)
-    train = make_split("train", args.seed, noise=args.noise, lexicon=args.lexicon, counts=tuple(args.counts))
+    train = make_split("train", args.seed, noise=args.noise, lexicon=args.lexicon, counts=tuple(args.counts),
+                       paraphrases=args.paraphrases)
     tokenizer = toolcall_tokenizer(train, catalog, args.vocab)
     pairs = encode_examples(train, tokenizer, catalog)
     val = encode_examples(make_split("val", args.seed), tokenizer, catalog)

@@ -6,7 +6,8 @@ the tools in the order their clauses appear, the order the steps would run (cano
 Splits are by template: per tool, one template is test-only, one validation-only, five are
 train-only (chosen from the seed), so test requests use phrasings never seen in training.
 The train split may also take clauses from builder.toolcall_lexicon (tool words in frames all
-tools share) and wording noise; validation and test examples are always clean templates.
+tools share), from builder.toolcall_paraphrases (more phrasings per tool, written apart from the
+templates) and wording noise; validation and test examples are always clean templates.
 """
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .toolcall_lexicon import lexicon_clauses
+from .toolcall_paraphrases import PARAPHRASES
 from .toolcall_templates import PAIRED, SLOTS, TEMPLATES
 
 SPLITS = ("train", "val", "test")
 LEXICON_ID = -1  # template id of a training-only lexicon clause
+PARAPHRASE_ID = -2  # template id of a training-only paraphrase clause
 SPLIT_SIZES = {"train": 60_000, "val": 500, "test": 1000}  # default example counts per split
 TOOL_COUNT_WEIGHTS = (0.3, 0.35, 0.2, 0.15)  # P(1, 2, 3, 4 tools in a request)
 CONNECTORS = (" and ", " and then ", ", then ", " then ", ". Also ", " and also ", ", plus ", "; after that ",
@@ -38,7 +41,7 @@ FILLERS = ("just", "quickly", "really", "maybe", "kindly", "actually", "the", "m
 class Example:
     """One labelled request: ``tools`` in canonical order, ``clauses[i]`` the text naming ``tools[i]``,
     ``patterns[i]`` the clause before slot filling and noise, ``template_ids[i]`` its template
-    (LEXICON_ID for a training-only lexicon clause)."""
+    (LEXICON_ID, PARAPHRASE_ID for a training-only lexicon or paraphrase clause)."""
 
     request: str
     tools: tuple[str, ...]
@@ -55,6 +58,23 @@ class Example:
             spans.append((start, start + len(clause)))
             pos = start + len(clause)
         return spans
+
+
+def near_held_out(pattern: str, held_out: list[str]) -> bool:
+    """Whether ``pattern`` shares a run of three words (a {slot} counts as a word) or half its
+    distinct words (Jaccard >= 0.5) with one of ``held_out``: the decontamination rule that keeps
+    paraphrases of a held-out template out of training."""
+    def words(text: str) -> list[str]:
+        return text.replace(",", " ,").split()
+
+    def trigrams(w: list[str]) -> set[tuple[str, ...]]:
+        return {tuple(w[i:i + 3]) for i in range(len(w) - 2)}
+
+    mine = words(pattern)
+    for other in map(words, held_out):
+        if trigrams(mine) & trigrams(other) or len(set(mine) & set(other)) >= 0.5 * len(set(mine) | set(other)):
+            return True
+    return False
 
 
 def template_table() -> list[tuple[str, str]]:
@@ -120,8 +140,8 @@ def _perturb(template: str, rng: np.random.Generator, noise: float) -> str:
     return text
 
 
-def _example(rng: np.random.Generator, by_tool: dict[str, list[int]], table: list[tuple[str, str]],
-             noise: float, lexicon: dict[str, list[str]] | None, lexicon_share: float,
+def _example(rng: np.random.Generator, by_tool: dict[str, list[tuple[int, str]]], noise: float,
+             lexicon: dict[str, list[str]] | None, lexicon_share: float,
              counts: tuple[float, ...]) -> Example:
     names = list(by_tool)
     k = 1 + int(rng.choice(4, p=counts))
@@ -132,8 +152,9 @@ def _example(rng: np.random.Generator, by_tool: dict[str, list[int]], table: lis
             ids.append(LEXICON_ID)
             patterns.append(lexicon[t][int(rng.integers(len(lexicon[t])))])
         else:
-            ids.append(by_tool[t][int(rng.integers(len(by_tool[t])))])
-            patterns.append(table[ids[-1]][1])
+            i, pattern = by_tool[t][int(rng.integers(len(by_tool[t])))]
+            ids.append(i)
+            patterns.append(pattern)
     clauses = [_fill(_perturb(p, rng, noise) if noise else p, rng) for p in patterns]
     text = clauses[0][0].upper() + clauses[0][1:]
     for clause in clauses[1:]:
@@ -147,24 +168,30 @@ def _example(rng: np.random.Generator, by_tool: dict[str, list[int]], table: lis
 
 
 def make_split(split: str, seed: int = 0, size: int | None = None, noise: float = 0.0,
-               lexicon: float = 0.0, counts: tuple[float, ...] = TOOL_COUNT_WEIGHTS) -> list[Example]:
+               lexicon: float = 0.0, counts: tuple[float, ...] = TOOL_COUNT_WEIGHTS,
+               paraphrases: bool = False) -> list[Example]:
     """The ``split`` examples (train, val or test) for ``seed``; the same arguments give the same list.
 
     Training only: ``noise`` (0 to 0.4) perturbs each clause's wording (see ``_perturb``);
     ``lexicon`` (0 to 1) is the share of clauses drawn from builder.toolcall_lexicon instead
     of the tool's training templates (never a pattern equal to a held-out template).
-    ``counts``: P(1, 2, 3, 4 tools) per request.
+    ``paraphrases``: the tool's builder.toolcall_paraphrases phrasings join its training
+    templates, drawn alike, except those ``near_held_out`` its validation or test template. ``counts``: P(1, 2, 3, 4 tools) per request.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    if split != "train" and (noise or lexicon):
-        raise ValueError(f"noise and lexicon clauses are for the train split only, not {split!r}")
+    if split != "train" and (noise or lexicon or paraphrases):
+        raise ValueError(f"noise, lexicon and paraphrase clauses are for the train split only, not {split!r}")
     table, assign = template_table(), template_splits(seed)
     held_out = {t for i, (_, t) in enumerate(table) if assign[i] != "train"}
     clauses = {tool: [c for c in lexicon_clauses(tool) if c not in held_out] for tool in TEMPLATES} if lexicon else None
-    by_tool: dict[str, list[int]] = {}
-    for i, (tool, _) in enumerate(table):
+    by_tool: dict[str, list[tuple[int, str]]] = {}  # tool -> its (template id, pattern) to draw from
+    for i, (tool, pattern) in enumerate(table):
         if assign[i] == split:
-            by_tool.setdefault(tool, []).append(i)
+            by_tool.setdefault(tool, []).append((i, pattern))
+    if paraphrases:
+        for tool, phrasings in PARAPHRASES.items():
+            held = [t for i, (owner, t) in enumerate(table) if owner == tool and assign[i] != "train"]
+            by_tool[tool] += [(PARAPHRASE_ID, p) for p in phrasings if not near_held_out(p, held)]
     rng = np.random.default_rng([seed, 2, SPLITS.index(split)])
-    return [_example(rng, by_tool, table, noise, clauses, lexicon, counts) for _ in range(SPLIT_SIZES[split] if size is None else size)]
+    return [_example(rng, by_tool, noise, clauses, lexicon, counts) for _ in range(SPLIT_SIZES[split] if size is None else size)]

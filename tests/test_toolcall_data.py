@@ -4,8 +4,11 @@ from __future__ import annotations
 import pytest
 
 from builder.catalog import load_catalog
-from builder.toolcall_data import CONNECTORS, LEXICON_ID, SPLITS, TEMPLATES, make_split, template_splits, template_table
+from builder.toolcall_data import (CONNECTORS, LEXICON_ID, PARAPHRASE_ID, SPLITS, TEMPLATES, make_split, near_held_out,
+                                   template_splits, template_table)
 from builder.toolcall_lexicon import LEXICON
+from builder.toolcall_paraphrases import PARAPHRASES
+from builder.toolcall_templates import SLOTS
 
 CATALOG = "builder/data/tools-64.json"
 SIZE = 400  # examples per split checked: every tool appears, and the test stays well under a second
@@ -14,12 +17,12 @@ SIZE = 400  # examples per split checked: every tool appears, and the test stays
 @pytest.fixture(scope="module")
 def splits():
     """The splits as the training script draws them: train with noise and lexicon clauses."""
-    return {"train": make_split("train", seed=0, size=SIZE, noise=0.05, lexicon=0.5),
+    return {"train": make_split("train", seed=0, size=SIZE, noise=0.05, lexicon=0.5, paraphrases=True),
             **{s: make_split(s, seed=0, size=SIZE) for s in ("val", "test")}}
 
 
 def test_templates_and_lexicon_cover_the_catalog_exactly():
-    assert set(TEMPLATES) == set(load_catalog(CATALOG).names) == set(LEXICON)
+    assert set(TEMPLATES) == set(load_catalog(CATALOG).names) == set(LEXICON) == set(PARAPHRASES)
     assert all(len(t.split("|")) == 7 for t in TEMPLATES.values())
 
 
@@ -35,8 +38,9 @@ def test_each_tool_has_one_test_one_val_and_five_train_templates(seed):
 def test_no_test_or_val_template_is_seen_in_training(splits):
     assign, table = template_splits(0), template_table()
     used = {s: {i for e in splits[s] for i in e.template_ids} for s in SPLITS}
-    assert LEXICON_ID in used["train"] and LEXICON_ID not in used["val"] | used["test"]
-    used["train"].discard(LEXICON_ID)
+    for extra in (LEXICON_ID, PARAPHRASE_ID):
+        assert extra in used["train"] and extra not in used["val"] | used["test"]
+        used["train"].discard(extra)
     for split in SPLITS:
         assert all(assign[i] == split for i in used[split]), split
     assert not used["test"] & used["train"] and not used["val"] & used["train"]
@@ -45,6 +49,41 @@ def test_no_test_or_val_template_is_seen_in_training(splits):
     held_out = {t for i, (_, t) in enumerate(table) if assign[i] != "train"}
     assert not {p for e in splits["train"] for p in e.patterns} & held_out
     assert {p for e in splits["test"] for p in e.patterns} <= held_out
+
+
+@pytest.mark.parametrize("pattern, held_out, near", [
+    ("did {team} win", ["did {team} win last night"], True),  # a shared run of three words
+    ("how did {team} do last night", ["did {team} win last night"], True),  # 4 of 7 distinct words shared
+    ("do i have any new emails from {person}", ["did i get any new email from {person} today"], False),  # 5 of 12
+    ("check my inbox", ["read my emails", "open the mail app"], False),
+    ("check my inbox", ["read my emails", "check the inbox"], True),  # 2 of 4: exactly half
+    ("flights {city} to {city2} {day}", ["find flights from {city} to {city2} {day}"], True),
+    ("anything", [], False),
+])
+def test_near_held_out(pattern, held_out, near):
+    assert near_held_out(pattern, held_out) is near
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_paraphrases_train_only_and_never_near_a_held_out_template(seed):
+    assign, table = template_splits(seed), template_table()
+    train = make_split("train", seed=seed, size=SIZE, paraphrases=True)
+    drawn = {(t, p) for e in train for t, p, i in zip(e.tools, e.patterns, e.template_ids) if i == PARAPHRASE_ID}
+    assert drawn and all(p in PARAPHRASES[t] for t, p in drawn)
+    for tool, pattern in drawn:
+        held = [t for i, (owner, t) in enumerate(table) if owner == tool and assign[i] != "train"]
+        assert not near_held_out(pattern, held), (tool, pattern)
+    with pytest.raises(ValueError, match="train split only"):
+        make_split("val", seed=seed, paraphrases=True)
+
+
+def test_paraphrases_are_well_formed():
+    for tool, phrasings in PARAPHRASES.items():
+        assert len(phrasings) == 8 and len(set(phrasings)) == 8, tool
+        for p in phrasings:
+            assert p == p.strip() and "  " not in p and p[-1] not in ".?!" and p == p.lower(), p
+            slots = [part.split("}")[0] for part in p.split("{")[1:]]
+            assert all(s.rstrip("2") in SLOTS for s in slots), p
 
 
 def test_same_seed_same_examples_other_seed_other_examples():
@@ -71,7 +110,7 @@ def test_labels_are_in_canonical_order_of_mention(splits):
     for examples in splits.values():
         for e in examples:
             for i, pattern, tool in zip(e.template_ids, e.patterns, e.tools, strict=True):
-                assert i == LEXICON_ID or table[i] == (tool, pattern)
+                assert i in (LEXICON_ID, PARAPHRASE_ID) or table[i] == (tool, pattern)
             # each clause appears in the request, in the order of the labels
             at = 0
             for k, clause in enumerate(e.clauses):

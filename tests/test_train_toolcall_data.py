@@ -17,7 +17,7 @@ _SPEC.loader.exec_module(tt)
 @pytest.fixture(scope="module")
 def encoded():
     catalog = load_catalog(tt.CATALOG)
-    train = make_split("train", seed=0, size=2000, noise=0.05, lexicon=0.5, counts=tt.TRAIN_COUNTS)
+    train = make_split("train", seed=0, size=2000, noise=0.05, lexicon=0.5, counts=tt.TRAIN_COUNTS, paraphrases=True)
     tokenizer = tt.toolcall_tokenizer(train, catalog, 2048)
     return catalog, tokenizer, train[:300], tt.encode_examples(train[:300], tokenizer, catalog)
 
