@@ -5,7 +5,7 @@
 Runs every request of a builder.toolcall_data split through the runtime (Engine.load, one
 batched run) and scores the ranked tool lists against the labels: exact-set match, recall and
 precision (micro, over tool mentions), order agreement (exact-set matches whose order is the
-labelled one) and exact list match, overall and per template (``by_template`` in --json).
+labelled one) and exact list match; and exact-set counts per template (``by_template``).
 Then runs the same requests through transformers' ``generate`` (greedy, float32) on the
 checkpoint under a grammar LogitsProcessor written apart from the runtime's stepper (its own
 trie over the tokenizer's token paths, its own used-set) and counts requests whose two ranked
@@ -51,7 +51,7 @@ def score(predicted: Sequence[Sequence[str]], labels: Sequence[Sequence[str]]) -
             "exact_list_rate": exact_list / n if n else 0.0}
 
 
-def by_pattern(patterns: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]],
+def by_template(patterns: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]],
                labels: Sequence[Sequence[str]]) -> list[dict]:
     """Per template (clause pattern): the requests that use it and how many of those are an exact
     set, worst first (ties by pattern). A request of k clauses counts once for each of its patterns."""
@@ -220,7 +220,7 @@ def main() -> None:
               "date": datetime.date.today().isoformat(), "machine": {"platform": platform.platform(),
                                                                     "processor": platform.processor()},
               "runtime": score(ours, labels), "runtime_s": runtime_s,
-              "by_template": by_pattern([e.patterns for e in examples], ours, labels),
+              "by_template": by_template([e.patterns for e in examples], ours, labels),
               "errors": sum(not isinstance(r, Result) for r in results)}
     line = (f"{report['precision']} {args.split}: exact-set {report['runtime']['exact_set_rate']:.2%} "
             f"recall {report['runtime']['recall']:.2%} precision {report['runtime']['precision']:.2%} "

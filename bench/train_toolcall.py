@@ -16,9 +16,9 @@ by END: the exact token sequence the runtime's grammar walks.
   the middle layer that names each request token's clause (its tool and its index). It teaches
   the model to segment a request into clauses, the skill multi-intent requests need.
 - Torch on CPU with 2 threads, deterministic from the seed (seeded init, fixed data order, no
-  dropout); about 7 min on a quiet 2-core machine (0.25 s per step of 48 requests; 8 min 55 s
-  on a slower one). The kept weights are the snapshot that answers most validation requests
-  exactly.
+  dropout); 7 to 7.5 min on a quiet 2-core session machine (0.25 s per step of 48 requests;
+  8 min 55 s, 0.31 s a step, on an earlier session's machine). The kept weights are the
+  snapshot that answers most validation requests exactly.
 """
 from __future__ import annotations
 
@@ -184,7 +184,8 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.05, help="wording noise of the train split (make_split)")
     ap.add_argument("--lexicon", type=float, default=0.5, help="share of training clauses from the lexicon")
     ap.add_argument("--paraphrases", action=argparse.BooleanOptionalAction, default=True,
-                    help="add builder.toolcall_paraphrases to each tool's training templates")
+                    help="add builder.toolcall_paraphrases to each tool's training templates, "
+                         "except those near its held-out templates")
     args = ap.parse_args()
 
     import torch

@@ -60,12 +60,21 @@ class Example:
         return spans
 
 
+def _stem(word: str) -> str:
+    """The word without one plural or verb ending (-ing, -ed, -es, -s), so "emails" ~ "email"."""
+    for suffix in ("ing", "ed", "es", "s"):
+        if len(word) > len(suffix) + 2 and word.endswith(suffix):
+            return word[:-len(suffix)]
+    return word
+
+
 def near_held_out(pattern: str, held_out: list[str]) -> bool:
-    """Whether ``pattern`` shares a run of three words (a {slot} counts as a word) or half its
-    distinct words (Jaccard >= 0.5) with one of ``held_out``: the decontamination rule that keeps
-    paraphrases of a held-out template out of training."""
+    """Whether ``pattern`` shares a run of three words with one of ``held_out``, or at least half of
+    the distinct words of the two together (Jaccard >= 0.5); words compare by ``_stem`` and a
+    {slot} counts as a word. The decontamination rule that keeps paraphrases of a held-out
+    template out of training."""
     def words(text: str) -> list[str]:
-        return text.replace(",", " ,").split()
+        return [_stem(w) for w in text.replace(",", " ,").split()]
 
     def trigrams(w: list[str]) -> set[tuple[str, ...]]:
         return {tuple(w[i:i + 3]) for i in range(len(w) - 2)}
@@ -176,7 +185,8 @@ def make_split(split: str, seed: int = 0, size: int | None = None, noise: float 
     ``lexicon`` (0 to 1) is the share of clauses drawn from builder.toolcall_lexicon instead
     of the tool's training templates (never a pattern equal to a held-out template).
     ``paraphrases``: the tool's builder.toolcall_paraphrases phrasings join its training
-    templates, drawn alike, except those ``near_held_out`` its validation or test template. ``counts``: P(1, 2, 3, 4 tools) per request.
+    templates, drawn alike, except those ``near_held_out`` its validation or test template.
+    ``counts``: P(1, 2, 3, 4 tools) per request.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")

@@ -1,12 +1,13 @@
 """More training phrasings per tool (8 each), for the train split only (builder/toolcall_data.py).
 
-Written from the catalog alone (tool names, descriptions, slot names and sample values) by a
-writer who never saw builder/toolcall_templates.py, the way a team would collect more
-phrasings from people: they add the wording variety five training templates a tool cannot
-have. ``make_split(paraphrases=True)`` adds them to each tool's training templates, minus any
-that come near a held-out (validation or test) template of the tool
-(``builder.toolcall_data.near_held_out``: about 200 of the 512 for a seed), so the held-out
-phrasings stay unseen.
+Written by a helper agent from the catalog alone (tool names, descriptions, slot names and
+sample values), told not to open the repository, the way a team collects more phrasings from
+people: wording variety that five training templates a tool cannot have. The templates were
+written by the same kind of writer, so the two are not independent: 76 of these 512 equal a
+template of their tool verbatim. ``make_split(paraphrases=True)`` adds them to each tool's
+training templates minus any that come near its held-out (validation or test) template
+(``builder.toolcall_data.near_held_out``, verbatim copies included: 204-211 of the 512 for
+a seed), so the held-out phrasings stay unseen.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 
 from runtime.contract import (FORMAT_NAME, FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS, WEIGHT_PRECISIONS, BuildOptions,
-                              Canary, Contract, EngineSection, FileEntry, Format, GrammarSection, Limits, Memory, Precision, Target,
-                              compute_bundle_id, parse_contract, validate_contract_dict)
+                              Canary, Contract, EngineSection, FileEntry, Format, GrammarSection, Limits, Memory,
+                              Precision, Target, compute_bundle_id, parse_contract, validate_contract_dict)
 from runtime.errors import EXIT_CODES, Refusal
 from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
 from schemas import load_schema
@@ -38,12 +38,12 @@ def sample_contract(target: str = "cpu", rope_scaling: RopeScaling | None = None
     return Contract(
         format=Format(FORMAT_NAME, FORMAT_VERSION),
         engine=EngineSection(bundle_id=compute_bundle_id(files), builder_version="0.1.0",
-                      source_checkpoint_sha256=hashlib.sha256(b"ckpt").hexdigest(),
-                      build_options=BuildOptions(precision="fp8_e4m3", target=target, max_sequences=8,
-                                                 max_input_tokens=1024, max_output_tokens=64, page_size=32,
-                                                 max_tokens_per_step=256, prefill_chunk=128,
-                                                 memory_budget_bytes=(24 << 30) if gpu else None,
-                                                 context_reserve_bytes=reserve, seed=0)),
+                             source_checkpoint_sha256=hashlib.sha256(b"ckpt").hexdigest(),
+                             build_options=BuildOptions(precision="fp8_e4m3", target=target, max_sequences=8,
+                                                        max_input_tokens=1024, max_output_tokens=64, page_size=32,
+                                                        max_tokens_per_step=256, prefill_chunk=128,
+                                                        memory_budget_bytes=(24 << 30) if gpu else None,
+                                                        context_reserve_bytes=reserve, seed=0)),
         model=dataclasses.replace(QWEN3_06B, rope_scaling=rope_scaling),
         target=Target(name=target, gpu_names=("h200",) if gpu else (), compute_capability="9.0" if gpu else None,
                       sm_arch="sm_90" if gpu else None, min_driver_version=12080 if gpu else None),
@@ -52,8 +52,8 @@ def sample_contract(target: str = "cpu", rope_scaling: RopeScaling | None = None
                       max_input_tokens=1024, max_output_tokens=64),
         memory=Memory.from_parts(weights_bytes=1000, kv_pool_bytes=2000, workspace_bytes=300,
                                  graphs_bytes=(64 << 20) if gpu else 0, context_reserve_bytes=reserve),
-        grammar=GrammarSection(num_tools=20, bitset_bits=64, nodes=90, edges=89, max_edges_per_node=12, sep_token_id=198,
-                        end_token_id=151645, max_tools=4, allow_empty=False),
+        grammar=GrammarSection(num_tools=20, bitset_bits=64, nodes=90, edges=89, max_edges_per_node=12,
+                               sep_token_id=198, end_token_id=151645, max_tools=4, allow_empty=False),
         canary=Canary(prompt_token_ids=(1, 2, 3), expected_token_ids=(7, 198, 9, 151645), min_margin=1.25),
         files=files)
 

@@ -34,11 +34,11 @@ def test_score_counts_an_empty_answer_as_all_missed():
     assert ev.score([], [])["exact_set_rate"] == 0.0
 
 
-def test_by_pattern_counts_each_template_once_per_request_worst_first():
+def test_by_template_counts_each_template_once_per_request_worst_first():
     patterns = [("p", "q"), ("q",), ("p", "p"), ("r",)]
     labels = [["a", "b"], ["b"], ["a", "c"], ["d"]]
     pred = [["b", "a"], ["c"], ["a"], ["d"]]  # right, wrong, wrong, right
-    rows = ev.by_pattern(patterns, pred, labels)
+    rows = ev.by_template(patterns, pred, labels)
     assert rows == [{"pattern": "p", "requests": 2, "exact_set": 1}, {"pattern": "q", "requests": 2, "exact_set": 1},
                     {"pattern": "r", "requests": 1, "exact_set": 1}]
 

@@ -30,6 +30,7 @@ class FakeDriver:
     def cuGraphAddNode(self, graph, deps, *rest):
         if self.old_add_node and len(rest) == 3:
             raise TypeError("cuGraphAddNode() takes 4 positional arguments")
+        rest[-1].conditional.phGraph_out = [self.body]  # the driver creates the body graph with the node
         return self._node("cuGraphAddNode", graph, deps, *rest)
 
     def cuGraphAddKernelNode(self, graph, deps, count, params):
@@ -44,7 +45,7 @@ class FakeDriver:
         return SimpleNamespace()
 
     def CUgraphNodeParams(self):
-        return SimpleNamespace(conditional=SimpleNamespace(phGraph_out=[self.body]))
+        return SimpleNamespace(conditional=SimpleNamespace(phGraph_out=[]))
 
 
 @pytest.mark.parametrize("old_add_node", [False, True], ids=["bindings-13", "bindings-12"])
@@ -56,6 +57,8 @@ def test_while_node_defaults_to_one_and_follows_its_dependencies(old_add_node):
     name, args = drv.calls[-1]
     assert name == "cuGraphAddNode" and args[:2] == ("graph", ["k1", "k2"])
     assert args[-2] == 2 and len(args) == (4 if old_add_node else 5)
+    if not old_add_node:
+        assert args[2] is None  # 13.x: no edge data
     params = args[-1]
     assert params.type == drv.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
     c = params.conditional
@@ -68,7 +71,8 @@ def test_kernel_node_carries_the_launch_shape_and_arguments(deps, want_deps):
     node = add_kernel_node(drv, "g", deps, "fn", (3, 2, 1), (128, 1, 1), 4096, "rmsnorm")
     name, (graph, got_deps, count, p) = drv.calls[-1]
     assert node == "node1" and (name, graph, got_deps, count) == ("cuGraphAddKernelNode", "g", want_deps, len(deps))
-    assert (p.func, p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ) == ("fn", 3, 2, 1, 128, 1, 1)
+    assert (p.func, p.gridDimX, p.gridDimY, p.gridDimZ) == ("fn", 3, 2, 1)
+    assert (p.blockDimX, p.blockDimY, p.blockDimZ) == (128, 1, 1)
     assert (p.sharedMemBytes, p.kernelParams, p.extra) == (0, 4096, 0)
 
 

@@ -52,12 +52,11 @@ def test_no_test_or_val_template_is_seen_in_training(splits):
 
 
 @pytest.mark.parametrize("pattern, held_out, near", [
-    ("did {team} win", ["did {team} win last night"], True),  # a shared run of three words
-    ("how did {team} do last night", ["did {team} win last night"], True),  # 4 of 7 distinct words shared
-    ("do i have any new emails from {person}", ["did i get any new email from {person} today"], False),  # 5 of 12
+    ("show my open tasks", ["list my open tasks please"], True),  # a shared run of three words
+    ("reading emails from {person}", ["read email from {person} now"], True),  # the same run once stemmed
+    ("what are my open tasks", ["which tasks are still open"], False),  # 3 of 7 stems
     ("check my inbox", ["read my emails", "open the mail app"], False),
     ("check my inbox", ["read my emails", "check the inbox"], True),  # 2 of 4: exactly half
-    ("flights {city} to {city2} {day}", ["find flights from {city} to {city2} {day}"], True),
     ("anything", [], False),
 ])
 def test_near_held_out(pattern, held_out, near):
