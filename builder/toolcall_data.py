@@ -6,8 +6,8 @@ the tools in the order their clauses appear, the order the steps would run (cano
 Splits are by template: per tool, one template is test-only, one validation-only, five are
 train-only (chosen from the seed), so test requests use phrasings never seen in training.
 The train split may also take clauses from builder.toolcall_lexicon (tool words in frames all
-tools share), from builder.toolcall_paraphrases (more phrasings per tool, written apart from the
-templates) and wording noise; validation and test examples are always clean templates.
+tools share), from builder.toolcall_paraphrases (more phrasings per tool, written from the
+catalog alone) and wording noise; validation and test examples are always clean templates.
 """
 from __future__ import annotations
 
@@ -193,7 +193,11 @@ def make_split(split: str, seed: int = 0, size: int | None = None, noise: float 
     if split != "train" and (noise or lexicon or paraphrases):
         raise ValueError(f"noise, lexicon and paraphrase clauses are for the train split only, not {split!r}")
     table, assign = template_table(), template_splits(seed)
-    held_out = {t for i, (_, t) in enumerate(table) if assign[i] != "train"}
+    held_by_tool: dict[str, list[str]] = {}  # tool -> its validation and test templates
+    for i, (tool, pattern) in enumerate(table):
+        if assign[i] != "train":
+            held_by_tool.setdefault(tool, []).append(pattern)
+    held_out = {t for held in held_by_tool.values() for t in held}
     clauses = {tool: [c for c in lexicon_clauses(tool) if c not in held_out] for tool in TEMPLATES} if lexicon else None
     by_tool: dict[str, list[tuple[int, str]]] = {}  # tool -> its (template id, pattern) to draw from
     for i, (tool, pattern) in enumerate(table):
@@ -201,7 +205,6 @@ def make_split(split: str, seed: int = 0, size: int | None = None, noise: float 
             by_tool.setdefault(tool, []).append((i, pattern))
     if paraphrases:
         for tool, phrasings in PARAPHRASES.items():
-            held = [t for i, (owner, t) in enumerate(table) if owner == tool and assign[i] != "train"]
-            by_tool[tool] += [(PARAPHRASE_ID, p) for p in phrasings if not near_held_out(p, held)]
+            by_tool[tool] += [(PARAPHRASE_ID, p) for p in phrasings if not near_held_out(p, held_by_tool[tool])]
     rng = np.random.default_rng([seed, 2, SPLITS.index(split)])
     return [_example(rng, by_tool, noise, clauses, lexicon, counts) for _ in range(SPLIT_SIZES[split] if size is None else size)]
