@@ -3,8 +3,8 @@ optional conditional WHILE node whose body is another launch list.
 
 The nodes come from kernels/graph_nodes.py, as in kernels/runner.py's ``run_while_graph``,
 with kernel nodes before the WHILE node, and the result kept instantiated for relaunching
-instead of run once. The graph itself is destroyed right after
-instantiation: the executable graph owns a copy.
+instead of run once. The graph itself is destroyed right after instantiation: the
+executable graph owns a copy.
 """
 from __future__ import annotations
 
