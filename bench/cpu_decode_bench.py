@@ -33,11 +33,11 @@ def main() -> None:
 
     from builder.synth import hf_config_json
     from runtime.bundle import GRAMMAR_FILE, WEIGHTS_FILE, read_contract
-    from runtime.cpu_backend import CpuModel
+    from runtime.cpu.model import CpuModel
     from runtime.engine import load_cpu_weights
     from runtime.grammar import Grammar
     from runtime.grammar_stepper import GrammarStepper
-    from runtime.kv_pool import PagedKVPool
+    from runtime.cpu.kv_pool import PagedKVPool
 
     folder = Path(args.bundle)
     contract = read_contract(folder)

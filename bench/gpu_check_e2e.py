@@ -47,8 +47,8 @@ def manual_engine(folder: Path):
     from tokenizers import Tokenizer
 
     from runtime.bundle import read_contract
-    from runtime.cuda_backend import load_cuda_model
-    from runtime.cuda_graph import CudaDecodeLoop
+    from runtime.cuda.backend import load_cuda_model
+    from runtime.cuda.graph import CudaDecodeLoop
     from runtime.generator import Generator
     from runtime.grammar import Grammar
     c, g = read_contract(folder), Grammar.read(folder / "grammar.msgpack")

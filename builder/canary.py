@@ -11,7 +11,7 @@ from pathlib import Path
 
 from runtime.contract import Canary, Limits
 from runtime.engine import cpu_generator, load_cpu_weights
-from runtime.errors import BuildError
+from common.errors import BuildError
 from runtime.generator import Request, Result
 from runtime.grammar import Grammar
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import tokenizers
 
-from runtime.errors import BuildError, CatalogError
+from common.errors import BuildError, CatalogError
 from schemas import load_schema
 
 # Largest catalog: 256 words of 64 bits per edge bitset. The grammar's bitset bytes grow as

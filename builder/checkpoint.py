@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.errors import CheckpointError
+from common.errors import CheckpointError
 from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
 from runtime.tensor_file import SafetensorsFile
 

@@ -9,7 +9,7 @@ import time
 import click
 
 from runtime.cli_errors import TypedErrorGroup, fail
-from runtime.errors import EngineError
+from common.errors import EngineError
 
 def progress_printer(label: str):
     """A progress(name, done, total) callback drawing a bar on a terminal, silent elsewhere."""
@@ -35,7 +35,7 @@ Typical use:
   builder verify artifacts/q06-nvfp4-h200
   builder inspect artifacts/q06-nvfp4-h200
 
-Every failure exits with its error code's number (runtime/errors.py: usage 2, checkpoint_invalid 10,
+Every failure exits with its error code's number (common/errors.py: usage 2, checkpoint_invalid 10,
 catalog_invalid 13, budget_too_small 16, output_exists 17, hash_mismatch 24, bundle_invalid 30, ...);
 with --json it prints {"error": CODE, "message": ..., "details": {...}} on stdout."""
 

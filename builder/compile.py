@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from runtime.bundle import GRAMMAR_FILE, KERNELS_DIR, REPORT_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry
 from runtime.contract import (CONTRACT_FILE, FORMAT_NAME, FORMAT_VERSION, BuildOptions, Contract, EngineSection,
                               Format, GrammarSection, Limits, Precision, compute_bundle_id)
-from runtime.errors import BuildError
+from common.errors import BuildError
 
 from .canary import record_canary
 from .catalog import load_catalog

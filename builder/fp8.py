@@ -16,8 +16,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from runtime.dequant import dequantize_fp8
-from runtime.errors import QuantizeError
+from runtime.cpu.dequant import dequantize_fp8
+from common.errors import QuantizeError
 
 E4M3_MAX = 448.0
 E4M3_MANTISSA_BITS = 3

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from runtime.bundle import (GRAMMAR_FILE, KERNELS_DIR, TOKENIZER_FILE, WEIGHTS_FILE, check_files,
                             read_contract)
 from runtime.contract import CPU_TARGET, CONTRACT_FILE, Contract
-from runtime.errors import EngineError, RequestError
+from common.errors import EngineError, RequestError
 from runtime.grammar import Grammar
 from runtime.grammar_stepper import GrammarStepper
 from runtime.tensor_file import SafetensorsFile

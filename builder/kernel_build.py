@@ -7,8 +7,8 @@ from kernels.geometry import shape_problems
 from kernels.nvrtc_build import compile_all
 from kernels.targets import resolve_target
 from runtime.contract import Target
-from runtime.cuda_weights import FORMATS
-from runtime.errors import BuildError
+from runtime.cuda.weights import FORMATS
+from common.errors import BuildError
 from runtime.model_config import ModelConfig
 
 

@@ -16,7 +16,7 @@ from decimal import Decimal, InvalidOperation
 
 from kernels.geometry import attention_max_splits
 from runtime.contract import CPU_TARGET, Limits, Memory
-from runtime.errors import BuildError
+from common.errors import BuildError
 from runtime.model_config import ModelConfig
 from runtime.tensor_file import DTYPES
 

@@ -6,7 +6,7 @@ bytes equal its NVFP4 export of the same float32 tensor):
     bscale   = block_amax / (6 * global); 0 -> 1.0; clamp >= 2^-9; cast to E4M3 (nearest even)
     q        = w / (float(bscale) * global)
     code     = E2M1(q): nearest even, saturating at ±6; sign = (q < 0), so an exact -0.0 is code 0
-    value    = (e2m1(code) * float(bscale)) * global   (runtime/dequant.py, the GPU kernels)
+    value    = (e2m1(code) * float(bscale)) * global   (runtime/cpu/dequant.py, the GPU kernels)
 An all-zero tensor (amax / 2688 == 0) gets global 0, block scales 1.0 and codes 0.
 E4M3 is also clamped to 448 (ModelOpt's cast would give NaN, which only a tensor with
 amax < 2688 * 2^-126 can reach).
@@ -22,8 +22,8 @@ import sys
 import ml_dtypes
 import numpy as np
 
-from runtime.dequant import E4M3_VALUES, dequantize_nvfp4
-from runtime.errors import QuantizeError
+from runtime.cpu.dequant import E4M3_VALUES, dequantize_nvfp4
+from common.errors import QuantizeError
 
 from .fp8 import CHUNK_ELEMENTS, E4M3Encoder, MinifloatEncoder, check_weight, encode_e4m3, \
     raise_nonfinite, rows_as_f32

@@ -23,7 +23,7 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
-from runtime.errors import CheckpointError, QuantizeError
+from common.errors import CheckpointError, QuantizeError
 from runtime.model_config import ModelConfig
 from runtime.tensor_file import SafetensorsWriter
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.contract import Limits, Memory
-from runtime.errors import BuildError
+from common.errors import BuildError
 from runtime.model_config import ModelConfig
 
 from .memory_plan import MIB, plan_memory

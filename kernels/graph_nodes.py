@@ -1,5 +1,5 @@
 """CUDA graph nodes shared by the kernel tests (kernels/runner.py) and the runtime's decode graph
-(runtime/cuda_graph_build.py): kernel nodes, and the WHILE conditional node whose body graph
+(runtime/cuda/graph_build.py): kernel nodes, and the WHILE conditional node whose body graph
 loops until a body kernel clears its condition through cudaGraphSetConditional.
 
 Every call is checked (kernels.launch.check) with the driver call's name in the error.

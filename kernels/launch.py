@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.errors import CudaError
+from common.errors import CudaError
 
 from .signatures import KernelSignature, kernel_signatures
 

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.errors import BuildError
+from common.errors import BuildError
 
 from .targets import check_arch
 

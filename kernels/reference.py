@@ -4,7 +4,7 @@ Each function takes the arrays its kernel reads, in the kernel's layout (bf16 as
 ``ml_dtypes.bfloat16``, e4m3 as uint8 codes, NVFP4 as packed uint8), and returns what the
 kernel writes; arrays a kernel updates in place (KV cache, grammar state) are updated in place
 here too. Sizes the kernels take as scalars come from the shapes. The GPU parity tests compare
-each kernel with its function here; the formulas follow runtime/cpu_backend.py.
+each kernel with its function here; the formulas follow runtime/cpu/model.py.
 """
 from __future__ import annotations
 

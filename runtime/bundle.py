@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .contract import (CONTRACT_FILE, FORMAT_NAME, SUPPORTED_FORMAT_VERSIONS, Contract, FileEntry,
                        compute_bundle_id, parse_contract)
-from .errors import Refusal
+from common.errors import Refusal
 
 WEIGHTS_FILE = "weights.safetensors"
 TOKENIZER_FILE = "tokenizer.json"

@@ -8,7 +8,7 @@ import time
 import click
 
 from .cli_errors import TypedErrorGroup, fail
-from .errors import EngineError
+from common.errors import EngineError
 from .generator import HEAD_MODES, Result
 from .sampling import Sampling
 
@@ -17,7 +17,7 @@ from .sampling import Sampling
 def main() -> None:
     """Load contract-bound bundles and answer tool-discovery requests.
 
-    Every refusal has a stable code and its own exit code (see runtime/errors.py), and
+    Every refusal has a stable code and its own exit code (see common/errors.py), and
     --json prints it as {"error", "message", "details"}.
     """
 

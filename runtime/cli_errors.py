@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .errors import EngineError
+from common.errors import EngineError
 
 # Set to 1 to let an unexpected exception end in its traceback instead of an "internal" error.
 TRACEBACK_ENV = "TOOLCALL_TRACEBACK"

@@ -20,7 +20,7 @@ from jsonschema import Draft202012Validator
 
 from schemas import load_schema
 
-from .errors import Refusal
+from common.errors import Refusal
 from .model_config import ModelConfig
 
 FORMAT_NAME = "toolcall-bundle"

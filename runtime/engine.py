@@ -8,12 +8,12 @@ from tokenizers import Tokenizer
 
 from .bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, check_files, read_contract
 from .contract import CPU_TARGET, Contract
-from .cpu_backend import CpuModel
-from .dequant import load_dequantized
-from .errors import CudaError, EngineError, Refusal
+from .cpu.model import CpuModel
+from .cpu.dequant import load_dequantized
+from common.errors import CudaError, EngineError, Refusal
 from .generator import Generator, Request, Result
 from .grammar import Grammar
-from .kv_pool import PagedKVPool
+from .cpu.kv_pool import PagedKVPool
 from .machine import MachineFacts, check_target, facts_for
 from .model_config import ModelConfig
 from .sampling import Sampling
@@ -52,7 +52,7 @@ class Engine:
         self.grammar = generator.grammar
         self.load_seconds = load_seconds
         self.model = generator.model
-        self.loop = None  # GPU bundles: the single-request decode graph (runtime/cuda_graph.py)
+        self.loop = None  # GPU bundles: the single-request decode graph (runtime/cuda/graph.py)
 
     @classmethod
     def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse") -> "Engine":
@@ -81,8 +81,8 @@ class Engine:
     @classmethod
     def _load_gpu(cls, folder: Path, contract: Contract, head: str, start: float) -> "Engine":
         """GPU bundle, after the target check: load the CUDA backend, canary-gate both decode paths."""
-        from .cuda_backend import load_cuda_model
-        from .cuda_graph import CudaDecodeLoop
+        from .cuda.backend import load_cuda_model
+        from .cuda.graph import CudaDecodeLoop
         try:
             tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
             grammar = Grammar.read(folder / GRAMMAR_FILE)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import EngineError, RequestError
+from common.errors import EngineError, RequestError
 from .grammar import Grammar
 from .grammar_stepper import GrammarStepper, decode_tools
 from .sampling import Sampling, margins, sample_row

@@ -25,7 +25,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from .errors import Refusal
+from common.errors import Refusal
 
 FORMAT_NAME = "toolcall-grammar"
 FORMAT_VERSION = 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import RequestError
+from common.errors import RequestError
 from .grammar import EDGE_EMPTY_END, EDGE_END, EDGE_SEP, ROOT, Grammar
 
 

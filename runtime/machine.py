@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .contract import CPU_TARGET, Contract
-from .errors import Refusal
+from common.errors import Refusal
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def gpu_facts(device: int = 0) -> MachineFacts:
         return MachineFacts(free_bytes=0, no_gpu_reason=f"no CUDA driver ({type(e).__name__})")
     if err != driver.CUresult.CUDA_SUCCESS:
         return MachineFacts(free_bytes=0, no_gpu_reason=f"cuInit failed ({err.name})")
-    from .cuda_check import check
+    from .cuda.check import check
     count = check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
     if count <= device:
         return MachineFacts(free_bytes=0, no_gpu_reason=f"cuDeviceGetCount found {count} devices")

@@ -1,6 +1,6 @@
 """The paged KV cache's bookkeeping: sequence slots, free pages and the block table.
 
-Shared by the numpy pool (runtime/kv_pool.py) and the device pool (runtime/cuda_kv.py): the
+Shared by the numpy pool (runtime/cpu/kv_pool.py) and the device pool (runtime/cuda/kv.py): the
 storage differs, the allocation rules do not. Pages are reserved for a sequence's whole
 lifetime at admission (prompt plus maximum answer), so an admitted sequence never runs out
 of cache. Free pages and slots are handed out lowest first, so the same request sequence
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import RequestError
+from common.errors import RequestError
 
 
 class PageAllocator:

@@ -17,7 +17,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from .errors import CheckpointError
+from common.errors import CheckpointError
 
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),

@@ -235,7 +235,7 @@ class _EmulatedGraphs:
         self.m, self.gpu, self.instantiated, self.destroyed = model, gpu, 0, 0
 
     def instantiate(self, launches, body=None):
-        from runtime.cuda_backend import Program
+        from runtime.cuda.backend import Program
         self.instantiated += 1
         return Program(self.m, launches), None if body is None else Program(self.m, body(self.HANDLE))
 

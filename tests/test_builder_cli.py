@@ -21,7 +21,7 @@ from builder.inspect_bundle import CHECKS, cubin_sm
 from builder.tiers import DEFAULT_MAX_INPUT_TOKENS, DEFAULT_MAX_OUTPUT_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows
 from runtime.bundle import GRAMMAR_FILE, WEIGHTS_FILE, check_files, file_entry, read_contract
 from runtime.contract import CONTRACT_FILE, compute_bundle_id, parse_contract
-from runtime.errors import EXIT_CODES
+from common.errors import EXIT_CODES
 from runtime.grammar import Grammar
 
 GIB = 1 << 30

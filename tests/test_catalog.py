@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, normalizers
 from builder.catalog import (DEFAULT_PROMPT_TEMPLATE, MAX_CATALOG_TOOLS, AnswerFormat, Catalog,
                              load_catalog, tokenize_catalog)
 from builder.synth_tokenizer import END_OF_TURN, train_tokenizer
-from runtime.errors import BuildError, CatalogError
+from common.errors import BuildError, CatalogError
 from schemas import load_schema
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from builder.checkpoint import open_checkpoint
-from runtime.errors import CheckpointError
+from common.errors import CheckpointError
 from runtime.tensor_file import SafetensorsFile, write_tensors
 
 

@@ -16,7 +16,7 @@ from builder.cli import main as builder_cli
 from runtime.bundle import WEIGHTS_FILE
 from runtime.contract import CONTRACT_FILE
 from runtime.engine import Engine
-from runtime.errors import EXIT_CODES
+from common.errors import EXIT_CODES
 from runtime.machine import MachineFacts
 from runtime.tensor_file import SafetensorsFile
 

@@ -15,7 +15,7 @@ import pytest
 from runtime.contract import (FORMAT_NAME, FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS, WEIGHT_PRECISIONS, BuildOptions,
                               Canary, Contract, EngineSection, FileEntry, Format, GrammarSection, Limits, Memory,
                               Precision, Target, compute_bundle_id, parse_contract, validate_contract_dict)
-from runtime.errors import EXIT_CODES, Refusal
+from common.errors import EXIT_CODES, Refusal
 from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
 from schemas import load_schema
 

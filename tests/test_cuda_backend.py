@@ -29,12 +29,12 @@ from kernels.launch import probe_gpu
 from kernels.signatures import kernel_signatures
 from runtime.cli import main as runtime_cli
 from runtime.contract import CONTRACT_FILE, Limits
-from runtime.cuda_backend import CudaModel
-from runtime.cuda_buffers import BREAKDOWN_NAMES, attention_splits, workspace_plan
-from runtime.cuda_graph import CudaDecodeLoop
-from runtime.cuda_graph_build import dependencies
+from runtime.cuda.backend import CudaModel
+from runtime.cuda.buffers import BREAKDOWN_NAMES, attention_splits, workspace_plan
+from runtime.cuda.graph import CudaDecodeLoop
+from runtime.cuda.graph_build import dependencies
 from runtime.engine import Engine, cpu_generator, load_cpu_weights
-from runtime.errors import EXIT_CODES, CudaError, Refusal
+from common.errors import EXIT_CODES, CudaError, Refusal
 from runtime.generator import Generator, Request
 from runtime.machine import MachineFacts
 from runtime.tensor_file import SafetensorsFile
@@ -213,7 +213,7 @@ def test_gpu_bundle_without_a_gpu_is_refused_no_gpu(gpu_bundle):
 def test_a_shape_the_kernels_cannot_run_is_refused_by_builder_and_runtime(tmp_path, make_checkpoint):
     from builder.compile import compile_bundle
     from runtime.contract import BuildOptions
-    from runtime.errors import BuildError
+    from common.errors import BuildError
     qwen2 = make_checkpoint(family="qwen2")  # head_dim = hidden / heads = 16: no attention kernel for it
     options = BuildOptions(precision="fp8_e4m3", target="h200", max_sequences=2, max_input_tokens=64,
                            max_output_tokens=None, page_size=16, max_tokens_per_step=64, prefill_chunk=32,
@@ -238,7 +238,7 @@ def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monk
     """Engine.load's GPU branch end to end: target check, CUDA backend, canary on both decode paths."""
     from builder.compile import compile_bundle
     from runtime.contract import BuildOptions
-    import runtime.cuda_backend
+    import runtime.cuda.backend
     options = BuildOptions(precision="fp8_e4m3", target="cpu", max_sequences=4, max_input_tokens=96,
                            max_output_tokens=None, page_size=16, max_tokens_per_step=64, prefill_chunk=32,
                            memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
@@ -251,7 +251,7 @@ def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monk
     (folder / "kernels").mkdir()
     for name in CUBINS:  # unlisted files: the hash check passes; the emulator ignores their bytes
         (folder / "kernels" / f"{name}.cubin").write_bytes(b"")
-    monkeypatch.setattr(runtime.cuda_backend, "Gpu", EmulatedGpu)
+    monkeypatch.setattr(runtime.cuda.backend, "Gpu", EmulatedGpu)
     engine = Engine.load(folder, facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000))
     try:
         (result,) = engine.run(["Book a flight to Paris"])

@@ -1,14 +1,11 @@
-"""bench/eval.py's counting and its independent grammar trie, on hand-made cases."""
+"""models/toolcall/eval.py's counting and its independent grammar trie, on hand-made cases."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location("toolcall_eval", Path(__file__).parents[1] / "bench" / "eval.py")
-ev = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(ev)
+import models.toolcall.eval as ev
 
 SEP, END = 10, 2
 

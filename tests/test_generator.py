@@ -10,7 +10,7 @@ from builder.checkpoint import open_checkpoint
 from builder.trie import build_grammar
 from runtime.contract import Limits
 from runtime.engine import cpu_generator
-from runtime.errors import RequestError
+from common.errors import RequestError
 from runtime.generator import Request, Result
 from runtime.sampling import Sampling
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from builder.catalog import load_catalog
 from builder.synth_tokenizer import END_OF_TURN, train_tokenizer
 from builder.trie import build_grammar
-from runtime.errors import RequestError
+from common.errors import RequestError
 from runtime.grammar import Grammar
 from runtime.grammar_stepper import GrammarStepper, decode_tools, state_dtype
 

@@ -77,7 +77,7 @@ def test_kernel_node_carries_the_launch_shape_and_arguments(deps, want_deps):
 
 
 def test_a_failed_driver_call_names_the_call(monkeypatch):
-    from runtime.errors import CudaError
+    from common.errors import CudaError
 
     class Failing(FakeDriver):
         CUresult = drv_real.CUresult

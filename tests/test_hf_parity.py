@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from builder.checkpoint import open_checkpoint
-from runtime.cpu_backend import CpuModel
-from runtime.kv_pool import PagedKVPool
+from runtime.cpu.model import CpuModel
+from runtime.cpu.kv_pool import PagedKVPool
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,7 +10,7 @@ import pytest
 from kernels import geometry, nvrtc_build, targets
 from kernels.nvrtc_build import compile_all, compile_kernel, kernel_sources, resource_table
 from kernels.signatures import kernel_signatures, parse_signatures
-from runtime.errors import BuildError
+from common.errors import BuildError
 
 ARCHS = ("sm_90", "sm_100", "sm_120")
 # Kernels on the per-token path whose spills would cost bandwidth: no spill allowed.

@@ -11,7 +11,8 @@ from builder.catalog import AnswerFormat, Catalog, TokenizedCatalog, Tool
 from builder.trie import grammar_from_paths
 from kernels import geometry
 from kernels import reference as ref
-from runtime import cpu_backend, rope
+from runtime import rope
+from runtime.cpu import model as cpu_backend
 from runtime.grammar_stepper import GrammarStepper, decode_tools
 
 BF16 = ml_dtypes.bfloat16
@@ -58,9 +59,9 @@ def test_nvfp4_dequant_nibble_order_and_scales():
 
 
 def test_dequant_layouts_match_the_runtime_dequantizer():
-    """Same nibble order, scale indexing and order of products as runtime/dequant.py (the CPU
+    """Same nibble order, scale indexing and order of products as runtime/cpu/dequant.py (the CPU
     backend's loader): (e2m1 * block) * global, bit for bit."""
-    from runtime import dequant
+    from runtime.cpu import dequant
     rng = np.random.default_rng(7)
     codes = rng.integers(0, 256, (8, 64), dtype=np.uint8)
     codes[(codes & 0x7F) == 0x7F] = 0

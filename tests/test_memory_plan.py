@@ -10,7 +10,7 @@ from builder.memory_plan import (CONTEXT_RESERVE_BYTES_GPU, GRAPHS_BYTES_GPU, kv
                                  plan_memory, size_pool_for_budget, weights_bytes, workspace_breakdown)
 from builder.tiers import LONG_SEQUENCES, START_STEP_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows
 from runtime.contract import Limits
-from runtime.errors import BuildError
+from common.errors import BuildError
 from runtime.model_config import ModelConfig
 
 TINY = ModelConfig(family="qwen3", vocab_size=100, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,

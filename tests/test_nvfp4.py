@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from builder.nvfp4 import e2m1_codes_reference, pack_e2m1, quantize_nvfp4
-from runtime.dequant import E2M1_VALUES, dequantize_nvfp4
-from runtime.errors import QuantizeError
+from runtime.cpu.dequant import E2M1_VALUES, dequantize_nvfp4
+from common.errors import QuantizeError
 from runtime.tensor_file import SafetensorsFile, write_tensors
 
 

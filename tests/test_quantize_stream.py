@@ -12,8 +12,8 @@ import pytest
 
 from builder.checkpoint import open_checkpoint
 from builder.quantize import PRECISIONS, is_quantized, output_specs, quantize_checkpoint, quantize_tensor
-from runtime.dequant import dequantize_fp8, dequantize_nvfp4, load_dequantized
-from runtime.errors import CheckpointError, QuantizeError, Refusal
+from runtime.cpu.dequant import dequantize_fp8, dequantize_nvfp4, load_dequantized
+from common.errors import CheckpointError, QuantizeError, Refusal
 from runtime.model_config import ModelConfig
 from runtime.tensor_file import SafetensorsFile, write_tensors
 

@@ -13,7 +13,7 @@ from runtime.bundle import WEIGHTS_FILE
 from runtime.cli import main as runtime_cli
 from runtime.contract import CONTRACT_FILE
 from runtime.engine import Engine
-from runtime.errors import EXIT_CODES, Refusal
+from common.errors import EXIT_CODES, Refusal
 from runtime.machine import MachineFacts
 
 ROOMY_CPU = MachineFacts(free_bytes=1 << 40)

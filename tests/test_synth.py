@@ -8,8 +8,8 @@ import pytest
 
 from builder.checkpoint import open_checkpoint
 from builder.synth import SynthOptions, synth_checkpoint
-from runtime.cpu_backend import CpuModel
-from runtime.kv_pool import PagedKVPool
+from runtime.cpu.model import CpuModel
+from runtime.cpu.kv_pool import PagedKVPool
 
 
 def folder_digest(folder) -> dict[str, str]:

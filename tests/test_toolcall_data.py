@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 
 from builder.catalog import load_catalog
-from builder.toolcall_data import (CONNECTORS, LEXICON_ID, PARAPHRASE_ID, SPLITS, TEMPLATES, make_split, near_held_out,
+from models.toolcall.data import (CONNECTORS, LEXICON_ID, PARAPHRASE_ID, SPLITS, TEMPLATES, make_split, near_held_out,
                                    template_splits, template_table)
-from builder.toolcall_lexicon import LEXICON
-from builder.toolcall_paraphrases import PARAPHRASES
-from builder.toolcall_templates import SLOTS
+from models.toolcall.lexicon import LEXICON
+from models.toolcall.paraphrases import PARAPHRASES
+from models.toolcall.templates import SLOTS
 
 CATALOG = "builder/data/tools-64.json"
 SIZE = 400  # examples per split checked: every tool appears, and the test stays well under a second

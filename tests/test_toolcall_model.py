@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from builder.checkpoint import open_checkpoint
-from builder.toolcall_data import make_split
+from models.toolcall.data import make_split
 
 MODEL = Path(__file__).parents[1] / "models" / "toolcall-qwen3-tiny"
 CATALOG = "builder/data/tools-64.json"

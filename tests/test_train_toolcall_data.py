@@ -1,17 +1,14 @@
-"""bench/train_toolcall.py's data side: the domain tokenizer, answer ids and per-token clause labels."""
+"""models/toolcall/train.py's data side: the domain tokenizer, answer ids and per-token clause labels."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
 from builder.catalog import load_catalog, tokenize_catalog
-from builder.toolcall_data import make_split
+from models.toolcall.data import make_split
 
-_SPEC = importlib.util.spec_from_file_location("train_toolcall", Path(__file__).parents[1] / "bench" / "train_toolcall.py")
-tt = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(tt)
+import models.toolcall.train as tt
 
 
 @pytest.fixture(scope="module")

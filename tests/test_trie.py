@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from builder.catalog import load_catalog
 from builder.synth_tokenizer import END_OF_TURN, train_tokenizer
 from builder.trie import build_grammar
-from runtime.errors import Refusal
+from common.errors import Refusal
 from runtime.grammar import EDGE_EMPTY_END, EDGE_END, EDGE_NAME, EDGE_SEP, ROOT, Grammar
 
 

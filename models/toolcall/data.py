@@ -5,8 +5,8 @@ to four clauses of distinct tools with connectors ("and", "then", "also"...); it
 the tools in the order their clauses appear, the order the steps would run (canonical order).
 Splits are by template: per tool, one template is test-only, one validation-only, five are
 train-only (chosen from the seed), so test requests use phrasings never seen in training.
-The train split may also take clauses from builder.toolcall_lexicon (tool words in frames all
-tools share), from builder.toolcall_paraphrases (more phrasings per tool, written from the
+The train split may also take clauses from models.toolcall.lexicon (tool words in frames all
+tools share), from models.toolcall.paraphrases (more phrasings per tool, written from the
 catalog alone) and wording noise; validation and test examples are always clean templates.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .toolcall_lexicon import lexicon_clauses
-from .toolcall_paraphrases import PARAPHRASES
-from .toolcall_templates import PAIRED, SLOTS, TEMPLATES
+from .lexicon import lexicon_clauses
+from .paraphrases import PARAPHRASES
+from .templates import PAIRED, SLOTS, TEMPLATES
 
 SPLITS = ("train", "val", "test")
 LEXICON_ID = -1  # template id of a training-only lexicon clause
@@ -182,9 +182,9 @@ def make_split(split: str, seed: int = 0, size: int | None = None, noise: float 
     """The ``split`` examples (train, val or test) for ``seed``; the same arguments give the same list.
 
     Training only: ``noise`` (0 to 0.4) perturbs each clause's wording (see ``_perturb``);
-    ``lexicon`` (0 to 1) is the share of clauses drawn from builder.toolcall_lexicon instead
+    ``lexicon`` (0 to 1) is the share of clauses drawn from models.toolcall.lexicon instead
     of the tool's training templates (never a pattern equal to a held-out template).
-    ``paraphrases``: the tool's builder.toolcall_paraphrases phrasings join its training
+    ``paraphrases``: the tool's models.toolcall.paraphrases phrasings join its training
     templates, drawn alike, except those ``near_held_out`` its validation or test template.
     ``counts``: P(1, 2, 3, 4 tools) per request.
     """

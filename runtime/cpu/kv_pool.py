@@ -4,8 +4,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from .model_config import ModelConfig
-from .page_allocator import PageAllocator
+from ..model_config import ModelConfig
+from ..page_allocator import PageAllocator
 
 KV_DTYPES = {"bf16": np.dtype(ml_dtypes.bfloat16), "fp32": np.dtype(np.float32)}
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cuda_buffers import graph_chunks, offset
-from .cuda_graph_build import GraphBuilder
-from .cuda_launches import StepRows, rows_per_tile
-from .errors import RequestError
+from .buffers import graph_chunks, offset
+from .graph_build import GraphBuilder
+from .launches import StepRows, rows_per_tile
+from common.errors import RequestError
 
 FINISH = {1: "done", 2: "length", 3: "dead_end"}  # grammar_advance status codes
 EXEC_CACHE = 4  # instantiated request graphs kept, by chunk count

@@ -1,8 +1,8 @@
 """Tool-discovery accuracy of a bundle, and its agreement with transformers on the unquantized checkpoint.
 
-    python bench/eval.py BUNDLE --split test [--json OUT] [--checkpoint models/toolcall-qwen3-tiny]
+    python models/toolcall/eval.py BUNDLE --split test [--json OUT] [--checkpoint models/toolcall-qwen3-tiny]
 
-Runs every request of a builder.toolcall_data split through the runtime (Engine.load, one
+Runs every request of a models.toolcall.data split through the runtime (Engine.load, one
 batched run) and scores the ranked tool lists against the labels: exact-set match, recall and
 precision (micro, over tool mentions), order agreement (exact-set matches whose order is the
 labelled one) and exact list match; and exact-set counts per template (``by_template``).
@@ -22,10 +22,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from builder.catalog import load_catalog  # noqa: E402
-from builder.toolcall_data import SPLITS, make_split  # noqa: E402
+from models.toolcall.data import SPLITS, make_split  # noqa: E402
 
 
 def score(predicted: Sequence[Sequence[str]], labels: Sequence[Sequence[str]]) -> dict:

@@ -1,8 +1,8 @@
 """The CUDA backend: CpuModel's interface (forward over rows, dense and sparse heads) on the GPU.
 
-Everything is allocated at load: weights in the bundle's formats (runtime/cuda_weights.py),
-the KV pool as the contract sizes it (runtime/cuda_kv.py) and the step workspace
-(runtime/cuda_buffers.py). A step only copies its row arrays in and the normed hidden rows
+Everything is allocated at load: weights in the bundle's formats (runtime/cuda/weights.py),
+the KV pool as the contract sizes it (runtime/cuda/kv.py) and the step workspace
+(runtime/cuda/buffers.py). A step only copies its row arrays in and the normed hidden rows
 out. Kernels come from the bundle's kernels/<file>.cubin, compiled for the contract's arch.
 A failed load frees what it took; ``close`` frees everything and releases the context.
 """
@@ -17,16 +17,16 @@ from kernels.launch import DeviceArray, Gpu, check
 from kernels.runner import DryRunGpu
 from kernels.signatures import kernel_signatures
 
-from .bundle import KERNELS_DIR, WEIGHTS_FILE
-from .contract import Contract, Limits
-from .cuda_buffers import DeviceArena, attention_splits, workspace_plan
-from .cuda_kv import CudaKVPool
-from .cuda_launches import StepLaunches, StepRows, rows_per_tile
-from .cuda_weights import FORMATS, DeviceWeights
-from .errors import CudaError, Refusal
-from .grammar import Grammar
-from .model_config import ModelConfig
-from .tensor_file import SafetensorsFile
+from ..bundle import KERNELS_DIR, WEIGHTS_FILE
+from ..contract import Contract, Limits
+from .buffers import DeviceArena, attention_splits, workspace_plan
+from .kv import CudaKVPool
+from .launches import StepLaunches, StepRows, rows_per_tile
+from .weights import FORMATS, DeviceWeights
+from common.errors import CudaError, Refusal
+from ..grammar import Grammar
+from ..model_config import ModelConfig
+from ..tensor_file import SafetensorsFile
 
 
 def arena_sizes(plan: dict[str, int]) -> dict[str, int]:
@@ -171,7 +171,7 @@ class CudaModel:
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
         """(B, vocab) float32: every row of the head (bf16_matvec over normed rows)."""
-        from .cuda_launches import Launch
+        from .launches import Launch
         cfg, w = self.cfg, self.weights
         out = []
         for b0 in range(0, len(hidden), self.rows_cap):
@@ -187,7 +187,7 @@ class CudaModel:
 
     def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """(B, K) float32 logits of candidate token ids (B, K) (head_sparse, every slot valid)."""
-        from .cuda_launches import Launch
+        from .launches import Launch
         cfg, w = self.cfg, self.weights
         K = candidates.shape[1]
         M = self.grammar.max_edges_per_node

@@ -1,7 +1,7 @@
 """Checking cuda-python results: every call's name goes into the error."""
 from __future__ import annotations
 
-from .errors import CudaError
+from common.errors import CudaError
 
 
 def check(result, call: str):

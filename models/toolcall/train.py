@@ -1,6 +1,6 @@
 """Trains the small tool-discovery model and writes models/toolcall-qwen3-tiny/ (a Hugging Face folder).
 
-    python bench/train_toolcall.py [--out models/toolcall-qwen3-tiny] [--seed 0] [--steps 1700]
+    python models/toolcall/train.py [--out models/toolcall-qwen3-tiny] [--seed 0] [--steps 1700]
 
 A ``transformers.Qwen3ForCausalLM`` (6 layers, hidden 160, MLP 320, 4 heads / 2 KV heads of 32,
 tied embeddings, vocab 2048: 1.62M parameters, 3.2 MB in bf16) learns to answer a request,
@@ -9,8 +9,8 @@ by END: the exact token sequence the runtime's grammar walks.
 
 - Tokenizer: the project's byte-level BPE trained on its synthetic corpus plus the train split's
   requests, so a request is about 1.2 tokens a word (2 with the generic tokenizer).
-- Data: builder.toolcall_data's train split for the 64-tool catalog (training templates and
-  builder.toolcall_paraphrases' phrasings not near a held-out template, half the clauses from
+- Data: models.toolcall.data's train split for the 64-tool catalog (training templates and
+  models.toolcall.paraphrases' phrasings not near a held-out template, half the clauses from
   the shared-frame lexicon, light wording noise), mostly multi-intent.
 - Losses: the answer tokens; plus, with weight ``--clause-loss``, a training-only linear probe on
   the middle layer that names each request token's clause (its tool and its index). It teaches
@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from builder.catalog import load_catalog, tokenize_catalog  # noqa: E402
 from builder.synth_tokenizer import END_OF_TURN, SPECIAL_TOKENS, train_tokenizer  # noqa: E402
-from builder.toolcall_data import make_split  # noqa: E402
+from models.toolcall.data import make_split  # noqa: E402
 
 CATALOG = "builder/data/tools-64.json"
 END_ID, PAD_ID = SPECIAL_TOKENS.index(END_OF_TURN), 0  # END = <|im_end|> = 2; pad never enters a loss
@@ -184,7 +184,7 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.05, help="wording noise of the train split (make_split)")
     ap.add_argument("--lexicon", type=float, default=0.5, help="share of training clauses from the lexicon")
     ap.add_argument("--paraphrases", action=argparse.BooleanOptionalAction, default=True,
-                    help="add builder.toolcall_paraphrases to each tool's training templates, "
+                    help="add models.toolcall.paraphrases to each tool's training templates, "
                          "except those near its held-out templates")
     args = ap.parse_args()
 

@@ -18,7 +18,7 @@ import numpy as np
 from kernels.geometry import ATTN_QCHUNK
 from kernels.launch import DeviceArray
 
-from .cuda_buffers import offset
+from .buffers import offset
 
 F32 = 4
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from kernels.geometry import ATTN_SPLIT, attention_max_splits
 from kernels.launch import DeviceArray
 
-from .contract import Limits
-from .model_config import ModelConfig
+from ..contract import Limits
+from ..model_config import ModelConfig
 
 ALIGN = 256  # bytes; every buffer starts on a 256-byte boundary (16-byte vector loads need 16)
 F32, I32 = 4, 4

@@ -10,8 +10,8 @@ import numpy as np
 import threadpoolctl
 
 from .kv_pool import PagedKVPool
-from .model_config import ModelConfig
-from .rope import apply_rope, cos_sin, inv_freq
+from ..model_config import ModelConfig
+from ..rope import apply_rope, cos_sin, inv_freq
 
 
 # BLAS threads of the process once a CpuModel exists. One: on a node shared with other work

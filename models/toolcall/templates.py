@@ -1,4 +1,4 @@
-"""Request templates and slot values of the tool-discovery data (builder/toolcall_data.py).
+"""Request templates and slot values of the tool-discovery data (models/toolcall/data.py).
 
 ``TEMPLATES``: tool -> its 7 templates, "|"-separated; each template carries the words that
 single its tool out (verb and object), so a phrasing held out for testing is still learnable.

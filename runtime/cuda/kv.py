@@ -11,8 +11,8 @@ import numpy as np
 
 from kernels.launch import DeviceArray
 
-from .model_config import ModelConfig
-from .page_allocator import PageAllocator
+from ..model_config import ModelConfig
+from ..page_allocator import PageAllocator
 
 KV_ITEM_BYTES = 2  # bf16
 

@@ -5,7 +5,7 @@ its object phrases (with ``{slot}`` holes filled like templates). The frames are
 all 64 tools, so only the tool's own words tell its clauses apart: this teaches a model to key
 on what a request asks for rather than on the wording of the five training templates.
 Lexicon clauses never enter validation or test examples, and a clause that happens to equal a
-held-out template is never drawn (``builder.toolcall_data`` checks it).
+held-out template is never drawn (``models.toolcall.data`` checks it).
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from .errors import Refusal
-from .tensor_file import SafetensorsFile
+from common.errors import Refusal
+from ..tensor_file import SafetensorsFile
 
 NVFP4_BLOCK = 16
 # code -> value, all 256 E4M3 "fn" bytes (0x7F and 0xFF are NaN).

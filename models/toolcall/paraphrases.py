@@ -1,4 +1,4 @@
-"""More training phrasings per tool (8 each), for the train split only (builder/toolcall_data.py).
+"""More training phrasings per tool (8 each), for the train split only (models/toolcall/data.py).
 
 Written by a helper agent from the catalog alone (tool names, descriptions, slot names and
 sample values), told not to open the repository, the way a team collects more phrasings from
@@ -6,7 +6,7 @@ people: wording variety that five training templates a tool cannot have. The tem
 written by the same kind of writer, so the two are not independent: 76 of these 512 equal a
 template of their tool verbatim. ``make_split(paraphrases=True)`` adds them to each tool's
 training templates minus any that come near its held-out (validation or test) template
-(``builder.toolcall_data.near_held_out``, verbatim copies included: 204-211 of the 512 for
+(``models.toolcall.data.near_held_out``, verbatim copies included: 204-211 of the 512 for
 a seed), so the held-out phrasings stay unseen.
 """
 from __future__ import annotations

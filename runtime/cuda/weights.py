@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cuda_buffers import DeviceArena
-from .errors import Refusal
-from .grammar import Grammar
-from .model_config import ModelConfig
-from .rope import inv_freq
-from .tensor_file import DTYPE_NAMES
+from .buffers import DeviceArena
+from common.errors import Refusal
+from ..grammar import Grammar
+from ..model_config import ModelConfig
+from ..rope import inv_freq
+from ..tensor_file import DTYPE_NAMES
 
 FORMATS = {"fp8_e4m3": "fp8", "nvfp4": "nvfp4", "bf16": "bf16"}
 GRAMMAR_ARRAYS = ("node_edge_start", "edge_token", "edge_kind", "edge_bits", "edge_child", "edge_tool")

@@ -13,7 +13,7 @@ import time
 from kernels.graph_nodes import add_kernel_node, add_while_node
 from kernels.launch import check
 
-from .errors import CudaError
+from common.errors import CudaError
 
 
 def dependencies(launches) -> tuple[list[list[int]], list[int]]:
@@ -40,7 +40,7 @@ class GraphBuilder:
 
     def _add_kernels(self, graph, launches) -> list:
         """Kernel nodes of ``launches`` in ``graph``; returns the last stage's nodes."""
-        from .cuda_backend import Program
+        from .backend import Program
         drv, program = self.drv, Program(self.m, launches)
         deps, last = dependencies(launches)
         nodes = []

@@ -1,0 +1,1 @@
+"""What every layer may import: the typed errors (kernels, runtime and builder alike)."""
