@@ -24,6 +24,7 @@ HEAD_MODES = ("sparse", "dense", "check")  # check: sparse picks, dense must agr
 class Request:
     prompt_ids: tuple[int, ...]
     sampling: Sampling = Sampling()
+    keep_logits: bool = False  # Result.step_logits/step_candidates filled (canary, parity and bit tests)
 
 
 @dataclass
@@ -34,6 +35,10 @@ class Result:
     min_margin: float  # smallest top-1 minus top-2 allowed logit over the steps
     ttft_s: float  # admission to first output token
     total_s: float
+    # keep_logits only: per output step, the head's float32 logits (K,) over that step's candidate
+    # token ids (K,) (-1 padded, the grammar's allowed edges in token order), exactly as sampled from.
+    step_logits: list[np.ndarray] | None = None
+    step_candidates: list[np.ndarray] | None = None
 
     def to_dict(self) -> dict:
         return {"tools": self.tools, "token_ids": self.token_ids, "finish": self.finish,
@@ -53,6 +58,8 @@ class _Sequence:
     min_margin: float = float("inf")
     start: float = 0.0
     first_token_at: float = 0.0
+    step_logits: list[np.ndarray] | None = None  # kept only for Request.keep_logits
+    step_candidates: list[np.ndarray] | None = None
 
 
 class Generator:
@@ -130,7 +137,8 @@ class Generator:
                 continue
             active.append(_Sequence(i, slot, np.asarray(req.prompt_ids, np.int64), req.sampling,
                                     np.random.default_rng(req.sampling.seed), self.stepper.initial_state(),
-                                    start=time.perf_counter()))
+                                    start=time.perf_counter(), step_logits=[] if req.keep_logits else None,
+                                    step_candidates=[] if req.keep_logits else None))
         return waiting
 
     def _finished(self, seq: _Sequence) -> bool:
@@ -184,6 +192,9 @@ class Generator:
             seq.state = self.stepper.advance(seq.state, token)
             seq.output.append(token)
             seq.min_margin = min(seq.min_margin, float(gaps[b]))
+            if seq.step_logits is not None:
+                seq.step_logits.append(logits[b].copy())
+                seq.step_candidates.append(cand[b].copy())
             if len(seq.output) == 1:
                 seq.first_token_at = now
 
@@ -191,4 +202,5 @@ class Generator:
         done = self.stepper.done(seq.state)
         tools = decode_tools(self.grammar, seq.output, require_done=False)
         return Result(list(seq.output), tools, "done" if done else "length", seq.min_margin,
-                      seq.first_token_at - seq.start, time.perf_counter() - seq.start)
+                      seq.first_token_at - seq.start, time.perf_counter() - seq.start,
+                      seq.step_logits, seq.step_candidates)

@@ -94,3 +94,15 @@ def test_sampling_is_deterministic_per_seed_and_batch_independent(parts):
     assert one == batched
     seeds = {tuple(make(parts).generate([Request(prompts[0], Sampling(2.0, 1.0, k))])[0].token_ids) for k in range(6)}
     assert len(seeds) > 1  # the seed matters
+
+
+def test_keep_logits_records_each_steps_candidates(parts):
+    gen = make(parts)
+    prompt = parts[3][0]
+    plain, kept = gen.generate([Request(prompt), Request(prompt, keep_logits=True)])
+    assert plain.step_logits is None and kept.token_ids == plain.token_ids
+    assert len(kept.step_logits) == len(kept.token_ids) == len(kept.step_candidates)
+    for logits, cand, token in zip(kept.step_logits, kept.step_candidates, kept.token_ids):
+        assert logits.dtype == np.float32 and logits.shape == cand.shape
+        allowed = cand >= 0
+        assert cand[np.argmax(np.where(allowed, logits, -np.inf))] == token  # greedy picked from these
