@@ -8,7 +8,7 @@ import time
 
 import click
 
-from runtime.cli_errors import TypedErrorGroup, fail
+from runtime.cli_errors import TypedErrorGroup, exit_code_help, fail
 from common.errors import EngineError
 
 def progress_printer(label: str):
@@ -27,7 +27,7 @@ def progress_printer(label: str):
     return show
 
 
-EPILOG = """\b
+EPILOG = f"""\b
 Typical use:
   builder synth --shape qwen3-0.6b --out artifacts/q06
   builder plan artifacts/q06 --gpu-memory 12GiB --precision nvfp4 --target h200
@@ -35,15 +35,23 @@ Typical use:
   builder verify artifacts/q06-nvfp4-h200
   builder inspect artifacts/q06-nvfp4-h200
 
-Every failure exits with its error code's number (common/errors.py: usage 2, checkpoint_invalid 10,
-catalog_invalid 13, budget_too_small 16, output_exists 17, hash_mismatch 24, bundle_invalid 30, ...);
-with --json it prints {"error": CODE, "message": ..., "details": {...}} on stdout."""
+\b
+Exit codes: 0 ok; usage 2; internal 70 (a bug: please report it).
+{exit_code_help("Input and build failures", 10, 19)}
+{exit_code_help("Bundle checks (verify, inspect)", 20, 39)}
+With --json a failure prints {{"error": CODE, "message": ..., "details": {{...}}}} on stdout."""
 
 
 @click.group(cls=TypedErrorGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
              epilog=EPILOG)
+@click.version_option(package_name="toolcall-engine", prog_name="builder", message="%(prog)s %(version)s")
 def main() -> None:
-    """Compile Hugging Face checkpoints and a tool catalog into contract-bound bundles."""
+    """Compile Hugging Face checkpoints and a tool catalog into contract-bound bundles.
+
+    A bundle is one model at one precision for one target (cpu or a GPU) with fixed limits:
+    quantized weights, the tool trie, compiled kernels and contract.json, which states what
+    the bundle needs (GPU, driver, memory) and what it promises (limits, canary answer).
+    """
 
 
 @main.command()
@@ -73,7 +81,7 @@ PRECISIONS = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "nvfp4": "nvfp4", "bf16
 
 @main.command(name="compile")
 @click.argument("checkpoint", type=click.Path())
-@click.option("--catalog", type=click.Path(), required=True, help="Tool catalog JSON (schemas/catalog.schema.json).")
+@click.option("--catalog", type=click.Path(), required=True, help="Tool catalog JSON: {\"tools\": [{\"name\", \"description\"}, ...], separator, max tools per answer, prompt template}.")
 @click.option("--precision", type=click.Choice(sorted(PRECISIONS)), default="fp8", show_default=True,
               help="Weights of the decoder's linear layers; embeddings, norms and head stay bf16.")
 @click.option("--target", default="cpu", show_default=True,
@@ -159,7 +167,7 @@ def verify(bundle, as_json):
     """Check that BUNDLE is complete and agrees with its contract; exit 0 and print "ok" if so.
 
     \b
-    schema   contract.json is valid against schemas/contract.schema.json, format version supported
+    schema   contract.json is valid against the contract schema, format version supported
     hashes   every listed file present with its size and sha256; bundle_id matches; nothing unlisted
     weights  tensor names, dtypes and shapes are those of the contract's model and precision;
              the data section's bytes equal memory.weights_bytes
@@ -210,7 +218,7 @@ def plan(checkpoint, gpu_memory, precision, target, page_size, max_input_tokens,
     from kernels.targets import resolve_target
 
     from .checkpoint import parse_config
-    from .memory_plan import GIB, parse_size
+    from .memory_plan import format_size, parse_size
     from .tiers import DEFAULT_MAX_INPUT_TOKENS, DEFAULT_MAX_OUTPUT_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows
 
     try:
@@ -244,13 +252,33 @@ def plan(checkpoint, gpu_memory, precision, target, page_size, max_input_tokens,
                                "tiers": [{"tier": x.name, "limits": asdict(x.limits), "memory": asdict(x.memory),
                                           "compile_args": compile_args(x.limits)} for x in tiers]}, indent=2))
         return
-    click.echo(f"{checkpoint}: {cfg.family}, {cfg.param_count() / 1e6:.1f}M parameters; {t.name}"
-               f"{' (' + t.sm_arch + ')' if t.sm_arch else ''}, {PRECISIONS[precision]} weights, "
-               f"{budget / GIB:.2f} GiB, pages of {page_size} tokens")
+    click.echo(f"{checkpoint}: {cfg.family}, {cfg.param_count() / 1e6:.1f}M parameters\n"
+               f"{t.name}{' (' + t.sm_arch + ')' if t.sm_arch else ''}, {PRECISIONS[precision]} weights, "
+               f"{format_size(budget)} to fill, pages of {page_size} tokens")
     rows = [tuple(str(v) for v in r) for r in [TIER_COLUMNS, *tier_rows(tiers)]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(TIER_COLUMNS))]
     for r in rows:
         click.echo("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
     largest = [x for x in tiers if x.name != "long"][-1]
-    click.echo(f"(MiB rounded up) to build {largest.name}: builder compile {checkpoint} --catalog CATALOG "
-               + " ".join(compile_args(largest.limits)))
+    click.echo(f"(sizes rounded up; step: tokens per step; chunk: prefill chunk; input, output: tokens per "
+               f"sequence)\nto build {largest.name}:")
+    click.echo(wrap_command(["builder", "compile", str(checkpoint), "--catalog", "CATALOG",
+                             *compile_args(largest.limits)]))
+
+
+def wrap_command(words: list[str], width: int = 100) -> str:
+    """A shell command broken with backslashes so that no line exceeds ``width`` (option and value kept together)."""
+    import shlex
+
+    parts, i = [], 0
+    while i < len(words):  # "--option value" pairs stay on one line
+        take = 2 if words[i].startswith("--") and i + 1 < len(words) and not words[i + 1].startswith("--") else 1
+        parts.append(" ".join(shlex.quote(w) for w in words[i:i + take]))
+        i += take
+    lines, line = [], "  "
+    for part in parts:
+        if len(line) + len(part) + 3 > width and line.strip():
+            lines.append(line + " \\")
+            line = "      "
+        line += ("" if not line.strip() else " ") + part
+    return "\n".join([*lines, line])

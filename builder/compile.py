@@ -17,6 +17,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from runtime.progress import done as stage_done
+from runtime.progress import stage
 from runtime.bundle import GRAMMAR_FILE, KERNELS_DIR, REPORT_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry
 from runtime.contract import (CONTRACT_FILE, FORMAT_NAME, FORMAT_VERSION, BuildOptions, Contract, EngineSection,
                               Format, GrammarSection, Limits, Precision, compute_bundle_id)
@@ -93,10 +95,10 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
     timings: dict[str, float] = {}
     clock = time.perf_counter()
 
-    def lap(stage: str) -> None:
+    def lap(name: str) -> None:
         nonlocal clock
         now = time.perf_counter()
-        timings[stage] = now - clock
+        timings[name] = now - clock
         clock = now
 
     ckpt = open_checkpoint(checkpoint)
@@ -120,9 +122,13 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         lap("quantize")
         shutil.copyfile(ckpt.folder / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
         grammar.write(tmp / GRAMMAR_FILE)
+        if target.sm_arch:
+            stage(f"compiling kernels for {target.sm_arch}")
         kernels = compile_kernels(target, tmp / KERNELS_DIR)
         lap("kernels")
+        stage("recording the canary")
         canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, tokenizer)
+        stage_done()
         lap("canary")
         quant_report = quant.to_dict()
         quant_report.pop("timings")  # hashed content holds no timings: they go to the caller

@@ -22,7 +22,7 @@ from runtime.grammar import Grammar
 from runtime.grammar_stepper import GrammarStepper
 from runtime.tensor_file import SafetensorsFile
 
-from .memory_plan import kv_pool_bytes
+from .memory_plan import format_size, kv_pool_bytes
 from .quantize import output_specs
 
 SHA_PREFIX = 12  # hex digits of a file's sha256 shown in the table
@@ -61,7 +61,6 @@ def inspect_bundle(folder: str | Path) -> dict:
 
 def format_inspection(info: dict) -> str:
     """``inspect_bundle``'s dict as aligned text tables."""
-    mib = 1 << 20
     t, p, lim, g, c = info["target"], info["precision"], info["limits"], info["grammar"], info["canary"]
     m = info["model"]
     target = t["name"] if t["sm_arch"] is None else (
@@ -86,11 +85,11 @@ def format_inspection(info: dict) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     mem = info["memory"]
-    lines += ["", f"{'memory':<16} {'bytes':>16} {'MiB':>10}"]
+    lines += ["", f"{'memory':<16} {'bytes':>16} {'size':>10}"]
     for key, label in (("weights_bytes", "weights"), ("kv_pool_bytes", "kv pool"), ("workspace_bytes", "workspace"),
                        ("graphs_bytes", "graphs"), ("context_reserve_bytes", "context reserve"),
                        ("total_bytes", "total")):
-        lines.append(f"{label:<16} {mem[key]:>16,} {mem[key] / mib:>10,.1f}")
+        lines.append(f"{label:<16} {mem[key]:>16,} {format_size(mem[key]):>10}")
     name_width = max([len("file")] + [len(f["name"]) for f in info["files"]])
     lines += ["", f"{'file':<{name_width}} {'bytes':>14}  sha256"]
     lines += [f"{f['name']:<{name_width}} {f['bytes']:>14,}  {f['sha256'][:SHA_PREFIX]}" for f in info["files"]]

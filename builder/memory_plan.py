@@ -10,6 +10,7 @@ Terms (all bytes):
 """
 from __future__ import annotations
 
+import math
 import dataclasses
 import re
 from decimal import Decimal, InvalidOperation
@@ -40,6 +41,15 @@ _UNITS = {"": 1, "b": 1,
           "m": 10**6, "mb": 10**6, "mi": 2**20, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gi": 2**30, "gib": 2**30,
           "t": 10**12, "tb": 10**12, "ti": 2**40, "tib": 2**40}
+
+
+def format_size(n: int) -> str:
+    """A byte count for people, rounded up at one decimal: "512B", "604.0KiB", "1.9MiB", "2.25GiB"."""
+    for unit, scale, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 1), ("KiB", 2**10, 1)):
+        if n >= scale:
+            step = 10**digits
+            return f"{math.ceil(n * step / scale) / step:.{digits}f}{unit}"
+    return f"{n}B"
 
 
 def parse_size(text: str | int) -> int:

@@ -14,7 +14,7 @@ from runtime.contract import Limits, Memory
 from common.errors import BuildError
 from runtime.model_config import ModelConfig
 
-from .memory_plan import MIB, plan_memory
+from .memory_plan import MIB, format_size, plan_memory
 
 START_STEP_TOKENS = 32
 MAX_STEP_TOKENS = 1 << 16  # stop doubling here even when memory is left (cpu, huge budgets)
@@ -23,8 +23,9 @@ DEFAULT_MAX_OUTPUT_TOKENS = 64  # a few tool names with separators and END
 LONG_SEQUENCES = 4
 LONG_STEP_TOKENS = 512
 
-TIER_COLUMNS = ("tier", "max_sequences", "max_tokens_per_step", "prefill_chunk", "max_input_tokens",
-                "max_output_tokens", "num_pages", "weights_mib", "kv_pool_mib", "workspace_mib", "total_mib")
+# Plain-table headers (plan's --json output uses the Limits/Memory field names instead).
+TIER_COLUMNS = ("tier", "sequences", "step", "chunk", "input", "output", "pages", "weights", "kv_pool", "workspace",
+                "total")
 
 
 @dataclass(frozen=True)
@@ -86,11 +87,8 @@ def plan_tiers(config: ModelConfig, precision: str, gpu_memory_bytes: int, targe
 
 
 def tier_rows(tiers: list[Tier]) -> list[tuple]:
-    """One row per tier in TIER_COLUMNS order: counts as ints, sizes in MiB rounded up."""
-    def mib(n: int) -> int:
-        return -(-n // MIB)
-
+    """One row per tier in TIER_COLUMNS order: counts as ints, sizes as format_size text (rounded up)."""
     return [(t.name, t.limits.max_sequences, t.limits.max_tokens_per_step, t.limits.prefill_chunk,
              t.limits.max_input_tokens, t.limits.max_output_tokens, t.limits.num_pages,
-             mib(t.memory.weights_bytes), mib(t.memory.kv_pool_bytes), mib(t.memory.workspace_bytes),
-             mib(t.memory.total_bytes)) for t in tiers]
+             format_size(t.memory.weights_bytes), format_size(t.memory.kv_pool_bytes),
+             format_size(t.memory.workspace_bytes), format_size(t.memory.total_bytes)) for t in tiers]

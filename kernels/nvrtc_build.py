@@ -61,7 +61,7 @@ def include_dir() -> str:
         why = "cuda.pathfinder found no cudart headers"
     if not found or not (Path(found) / "cuda_fp8.h").is_file():
         raise BuildError("kernel_compile_failed", f"CUDA headers (cuda_fp8.h) not found ({why}); "
-                         "install the nvidia-cuda-runtime wheel", reason=why)
+                         "GPU targets need the gpu extra: pip install 'toolcall-engine[gpu]'", reason=why)
     return str(found)
 
 
@@ -76,7 +76,7 @@ def _nvrtc():
         from cuda.bindings import nvrtc
     except Exception as e:  # ImportError, or the NVRTC library missing when first loaded
         raise BuildError("kernel_compile_failed", f"NVRTC unavailable ({type(e).__name__}: {e}); "
-                         "install cuda-bindings and nvidia-cuda-nvrtc") from None
+                         "GPU targets need the gpu extra: pip install 'toolcall-engine[gpu]'") from None
     return nvrtc
 
 

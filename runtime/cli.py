@@ -7,22 +7,66 @@ import time
 
 import click
 
-from .cli_errors import TypedErrorGroup, fail
 from common.errors import EngineError
+
+from . import progress
+from .cli_errors import TypedErrorGroup, exit_code_help, fail
 from .generator import HEAD_MODES, Result
 from .sampling import Sampling
 
+# Requests longer than this are shown shortened in plain output (a refusal never echoes a whole document).
+ECHO_CHARS = 160
 
-@click.group(cls=TypedErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
+
+EPILOG = f"""\b
+Typical use:
+  runtime check artifacts/toolcall-cpu
+  runtime run artifacts/toolcall-cpu "Convert 100 dollars to euros and book a taxi"
+  runtime run artifacts/toolcall-cpu -i requests.txt --json
+
+\b
+Exit codes: 0 ok; usage 2; internal 70 (a bug: please report it).
+{exit_code_help("Load refusals, in load order", 20, 39)}
+{exit_code_help("Request refusals", 40, 49)}
+{exit_code_help("GPU", 50, 59)}
+With --json a refusal prints {{"error": CODE, "message": ..., "details": {{...}}}} on stdout."""
+
+
+@click.group(cls=TypedErrorGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog=EPILOG)
+@click.version_option(package_name="toolcall-engine", prog_name="runtime", message="%(prog)s %(version)s")
 def main() -> None:
     """Load contract-bound bundles and answer tool-discovery requests.
 
-    Every refusal has a stable code and its own exit code (see common/errors.py), and
-    --json prints it as {"error", "message", "details"}.
+    A bundle (made by `builder compile`) is served only on a machine that can honour its
+    contract.json, and only after it reproduces its recorded canary answer. Every refusal
+    names its reason with the numbers behind it and exits with the reason's own code.
     """
 
 
-@main.command()
+def shorten(text: str, limit: int = ECHO_CHARS) -> str:
+    """The request as shown back: whole when short, else its start and its length."""
+    return text if len(text) <= limit else f"{text[:limit - 40]}... ({len(text):,} characters)"
+
+
+def read_requests(requests: tuple[str, ...], input_file) -> list[str]:
+    """The request texts: the arguments, then the lines of --input (newline removed, empty lines skipped).
+
+    Lines are decoded as UTF-8 with invalid bytes kept as lone surrogates, so the engine refuses
+    that one request (request_invalid) and answers the others.
+    """
+    texts = list(requests)
+    if input_file is not None:
+        for line in input_file.read().split(b"\n"):
+            line = line.removesuffix(b"\r")
+            if line:
+                texts.append(line.decode("utf-8", errors="surrogateescape"))
+    if not texts:
+        raise click.UsageError("no requests: give REQUEST texts or --input FILE ('-' for stdin), one per line")
+    return texts
+
+
+@main.command(short_help="Can this machine host the bundle? Loads nothing.")
 @click.argument("path", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 def check(path, as_json):
@@ -39,13 +83,14 @@ def check(path, as_json):
                f"ok: {path} ({contract.target.name}, {contract.precision.weights}) can be hosted here")
 
 
-@main.command()
+@main.command(short_help="Check, load and pass the canary; exit 0 when bound.")
 @click.argument("path", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 def load(path, as_json):
     """Check, load and canary-gate a bundle; exit 0 only when it is bound and ready."""
     from .engine import Engine
 
+    progress.enable(progress.wanted(as_json))
     try:
         engine = Engine.load(path)
     except EngineError as e:
@@ -57,38 +102,53 @@ def load(path, as_json):
                f"bound: {path} ({c.target.name}, {c.precision.weights}); canary passed; loaded in {engine.load_seconds:.2f} s")
 
 
-@main.command()
+@main.command(short_help="Answer requests (arguments, or one per line from a file or stdin).")
 @click.argument("path", type=click.Path())
-@click.argument("requests", nargs=-1, required=True)
+@click.argument("requests", nargs=-1)
+@click.option("-i", "--input", "input_file", type=click.File("rb"), default=None,
+              help="Also read requests from FILE, one per line ('-' reads stdin); empty lines are skipped.")
 @click.option("--head", type=click.Choice(HEAD_MODES), default="sparse", show_default=True,
               help="sparse: logits of allowed tokens only; dense: all rows then mask; check: both, must agree.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (same seed, same answer).")
 @click.option("--json", "as_json", is_flag=True, help="Tool names, token ids and timings as JSON.")
-def run(path, requests, head, temperature, top_p, seed, as_json):
-    """Answer each REQUEST text with the bundle's tools, ranked in the order the model names them."""
+def run(path, requests, input_file, head, temperature, top_p, seed, as_json):
+    """Answer each REQUEST with the bundle's tools, in the order the model names them.
+
+    Each request is wrapped in the catalog's prompt template; requests that cannot run (too
+    long, empty) are refused one by one and the others still answered. The exit code is 0
+    when every request was answered, else the highest refusal code.
+    """
     from .engine import Engine
 
+    texts = read_requests(requests, input_file)
+    progress.enable(progress.wanted(as_json))
     try:
         engine = Engine.load(path, head=head)
         start = time.perf_counter()
-        results = engine.run(list(requests), Sampling(temperature, top_p, seed))
+        results = engine.run(texts, Sampling(temperature, top_p, seed))
         wall = time.perf_counter() - start
     except EngineError as e:
         fail(e, as_json)
     if as_json:
-        out = [{"request": r, **(res.to_dict() if isinstance(res, Result) else res.to_json())}
-               for r, res in zip(requests, results)]
+        out = [{"request": shorten(r, 10 * ECHO_CHARS),
+                **(res.to_dict() if isinstance(res, Result) else res.to_json())}
+               for r, res in zip(texts, results)]
         click.echo(json.dumps({"results": out, "load_s": engine.load_seconds, "wall_s": wall}, indent=2))
     else:
-        for r, res in zip(requests, results):
-            click.echo(f"> {r}")
+        c = engine.contract
+        click.echo(f"bound {path} ({c.target.name}, {c.precision.weights}): loaded and canary passed "
+                   f"in {engine.load_seconds:.2f} s")
+        for r, res in zip(texts, results):
+            click.echo(f"> {shorten(r)}")
             if isinstance(res, Result):
                 for rank, tool in enumerate(res.tools, 1):
                     click.echo(f"  {rank}. {tool}")
-                click.echo(f"  ({len(res.token_ids)} tokens, {1e3 * res.total_s:.1f} ms"
-                           f"{', cut at the output limit' if res.finish == 'length' else ''})")
+                if not res.tools:
+                    click.echo("  (no tool)")
+                click.echo(f"  answer: {len(res.token_ids)} tokens, END included, in {1e3 * res.total_s:.1f} ms"
+                           f"{'; cut at the output limit' if res.finish == 'length' else ''}")
             else:
                 click.echo(f"  refused: {res}")
     if any(not isinstance(res, Result) for res in results):

@@ -4,17 +4,27 @@ from __future__ import annotations
 import json
 import os
 import sys
+import textwrap
 
 import click
 
-from common.errors import EngineError
+from common.errors import EXIT_CODES, EngineError
+
+from . import progress
 
 # Set to 1 to let an unexpected exception end in its traceback instead of an "internal" error.
 TRACEBACK_ENV = "TOOLCALL_TRACEBACK"
 
 
+def exit_code_help(label: str, first: int, last: int, width: int = 96) -> str:
+    """"label: code N, ..." for the exit codes in [first, last], wrapped for a --help epilog."""
+    codes = ", ".join(f"{c} {n}" for n, c in sorted((n, c) for c, n in EXIT_CODES.items() if first <= n <= last))
+    return textwrap.fill(f"{label}: {codes or 'none'}.", width, subsequent_indent="  ")
+
+
 def fail(err: EngineError, as_json: bool) -> None:
     """Prints a typed error (JSON on stdout with --json, else a message on stderr) and exits with its code."""
+    progress.abandon()
     if as_json:
         click.echo(json.dumps(err.to_json(), indent=2))
     else:

@@ -11,6 +11,7 @@ from .contract import CPU_TARGET, Contract
 from .cpu.model import CpuModel
 from .cpu.dequant import load_dequantized
 from common.errors import CudaError, EngineError, Refusal
+from . import progress
 from .generator import Generator, Request, Result
 from .grammar import Grammar
 from .cpu.kv_pool import PagedKVPool
@@ -62,6 +63,7 @@ class Engine:
         contract = check_bundle(folder, facts)
         if contract.target.name != CPU_TARGET:
             return cls._load_gpu(folder, contract, head, start)
+        progress.stage("loading weights")
         try:
             tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
             grammar = Grammar.read(folder / GRAMMAR_FILE)
@@ -74,7 +76,9 @@ class Engine:
         engine = cls(folder, contract, cpu_generator(contract.model, weights, grammar, contract.limits, head),
                      tokenizer, 0.0)
         del weights
+        progress.stage("canary")
         engine.check_canary()
+        progress.done()
         engine.load_seconds = time.perf_counter() - start
         return engine
 
@@ -91,6 +95,7 @@ class Engine:
         except Exception as e:
             raise Refusal("bundle_invalid", f"bundle file failed to load: {type(e).__name__}: {e}",
                           reason=type(e).__name__) from None
+        progress.stage("loading the CUDA backend")
         try:
             model = load_cuda_model(folder, contract, grammar)  # frees what it took if it fails
         except EngineError:
@@ -105,7 +110,9 @@ class Engine:
                                   prefill_chunk=lim.prefill_chunk, head=head)
             engine = cls(folder, contract, generator, tokenizer, 0.0)
             engine.loop = CudaDecodeLoop(model)
+            progress.stage("canary")
             engine.check_canary()
+            progress.done()
         except CudaError as e:
             if "timeout_s" not in e.details:  # a loop that never ended leaves the device busy: closing would block
                 model.close()

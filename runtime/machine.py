@@ -31,6 +31,10 @@ def gpu_facts(device: int = 0) -> MachineFacts:
     """Facts of GPU ``device``; without a driver or device, facts with ``gpu_name`` None and the reason."""
     try:
         from cuda.bindings import driver
+    except ImportError as e:
+        return MachineFacts(free_bytes=0, no_gpu_reason=f"cuda-bindings is not installed ({e.name}): GPU bundles "
+                            "need the gpu extra, pip install 'toolcall-engine[gpu]'")
+    try:
         (err,) = driver.cuInit(0)
     except Exception as e:  # DynamicLibNotFoundError and friends: no driver installed
         return MachineFacts(free_bytes=0, no_gpu_reason=f"no CUDA driver ({type(e).__name__})")

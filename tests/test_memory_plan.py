@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from builder import memory_plan
+from builder.memory_plan import format_size
 from builder.memory_plan import (CONTEXT_RESERVE_BYTES_GPU, GRAPHS_BYTES_GPU, kv_bytes_per_token, parse_size,
                                  plan_memory, size_pool_for_budget, weights_bytes, workspace_breakdown)
 from builder.tiers import LONG_SEQUENCES, START_STEP_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows
@@ -177,6 +178,13 @@ def test_tier_rows(stub_400mb):
     rows = tier_rows(planned)
     assert len(rows) == len(planned) and all(len(r) == len(TIER_COLUMNS) for r in rows)
     first = dict(zip(TIER_COLUMNS, rows[0]))
-    assert first["tier"] == "batch-16" and first["num_pages"] == 16 * 5
-    assert first["weights_mib"] == 382  # 400,000,000 bytes rounded up to MiB
-    assert first["total_mib"] == -(-planned[0].memory.total_bytes // (1 << 20))
+    assert first["tier"] == "batch-16" and first["pages"] == 16 * 5
+    assert first["weights"] == "381.5MiB"  # 400,000,000 bytes = 381.47 MiB, rounded up
+    assert first["total"] == format_size(planned[0].memory.total_bytes)
+
+
+@pytest.mark.parametrize("n, text", [(0, "0B"), (1023, "1023B"), (1024, "1.0KiB"), (1025, "1.1KiB"),
+                                     ((1 << 20) - 1, "1024.0KiB"), (1 << 20, "1.0MiB"), (10_918_016, "10.5MiB"),
+                                     (3 << 30, "3.00GiB"), ((3 << 30) + 1, "3.01GiB")])
+def test_format_size_rounds_up_in_the_largest_fitting_unit(n, text):
+    assert format_size(n) == text
