@@ -34,6 +34,7 @@ Typical use:
   builder compile artifacts/q06 --catalog builder/data/tools-64.json --precision nvfp4 --target h200
   builder verify artifacts/q06-nvfp4-h200
   builder inspect artifacts/q06-nvfp4-h200
+  builder manifest artifacts/q06-nvfp4-h200 --kubernetes --image REG/toolcall-engine:cuda --bundle-pvc bundles
 
 Every failure exits with its error code's number (common/errors.py: usage 2, checkpoint_invalid 10,
 catalog_invalid 13, budget_too_small 16, output_exists 17, hash_mismatch 24, bundle_invalid 30, ...);
@@ -291,6 +292,7 @@ def manifest(bundle, kubernetes, image, replicas, name, namespace, out_file, bun
       nvidia.com/gpu.compute.major/minor      = the contract's compute capability
       nvidia.com/cuda.runtime-version.major/minor, cuda.driver-version.major >= its driver minimum
       nvidia.com/gpu.memory (MiB)      >= memory.total_bytes (a MIG slice's label is the slice's)
+      nvidia.com/gpu.replicas          < 2: not time-sliced (unless --allow-shared-gpu)
     plus 1 nvidia.com/gpu. A CPU bundle goes anywhere, preferring nodes without GPUs.
     An unknown GPU name fails with `unplaceable` (exit 100) instead of a manifest that never schedules.
 

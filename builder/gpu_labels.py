@@ -21,6 +21,7 @@ that schedules nowhere would fail silently. Add a row to PRODUCTS for a new GPU.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import re
 from dataclasses import dataclass
@@ -168,4 +169,6 @@ def node_selector_terms(contract: Contract, allow_shared: bool = False) -> list[
             clauses.append([[_expr(DRIVER_MAJOR, "Gt", [str(DRIVER_BRANCH_FOR_CUDA[v] - 1)])]])
     need_mib = -(-contract.memory.total_bytes // MIB)
     clauses.append([[_expr(MEMORY_MIB, "Gt", [str(need_mib - 1)])]])
-    return [{"matchExpressions": [e for alt in combo for e in alt]} for combo in itertools.product(*clauses)]
+    # deep copies: terms share no dicts, so a caller may edit one without changing another
+    return copy.deepcopy([{"matchExpressions": [e for alt in combo for e in alt]}
+                          for combo in itertools.product(*clauses)])

@@ -45,6 +45,7 @@ DRAIN_S = 30
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1035 (Service names)
 DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # namespaces
+CPU_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?|\.[0-9]+|[0-9]+m)$")
 DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # claim names
 
 
@@ -87,6 +88,8 @@ def check_options(o: ManifestOptions) -> None:
     if not o.image.strip() or any(c.isspace() for c in o.image):
         raise _usage(f"--image {o.image!r}: expected an image reference such as registry/toolcall-engine:0.1.0",
                      option="image")
+    if not CPU_QUANTITY.match(o.cpu_request):
+        raise _usage(f"--cpu {o.cpu_request!r}: expected a CPU quantity such as 2, 0.5 or 1500m", option="cpu")
     s = o.source
     if s.kind == "pvc" and not DNS_SUBDOMAIN.match(s.value):
         raise _usage(f"--bundle-pvc {s.value!r}: expected a PersistentVolumeClaim name (lower-case DNS subdomain)",

@@ -179,6 +179,8 @@ def test_output_is_deterministic(gpu_bundle):
     (("--kubernetes", "--image", IMAGE, "--bundle-host-path", "/x", "--bundle-subpath", "y"), 2, "--bundle-pvc"),
     (("--kubernetes", "--image", IMAGE, "--bundle-pvc", "b", "--replicas", "-1"), 2, "at least 0"),
     (("--kubernetes", "--image", "", "--bundle-pvc", "b"), 2, "image reference"),
+    (("--kubernetes", "--image", IMAGE, "--bundle-pvc", "b", "--cpu", "two"), 2, "CPU quantity"),
+    (("--kubernetes", "--image", IMAGE, "--bundle-pvc", "b", "--host-overhead", "lots"), 2, "lots"),
 ])
 def test_bad_options_are_usage_errors(tiny_bundle, args, code, problem):
     result = CliRunner().invoke(main, ["manifest", str(tiny_bundle), *args, "--json"])
