@@ -266,3 +266,38 @@ def test_evaluator_semantics(labels, expr, want):
 
 def test_empty_term_matches_nothing():
     assert not term_matches({"matchExpressions": []}, {"a": "b"})
+
+
+@pytest.fixture(scope="module")
+def h200_bundle(tmp_path_factory, tiny_checkpoint):
+    """A real tiny-model h200 nvfp4 bundle, kernels compiled by NVRTC (cached per process, shared
+    with tests/test_provisioner.py's bundles in one session)."""
+    from builder.compile import compile_bundle
+    from runtime.contract import BuildOptions
+
+    options = BuildOptions(precision="nvfp4", target="h200", max_sequences=8, max_input_tokens=128,
+                           max_output_tokens=None, page_size=32, max_tokens_per_step=128, prefill_chunk=64,
+                           memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
+    catalog = Path(__file__).resolve().parents[1] / "builder" / "data" / "tools-64.json"
+    return compile_bundle(tiny_checkpoint, catalog, options, tmp_path_factory.mktemp("h200") / "b").out_dir
+
+
+@pytest.mark.slow
+def test_built_gpu_bundle_end_to_end(h200_bundle):
+    """`builder manifest` on a compiled h200 bundle: strict validation, and the selection the runtime's check makes."""
+    import kubernetes_validate
+    import yaml
+    from click.testing import CliRunner
+
+    from builder.cli import main
+
+    result = CliRunner().invoke(main, ["manifest", str(h200_bundle), "--kubernetes", "--image", "r/e:cuda",
+                                       "--bundle-pvc", "bundles"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    deployment, service = yaml.safe_load_all(result.stdout)
+    for d in (deployment, service):
+        kubernetes_validate.validate(d, "1.37.0", strict=True)
+    contract = read_contract(h200_bundle)
+    spec = deployment["spec"]["template"]["spec"]
+    chosen = {n["name"] for n in NODES if schedulable(spec, n)}
+    assert chosen == {n["name"] for n in NODES if runtime_accepts(contract, n)} == EXPECTED["h200", "tiny"]
