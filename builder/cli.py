@@ -34,6 +34,7 @@ Typical use:
   builder compile artifacts/q06 --catalog builder/data/tools-64.json --precision nvfp4 --target h200
   builder verify artifacts/q06-nvfp4-h200
   builder inspect artifacts/q06-nvfp4-h200
+  builder manifest artifacts/q06-nvfp4-h200 --kubernetes --image REG/toolcall-engine:cuda --bundle-pvc bundles
 
 \b
 Exit codes: 0 ok; usage 2; internal 70 (a bug: please report it).
@@ -282,3 +283,91 @@ def wrap_command(words: list[str], width: int = 100) -> str:
             line = "      "
         line += ("" if not line.strip() else " ") + part
     return "\n".join([*lines, line])
+
+
+@main.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--kubernetes", is_flag=True, help="Write Kubernetes manifests (the one format so far; required).")
+@click.option("--image", required=True, help="Container image running `runtime serve` (Dockerfile or Dockerfile.cuda).")
+@click.option("--replicas", type=int, default=1, show_default=True, help="Pods; each GPU pod takes one whole GPU.")
+@click.option("--name", default=None, help="Deployment and Service name  [default: toolcall-<target>-<precision>]")
+@click.option("--namespace", default=None, help="Namespace to write into the manifests  [default: none, kubectl's]")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
+              help="Write the YAML here (replaced if present)  [default: stdout]")
+@click.option("--bundle-pvc", default=None, help="Mount the bundle from this PersistentVolumeClaim, read-only.")
+@click.option("--bundle-subpath", default=None, help="With --bundle-pvc: the bundle's folder inside the claim.")
+@click.option("--bundle-host-path", default=None, help="Mount the bundle from this folder on the node, read-only.")
+@click.option("--bundle-in-image", default=None, help="The bundle is baked into --image at this absolute path.")
+@click.option("--cpu", "cpu_request", default="2", show_default=True, help="CPU request (no CPU limit is set).")
+@click.option("--host-overhead", default=None,
+              help="Host memory besides the bundle, e.g. 1GiB  [default: 256MiB; GPU bundles 768MiB]")
+@click.option("--startup-seconds", type=int, default=None,
+              help="Time allowed for load + canary  [default: 120 s + the bundle files read twice at 100 MB/s]")
+@click.option("--drain-seconds", type=int, default=30, show_default=True,
+              help="Time SIGTERM's drain of admitted requests may take before the pod is killed.")
+@click.option("--allow-shared-gpu", is_flag=True,
+              help="Also place on time-sliced GPUs (GFD product '...-SHARED'); memory is then checked only at load.")
+@click.option("--json", "as_json", is_flag=True, help="Print a typed error as JSON (the manifests stay YAML).")
+def manifest(bundle, kubernetes, image, replicas, name, namespace, out_file, bundle_pvc, bundle_subpath,
+             bundle_host_path, bundle_in_image, cpu_request, host_overhead, startup_seconds, drain_seconds,
+             allow_shared_gpu, as_json):
+    """Write a Deployment and a Service (multi-document YAML) that run BUNDLE only where its contract holds.
+
+    \b
+    Placement (GPU bundles), from contract.json on NVIDIA GPU Feature Discovery labels:
+      nvidia.com/gpu.product           In the known products the contract's GPU names match
+                                       (whole GPUs and MIG slices)
+      nvidia.com/gpu.compute.major/minor      = the contract's compute capability
+      nvidia.com/cuda.runtime-version.major/minor, cuda.driver-version.major >= its driver minimum
+      nvidia.com/gpu.memory (MiB)      >= memory.total_bytes (a MIG slice's label is the slice's)
+      nvidia.com/gpu.replicas          < 2: not time-sliced (unless --allow-shared-gpu)
+    plus 1 nvidia.com/gpu. A CPU bundle goes anywhere, preferring nodes without GPUs.
+    An unknown GPU name fails with `unplaceable` (exit 100) instead of a manifest that never schedules.
+
+    \b
+    The bundle is mounted read-only at /bundle; give exactly one of:
+      --bundle-pvc CLAIM [--bundle-subpath DIR]  a PersistentVolumeClaim (ReadOnlyMany for replicas
+                                                 on several nodes) holding the bundle folder
+      --bundle-host-path /srv/bundles/NAME       a folder already on every candidate node
+      --bundle-in-image /opt/bundle              no volume: the bundle was COPYed into --image
+
+    \b
+    Example:
+      builder manifest artifacts/q06-nvfp4-h200 --kubernetes --image registry/toolcall-engine:cuda \\
+        --bundle-pvc toolcall-bundles --bundle-subpath q06-nvfp4-h200 --replicas 4 --out deploy.yaml
+      kubectl apply -f deploy.yaml
+    """
+    from .manifest import BundleSource, ManifestOptions, bundle_manifests, to_yaml
+    from .memory_plan import parse_size
+
+    try:
+        if not kubernetes:
+            raise EngineError("usage", "give --kubernetes: Kubernetes manifests are the one output format so far",
+                              option="kubernetes")
+        sources = [(k, v) for k, v in (("pvc", bundle_pvc), ("host_path", bundle_host_path),
+                                        ("image", bundle_in_image)) if v is not None]
+        if len(sources) != 1:
+            raise EngineError("usage", "give exactly one of --bundle-pvc, --bundle-host-path, --bundle-in-image "
+                              f"(where the pod finds the bundle); found {len(sources)}", option="bundle_pvc")
+        (kind, value), = sources
+        options = ManifestOptions(
+            image=image, source=BundleSource(kind, value, bundle_subpath), name=name, namespace=namespace,
+            replicas=replicas, cpu_request=cpu_request,
+            host_overhead_bytes=parse_size(host_overhead) if host_overhead is not None else None,
+            startup_seconds=startup_seconds, drain_seconds=drain_seconds, allow_shared_gpu=allow_shared_gpu)
+        contract, docs = bundle_manifests(bundle, options)
+        text = to_yaml(contract, docs)
+    except EngineError as e:
+        fail(e, as_json)
+    if out_file is None:
+        click.echo(text, nl=False)
+    else:
+        from pathlib import Path
+
+        try:
+            Path(out_file).write_text(text)
+        except OSError as e:
+            fail(EngineError("usage", f"cannot write {out_file}: {e.strerror}; choose a writable --out",
+                             path=str(out_file)), as_json)
+        click.echo(f"wrote {out_file}: Deployment and Service {docs[0]['metadata']['name']} "
+                   f"({contract.target.name}, {contract.precision.weights}, {replicas} replicas)", err=True)

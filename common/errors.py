@@ -40,6 +40,8 @@ EXIT_CODES: dict[str, int] = {
     "grammar_violation": 44,
     # cuda
     "cuda_error": 50,
+    # placement (builder manifest)
+    "unplaceable": 100,
 }
 
 
