@@ -231,7 +231,7 @@ class CudaModel:
             gpu.close()  # unloads the modules, releases the context
 
 
-REQUIRED_KERNELS = ("embed_gather", "qk_norm_rope", "kv_write", "attention_decode_partial", "attention_prefill_partial",
+REQUIRED_KERNELS = ("embed_gather", "qk_norm_rope_kv", "attention_decode", "attention_prefill_partial",
                     "attention_merge", "rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance",
                     "bf16_matvec", "fp8_matvec", "nvfp4_matvec")
 
