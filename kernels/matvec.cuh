@@ -27,8 +27,9 @@
 #define MV_THREADS 256
 #define MV_WARPS 8
 #define MV_ROWS_PER_WARP 2
-#define MV_ROWS_PER_BLOCK 16         // R = 2: the *_matvec_rmsnorm kernels and head_dense
-#define MV_ROWS_PER_BLOCK_NARROW 8   // R = 1: the plain and *_swiglu kernels
+// rows per block: R = 2 (*_matvec_rmsnorm, head_dense), R = 1 (plain and *_swiglu)
+#define MV_ROWS_PER_BLOCK 16
+#define MV_ROWS_PER_BLOCK_NARROW 8
 #define MV_TILE_T 8
 
 #define PRO_PLAIN 0

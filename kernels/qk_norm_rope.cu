@@ -29,18 +29,16 @@ qk_norm_rope_kv(float* q, int q_stride, float* k, int k_stride, const float* v, 
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.y, hh = blockIdx.x * ROPE_HEADS_PER_BLOCK + (threadIdx.x >> 5);
     if (t >= T || hh >= n_heads + n_kv_heads) return;
-    if (hh < n_heads) {
-        warp_norm_rope(q + (size_t)t * q_stride + (size_t)hh * head_dim, q_norm_w, inv_freq, pos[t],
-                       eps, head_dim, lane, nullptr);
-        return;
-    }
-    const int h = hh - n_heads;
-    const long long row = k_cache == nullptr ? -1 : kv_row_offset(block_table, max_pages_per_seq,
-                                                                  page_size, seq[t], pos[t],
-                                                                  n_kv_heads, head_dim, h);
-    warp_norm_rope(k + (size_t)t * k_stride + (size_t)h * head_dim, k_norm_w, inv_freq, pos[t], eps,
-                   head_dim, lane, row < 0 ? nullptr : k_cache + row);
-    if (row >= 0) {
+    const bool is_q = hh < n_heads;
+    const int h = is_q ? hh : hh - n_heads;
+    const long long row = is_q || k_cache == nullptr ? -1 : kv_row_offset(block_table, max_pages_per_seq,
+                                                                           page_size, seq[t], pos[t],
+                                                                           n_kv_heads, head_dim, h);
+    float* x = is_q ? q + (size_t)t * q_stride + (size_t)h * head_dim
+                    : k + (size_t)t * k_stride + (size_t)h * head_dim;
+    warp_norm_rope(x, is_q ? q_norm_w : k_norm_w, inv_freq, pos[t], eps, head_dim, lane,
+                   row < 0 ? nullptr : k_cache + row);
+    if (row >= 0) {  // the kv heads' warps also store V
         const float* vh = v + (size_t)t * v_stride + (size_t)h * head_dim;
         for (int i = lane; i < head_dim; i += 32) v_cache[row + i] = __float2bfloat16_rn(vh[i]);
     }

@@ -16,10 +16,10 @@ ARCHS = ("sm_90", "sm_100", "sm_120")
 # Kernels on the per-token path whose spills would cost bandwidth: no spill allowed.
 HOT = ("fp8_matvec", "fp8_matvec_rmsnorm", "fp8_matvec_swiglu", "nvfp4_matvec",
        "nvfp4_matvec_rmsnorm", "nvfp4_matvec_swiglu", "bf16_matvec", "bf16_matvec_rmsnorm",
-       "bf16_matvec_swiglu", "head_dense", "head_sparse", "attention_decode_partial",
-       "attention_prefill_partial", "attention_merge", "rmsnorm", "qk_norm_rope")
-EXPECTED_FILES = {"argmax", "attention", "attention_merge", "embedding", "grammar_advance",
-                  "grammar_candidates", "head_dense", "head_sparse", "kv_write", "matvec_bf16",
+       "bf16_matvec_swiglu", "head_dense", "head_sparse", "attention_decode",
+       "attention_prefill_partial", "attention_merge", "rmsnorm", "qk_norm_rope_kv")
+EXPECTED_FILES = {"argmax", "attention", "attention_decode", "attention_merge", "embedding", "grammar_advance",
+                  "grammar_candidates", "head_dense", "head_sparse", "matvec_bf16",
                   "matvec_fp8", "matvec_nvfp4", "qk_norm_rope", "rmsnorm", "swiglu"}
 
 
