@@ -228,6 +228,11 @@ def test_a_shape_the_kernels_cannot_run_is_refused_by_builder_and_runtime(tmp_pa
         compile_bundle(qwen2, "builder/data/tools-64.json", options, tmp_path / "gpu")
     assert built.value.code == "build_failed" and "head_dim = 16" in built.value.message
     assert not (tmp_path / "gpu").exists()
+    # `builder plan` runs the same check, so it never suggests a compile command that fails
+    from builder.cli import main as builder_cli
+    planned = CliRunner().invoke(builder_cli, ["plan", str(qwen2), "--gpu-memory", "8GiB", "--target", "h200", "--json"])
+    assert planned.exit_code == EXIT_CODES["build_failed"] and "head_dim = 16" in planned.output
+    assert CliRunner().invoke(builder_cli, ["plan", str(qwen2), "--gpu-memory", "8GiB", "--target", "cpu"]).exit_code == 0
     # A CPU bundle retargeted by hand gets past the builder; the runtime refuses it before the driver.
     compile_bundle(qwen2, "builder/data/tools-64.json", dataclasses.replace(options, target="cpu"), tmp_path / "cpu")
     path = tmp_path / "cpu" / CONTRACT_FILE
@@ -290,3 +295,36 @@ def test_gpu_engine_loads_and_both_loops_match_the_cpu(device_bundle, name):
         assert [engine.loop.generate(p, mode="host").token_ids for p in prompts] == cpu
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("precision", ["fp8_e4m3", "nvfp4"])
+def test_the_trained_head_dim_32_model_runs_on_the_emulated_device(tmp_path, precision):
+    """models/toolcall-qwen3-tiny (head_dim 32, the model the repo ships): `builder plan` for h200
+    suggests a build, and the CUDA backend's launch lists give the CPU tokens, a prompt past one
+    attention split (> 256 positions) included."""
+    from builder.cli import main as builder_cli
+    model_dir = Path(__file__).parents[1] / "models" / "toolcall-qwen3-tiny"
+    planned = CliRunner().invoke(builder_cli, ["plan", str(model_dir), "--gpu-memory", "2GiB", "--target", "h200",
+                                               "--precision", "nvfp4" if precision == "nvfp4" else "fp8"])
+    assert planned.exit_code == 0, planned.output
+    ckpt = open_checkpoint(model_dir)
+    cfg = ckpt.config
+    assert cfg.head_dim == 32
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    grammar = build_grammar(load_catalog("builder/data/tools-64.json"), tok, cfg.eos_token_ids[0])
+    limits = Limits(page_size=32, num_pages=4 * 12, max_sequences=4, max_tokens_per_step=64, prefill_chunk=64,
+                    max_input_tokens=320, max_output_tokens=grammar.max_answer_tokens)
+    quantize_checkpoint(ckpt, cfg, precision, tmp_path / "w.safetensors")
+    requests = ["Book a flight to Paris and a hotel", "Send an email to Bob about the weather " * 40]
+    prompts = [tuple(tok.encode(grammar.render_prompt(r)).ids)[-limits.max_input_tokens:] for r in requests]
+    assert len(prompts[-1]) > 256
+    gen = cpu_generator(cfg, load_cpu_weights(tmp_path / "w.safetensors", cfg), grammar, limits)
+    want = [r.token_ids for r in gen.generate([Request(p) for p in prompts])]
+    gpu = EmulatedGpu()
+    with SafetensorsFile(tmp_path / "w.safetensors") as st:
+        model = CudaModel(cfg, limits, grammar, precision, st, CUBINS, gpu)
+    loop = CudaDecodeLoop(model)
+    assert [loop.generate(p).token_ids for p in prompts] == want
+    assert [loop.generate(p, mode="host").token_ids for p in prompts] == want
+    model.close()
+    assert not gpu.buffers
