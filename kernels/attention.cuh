@@ -22,7 +22,8 @@
 // Template flags: ROPE_Q (decode) norms and rotates the staged raw q vectors in shared memory
 // (rope.cuh, the same code as qk_norm_rope.cu) before use; NC selects read-only (__ldg) K/V
 // loads, which prefill uses; the decode kernel writes its own row's K/V in the same launch and
-// so reads the cache with plain loads (ordered by __syncthreads within the block).
+// so reads the cache with __ldcg (L2, coherent with the block's own stores once __syncthreads
+// has ordered them; a plain load through a const __restrict__ pointer could become ld.nc).
 #pragma once
 #include "rope.cuh"
 
@@ -39,7 +40,7 @@ __device__ __forceinline__ uint4 kv_load(const __nv_bfloat16* cache, const int* 
     const int page = bt_row[p / page_size];
     const size_t off = (((size_t)page * page_size + p % page_size) * n_kv_heads + kvh) * head_dim;
     const uint4* src = reinterpret_cast<const uint4*>(cache + off) + c;
-    return NC ? __ldg(src) : *src;
+    return NC ? __ldg(src) : __ldcg(src);  // cg: from L2, where this launch's stores went
 }
 
 template <bool ROPE_Q, bool NC>

@@ -6,7 +6,7 @@
 //   1. the block whose split is the row's last (n - 1, n = min(pos / ATTN_SPLIT + 1,
 //      max_splits)) norms and rotates k[t, kvh] (rope.cuh), stores bf16(k) and bf16(v[t, kvh])
 //      at (block_table[seq, pos / page_size], pos % page_size); only that block reads position
-//      pos, after a __syncthreads (plain loads, not __ldg: the cache changes in this launch);
+//      pos, after a __syncthreads (__ldcg loads, not __ldg: the cache changes in this launch);
 //   2. stages q[t, heads of kvh], norms and rotates them in shared memory, attends over its
 //      split, writes part_o / part_ml (attention.cuh);
 //   3. n == 1: the block merges alone. n > 1: __threadfence, then an atomic count per (t, kvh)
@@ -65,9 +65,9 @@ attention_decode(const float* q, int q_stride, float* k, int k_stride, const flo
                            k_cache, v_cache, n_heads, n_kv_heads, head_dim, sm_scale, max_splits,
                            part_o, part_ml, q_norm_w, inv_freq, eps);
     // 3. merge, by the last block of (t, kvh) to finish
-    __syncthreads();  // this block's partials written
+    __threadfence();  // every thread's partials visible device-wide before the block counts
+    __syncthreads();  // ... and to this block's threads
     if (n > 1) {
-        __threadfence();
         if (tid == 0) {
             int* c = counters + (size_t)t * n_kv_heads + kvh;
             const int done = atomicAdd(c, 1);
@@ -76,7 +76,7 @@ attention_decode(const float* q, int q_stride, float* k, int k_stride, const flo
         }
         __syncthreads();
         if (!is_last) return;
-        __threadfence();
+        __threadfence();  // the other splits' partials are read after their counts were seen
     }
     for (int i = tid; i < G * head_dim; i += ATTN_THREADS) {
         const int h = kvh * G + i / head_dim, d = i - (i / head_dim) * head_dim;

@@ -119,3 +119,40 @@ def test_e2e_runs_the_graph_free_paths_first_and_reports_after_every_stage(libdi
     log = (tmp_path / "calls.log").read_text()
     assert "cuLaunchKernel" in log
     assert "small-fp8" in printed and wall < 200
+
+
+def _bench_stages(gpu_tokens):
+    cpu = {"tokens": [[1, 2, 3], [4, 5]], "margins": [0.5, 0.5]}
+    e2e = {p: {"tokens": gpu_tokens} if p.startswith("gen") else gpu_tokens
+           for p in ("generator", "generator_check_head", "host_loop", "graph")}
+    bench = {"step_graph_ms": 0.2, "tokens_per_s": 5000.0, "in_loop_ms": 0.2, "host_loop_ms": 1.0,
+             "answer_graph_wall_ms": 2.0, "answer_host_wall_ms": 9.0}
+    return {"cpuref": {"q06-fp8": cpu, "q06-nvfp4": cpu}, "e2e-q06-fp8": {"load": {"seconds": 1}, **e2e},
+            "e2e-q06-nvfp4": {"load": {"seconds": 1}, **e2e}, "bench-q06-fp8": {"bench": bench},
+            "bench-q06-nvfp4": {"bench": dict(bench, step_graph_ms=0.21)}}
+
+
+@pytest.mark.parametrize("gpu_tokens,verdict", [([[1, 2, 3], [4, 5]], True), ([[1, 2, 3], [4, 6]], None)])
+def test_speed_targets_are_judged_only_on_the_cpu_tokens(tmp_path, gpu_tokens, verdict):
+    """5,000 tok/s on wrong tokens is not a PASS: the targets say NOT JUDGED and why."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from gpu_check_report import summarize, table
+    s = summarize(_bench_stages(gpu_tokens), tmp_path, ["q06-fp8", "q06-nvfp4"])
+    for key in ("fp8_tokens_per_s", "graph_faster_than_host", "nvfp4_vs_fp8"):
+        assert s["targets"][key]["pass"] is verdict and s["targets"][key]["judged"] is (verdict is not None)
+    lines = table({"machine": {}, "budget_s": 1, "stages": {}, "summary": s}).splitlines()
+    target_lines = [ln for ln in lines if ln.startswith("target ")]
+    assert len(target_lines) == 3
+    assert all(("PASS" if verdict else "NOT JUDGED") in ln for ln in target_lines)
+
+
+def test_the_wheel_pre_check_names_what_is_missing(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO / "bench"))
+    import importlib.util
+
+    import gpu_check_record as record
+    (tmp_path / "jsonschema-4.25.1-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / "rpds_py-0.27.1-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl").write_bytes(b"")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # as on a bare device machine
+    assert record.missing_wheels(tmp_path) == ["jsonschema_specifications-*-py3-none-any.whl",
+                                               "referencing-*-py3-none-any.whl", "rpds_py-*-cp312-*manylinux*.whl"]
