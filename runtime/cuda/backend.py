@@ -34,7 +34,7 @@ def arena_sizes(plan: dict[str, int]) -> dict[str, int]:
     sizes = {k: v for k, v in plan.items() if k not in ("q", "k", "v", "gate", "up")}
     return {"qkv": plan["q"] + plan["k"] + plan["v"], "gate_up": plan["gate"] + plan["up"], **sizes}
 
-PROGRAM_CACHE = 64  # packed launch lists kept (each ~ layers x 8 launches of packed arguments)
+PROGRAM_CACHE = 64  # packed launch lists kept (each ~ layers x 5-7 launches of packed arguments)
 
 
 class Program:
