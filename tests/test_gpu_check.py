@@ -116,9 +116,20 @@ def test_e2e_runs_the_graph_free_paths_first_and_reports_after_every_stage(libdi
     assert e["load"]["error"].startswith("Refusal: [canary_failed]") and "graph" not in e
     row = report["summary"]["bundles"]["small-fp8"]
     assert row["tokens_match_cpu"] is False and row["vs_cpu"]["graph"]["missing"]
-    log = (tmp_path / "calls.log").read_text()
-    assert "cuLaunchKernel" in log
+    log = (tmp_path / "calls.log").read_text().splitlines()
     assert "small-fp8" in printed and wall < 200
+    # again with a fault 5 launches before the graph-free part ends: what ran before it is kept
+    start = log.index("cuModuleLoadData")  # the e2e stage's model (the parent's machine facts come first)
+    first_close = log.index("cuDevicePrimaryCtxRelease", start)
+    n = sum(ln.startswith("cuLaunchKernel ") for ln in log[:first_close]) - 5
+    assert n > 100
+    (tmp_path / "calls.log").unlink()
+    report, _, wall = gpu_check(tmp_path, libdir, 120, "--only", "e2e", "--bundles", "small-fp8", fail_launch=n)
+    e = report["stages"]["e2e-small-fp8"]
+    assert e["complete"] and wall < 120
+    assert len(e["generator"]["tokens"]) == len(e["generator_check_head"]["tokens"]) == 5
+    faulted = [k for k, v in e.items() if isinstance(v, dict) and "ILLEGAL_ADDRESS" in v.get("error", "")]
+    assert faulted and "ILLEGAL_ADDRESS" in e["graph_free_close_error"] and "load" not in e
 
 
 def _bench_stages(gpu_tokens):
