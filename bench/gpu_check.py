@@ -1,22 +1,32 @@
-"""The one GPU check: builds its bundles, checks kernel parity and token identity, times decode.
+"""The one GPU check: builds its bundles, checks kernel parity and token identity, times decode,
+and keeps every record it gathered, whatever breaks.
 
-Run on the GPU machine from the repository root (no `pip install -e` needed; jsonschema and its
-three dependencies come as wheels in .whl/, git-ignored, fetched here first with
-`python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
---platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl jsonschema
-jsonschema-specifications referencing rpds-py`, and carried: `run(carry=[".whl"], timeout_s=540)`):
+Run on the GPU machine from the repository root (no `pip install -e` needed). jsonschema and its
+three dependencies come as wheels in .whl/ (git-ignored), fetched on the development machine first:
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD && \\
-        PYTHONUNBUFFERED=1 python3 bench/gpu_check.py
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \\
+        jsonschema jsonschema-specifications referencing rpds-py
 
-Stages run in their own processes with timeouts under one global budget (--budget-s, default
-450 s), so a failing, crashing or hanging stage is reported and the rest still run:
-  kernels (GPU) beside build-small and build-q06 (CPU); the small bundles' e2e stages while
-  q06 still builds; then cpuref (CPU, 8 threads, every bundle) beside the q06 e2e stages
-  (with timings); then the kernel GPU tests through pytest if time is left. Bundles and checkpoints go to --work
-  (default artifacts/gpu-check); the JSON (machine facts, every stage's raw result, the summary)
-  and the stage logs go to $OUT when set, else artifacts/. The table prints last.
+and carried with this exact device call (one run; 540 s leaves room for a second in 15 minutes):
+
+    run(carry=[".whl"], timeout_s=540, command="python3 -m pip install -q --no-index --no-deps --no-compile
+        --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD &&
+        PYTHONUNBUFFERED=1 python3 bench/gpu_check.py")
+
+Before any stage the script checks those four modules import (exit 52, device_check_setup,
+naming the missing wheels, if not). Stages run in their own processes, each with a timeout
+under one global budget (--budget-s, default 450 s); each writes its result file after every
+job, so a stage that times out, crashes or exits non-zero still reports every record gathered
+(marked "partial"). Order:
+  kernels (GPU, graph-free cases and host-stepped loops) beside build-small and build-q06 (CPU);
+  kernels-while (the WHILE-graph jobs alone, a short stage that exits hard after its timeout);
+  cpuref (CPU reference tokens) beside the untimed e2e stages (graph-free paths first, then
+  Engine.load with its canary and the decode graph); then, with the CPU quiet, the timed bench
+  stages of the q06 bundles; the kernel GPU tests through pytest if time is left.
+Speed targets are judged only for bundles whose tokens equal the CPU reference on every path.
+The report (gpu_check.json, gpu_check_table.txt, gpu_check_logs.txt under $OUT, else
+artifacts/) is rewritten after every stage; the table prints last.
 """
 from __future__ import annotations
 
@@ -31,30 +41,37 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
+from gpu_check_record import Recorder, arm_deadline, missing_wheels, read_result  # noqa: E402
 from gpu_check_report import machine_facts, summarize, table  # noqa: E402
 from gpu_check_stages import BUNDLES  # noqa: E402
 
 # seconds per stage process, each also capped by what is left of the budget
-TIMEOUTS = {"build": 330, "kernels": 200, "cpuref": 300, "e2e": 150, "pytest": 180}
+TIMEOUTS = {"build": 330, "kernels": 200, "kernels-while": 60, "cpuref": 300, "e2e": 150, "bench": 120,
+            "pytest": 180}
 RESERVE_S = 15  # kept for the summary and the JSON
+SETUP_EXIT = 52  # common/errors.py EXIT_CODES["device_check_setup"]
 
 
 def run_stage(args) -> None:
-    """Child side: one stage, its result as JSON at --result."""
-    work = Path(args.work)
+    """Child side: one stage, its records written to --result after every job."""
+    arm_deadline(args.deadline_s)  # exits hard even when blocked in a driver call
+    work, rec = Path(args.work), Recorder(args.result)
     if args.stage == "build":
         from gpu_check_stages import stage_build
-        res = stage_build(work, args.names)
-    elif args.stage == "kernels":
+        stage_build(work, args.names, rec)
+    elif args.stage in ("kernels", "kernels-while"):
         from gpu_check_stages import stage_kernels
-        res = stage_kernels()
+        stage_kernels(rec, graphs=args.stage == "kernels-while", cases=args.cases, while_timeout_s=args.while_timeout_s)
     elif args.stage == "cpuref":
         from gpu_check_stages import stage_cpuref
-        res = stage_cpuref(work, args.names)
-    else:
+        stage_cpuref(work, args.names, rec)
+    elif args.stage == "e2e":
         from gpu_check_e2e import stage_e2e
-        res = stage_e2e(work, args.names[0], args.bench)
-    Path(args.result).write_text(json.dumps(res, default=str))
+        stage_e2e(work, args.names[0], rec)
+    else:
+        from gpu_check_e2e import stage_bench
+        stage_bench(work, args.names[0], rec)
+    rec.put("complete", True)
     sys.stdout.flush()
     os._exit(0)  # no interpreter teardown: a device left busy by a stuck graph must not block the exit
 
@@ -62,14 +79,15 @@ def run_stage(args) -> None:
 class Stages:
     """Starts stage processes and waits for them within the global deadline."""
 
-    def __init__(self, work: Path, budget_s: float):
+    def __init__(self, work: Path, budget_s: float, cases: str | None, while_timeout_s: float):
         self.work, self.deadline, self.start = work, time.monotonic() + budget_s, time.monotonic()
+        self.cases, self.while_timeout_s = cases, while_timeout_s
         (work / "logs").mkdir(parents=True, exist_ok=True)
 
     def left(self) -> float:
         return self.deadline - RESERVE_S - time.monotonic()
 
-    def launch(self, key: str, stage: str, names=(), bench=False, threads: int | None = None, cmd=None):
+    def launch(self, key: str, stage: str, names=(), threads: int | None = None, cmd=None):
         log = open(self.work / "logs" / f"{key}.log", "w")
         result = self.work / "logs" / f"{key}.json"
         result.unlink(missing_ok=True)
@@ -77,26 +95,32 @@ class Stages:
                    PYTHONUNBUFFERED="1")
         if threads:
             env.update({v: str(threads) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+        timeout = max(1.0, min(TIMEOUTS[stage], self.left()))
         if cmd is None:
             cmd = [sys.executable, str(Path(__file__)), "--stage", stage, "--work", str(self.work), "--result",
-                   str(result), *(["--names", *names] if names else []), *(["--bench"] if bench else [])]
+                   str(result), "--deadline-s", f"{max(1.0, timeout - 2):.0f}",
+                   "--while-timeout-s", str(self.while_timeout_s), *(["--names", *names] if names else []),
+                   *(["--cases", self.cases] if self.cases else [])]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         print(f"[{time.monotonic() - self.start:6.1f} s] start {key}", flush=True)
-        return dict(key=key, proc=proc, log=log, result=result, began=time.monotonic(), timeout=TIMEOUTS[stage])
+        return dict(key=key, proc=proc, log=log, result=result, began=time.monotonic(), timeout=timeout)
 
     def wait(self, h) -> dict:
         limit = max(1.0, min(h["timeout"] - (time.monotonic() - h["began"]), self.left()))
+        error = None
         try:
             rc = h["proc"].wait(timeout=limit)
         except subprocess.TimeoutExpired:
             h["proc"].kill()
             rc = h["proc"].wait()
-            res = {"error": f"timeout: killed after {time.monotonic() - h['began']:.0f} s"}
-        else:
-            if rc == 0 and h["result"].is_file():
-                res = json.loads(h["result"].read_text())
-            else:
-                res = {"error": f"exit code {rc}"}
+            error = f"timeout: killed after {time.monotonic() - h['began']:.0f} s"
+        res = read_result(h["result"]) or {}
+        if error is None and rc != 0:
+            error = f"exit code {rc}" + (" (stopped: the device is stuck)" if "stuck" in res else "")
+        if error is None and not res.get("complete"):
+            error = "exit code 0 without a complete result"
+        if error is not None:
+            res["error"], res["partial"] = error, bool(res)
         h["log"].close()
         text = (self.work / "logs" / f"{h['key']}.log").read_text(errors="replace")
         if "error" in res or h["key"] == "pytest":
@@ -107,56 +131,97 @@ class Stages:
         return res
 
 
+def write_report(report: dict, work: Path, built: list[str], start: float) -> str:
+    """gpu_check.json, the table and the stage logs under $OUT (else artifacts/), rewritten whole."""
+    report["elapsed_s"] = time.monotonic() - start
+    try:
+        report["summary"] = summarize(report["stages"], work, built)
+        text = table(report)
+    except Exception as e:  # a summary bug must not lose the raw stages
+        report["summary_error"] = f"{type(e).__name__}: {e}"
+        text = f"summary failed: {report['summary_error']}"
+    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO / "artifacts"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, body in (("gpu_check.json", json.dumps(report, indent=1, default=str)), ("gpu_check_table.txt", text)):
+        tmp = out / (name + ".tmp")
+        tmp.write_text(body)
+        os.replace(tmp, out / name)
+    with open(out / "gpu_check_logs.txt", "w") as fh:
+        for log in sorted((work / "logs").glob("*.log")):
+            fh.write(f"===== {log.name}\n{log.read_text(errors='replace')[-20000:]}\n")
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget-s", type=float, default=450.0, help="global time guard (seconds)")
     ap.add_argument("--work", default=str(REPO / "artifacts" / "gpu-check"), help="checkpoints, bundles, logs")
     ap.add_argument("--bundles", nargs="*", default=list(BUNDLES), choices=list(BUNDLES))
+    ap.add_argument("--only", help="comma-separated stage kinds to run (build, kernels, kernels-while, cpuref, e2e, "
+                                   "bench, pytest); default all")
+    ap.add_argument("--cases", help="only the kernel cases whose id contains one of these comma-separated parts")
+    ap.add_argument("--while-timeout-s", type=float, default=20.0, help="wait for one WHILE graph to end")
     ap.add_argument("--no-pytest", action="store_true", help="skip the kernel GPU tests at the end")
-    ap.add_argument("--stage", help=argparse.SUPPRESS)
-    ap.add_argument("--result", help=argparse.SUPPRESS)
+    for hidden in ("--stage", "--result", "--deadline-s"):
+        ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--names", nargs="*", default=[], help=argparse.SUPPRESS)
-    ap.add_argument("--bench", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.stage:
+        args.deadline_s = float(args.deadline_s or 600)
         return run_stage(args)
+    missing = missing_wheels(REPO / ".whl")
+    if missing:
+        print(f"device_check_setup: jsonschema and its dependencies do not import and .whl/ lacks {missing}; fetch "
+              "them as this script's docstring says and pass carry=['.whl'] to the device run", flush=True)
+        sys.exit(SETUP_EXIT)
+    only = set(args.only.split(",")) if args.only else None
+    want = lambda kind: only is None or kind in only  # noqa: E731
     work = Path(args.work)
-    st = Stages(work, args.budget_s)
+    st = Stages(work, args.budget_s, args.cases, args.while_timeout_s)
     report = {"machine": machine_facts(), "budget_s": args.budget_s, "stages": {}}
-    stages = report["stages"]
+    stages, built = report["stages"], []
+
+    def done(key: str, h) -> None:
+        stages[key] = st.wait(h)
+        write_report(report, work, built, st.start)
+
     groups = {ck: [n for n in args.bundles if n.startswith(ck)] for ck in ("small", "q06")}
-    h_kernels = st.launch("kernels", "kernels")
-    h_build = {ck: st.launch(f"build-{ck}", "build", names=names) for ck, names in groups.items() if names}
-    built, h_cpu = [], None
-    for i, (ck, h) in enumerate(h_build.items()):  # small bundles' e2e runs while q06 still builds
-        stages[f"build-{ck}"] = st.wait(h)
-        if i == 0:
-            stages["kernels"] = st.wait(h_kernels)  # the GPU to itself before any e2e stage
-        done = [n for n in groups[ck] if "path" in stages[f"build-{ck}"].get(n, {})]
-        built += done
-        if ck == "q06" or len(h_build) == 1:
-            h_cpu = st.launch("cpuref", "cpuref", names=built, threads=8) if built else None
-        for name in done:
-            if st.left() < 40:
-                stages[f"e2e-{name}"] = {"error": "skipped: global time budget spent"}
-                continue
-            stages[f"e2e-{name}"] = st.wait(st.launch(f"e2e-{name}", "e2e", names=[name], bench=ck == "q06"))
+    h_kernels = st.launch("kernels", "kernels") if want("kernels") else None
+    h_build = {ck: st.launch(f"build-{ck}", "build", names=names)
+               for ck, names in groups.items() if names and want("build")}
+    if h_kernels is not None:
+        done("kernels", h_kernels)
+    if want("kernels-while"):  # the GPU to itself; a loop that never ends costs this stage only
+        done("kernels-while", st.launch("kernels-while", "kernels-while"))
+    for ck, h in h_build.items():
+        done(f"build-{ck}", h)
+    for ck in groups:
+        res = stages.get(f"build-{ck}") or {}
+        built += [n for n in groups[ck] if "path" in (res.get(n) or {})]
+    if not h_build:  # bundles of an earlier run in --work
+        built += [n for n in args.bundles if (work / n / "contract.json").is_file()]
+    write_report(report, work, built, st.start)
+    h_cpu = st.launch("cpuref", "cpuref", names=built, threads=8) if built and want("cpuref") else None
+    for name in built if want("e2e") else []:  # untimed: may run beside the CPU reference
+        if st.left() < 40:
+            stages[f"e2e-{name}"] = {"error": "skipped: global time budget spent"}
+            continue
+        done(f"e2e-{name}", st.launch(f"e2e-{name}", "e2e", names=[name]))
     if h_cpu is not None:
-        stages["cpuref"] = st.wait(h_cpu)
-    if not args.no_pytest and st.left() > 90:
-        stages["pytest"] = st.wait(st.launch("pytest", "pytest", cmd=[
+        done("cpuref", h_cpu)  # before any timing: nothing else loads the CPU while the bench runs
+    for name in [n for n in built if n.startswith("q06")] if want("bench") else []:
+        if st.left() < 40:
+            stages[f"bench-{name}"] = {"error": "skipped: global time budget spent"}
+            continue
+        done(f"bench-{name}", st.launch(f"bench-{name}", "bench", names=[name]))
+    if want("pytest") and not args.no_pytest and st.left() > 90:
+        done("pytest", st.launch("pytest", "pytest", cmd=[
             sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
             "tests/test_kernels_gpu.py", "tests/test_kernels_gpu_loop.py"]))
-    report["elapsed_s"] = time.monotonic() - st.start
-    report["summary"] = summarize(stages, work, built)
+    text = write_report(report, work, built, st.start)
     out = Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO / "artifacts"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
-    with open(out / "gpu_check_logs.txt", "w") as fh:
-        for log in sorted((work / "logs").glob("*.log")):
-            fh.write(f"===== {log.name}\n{log.read_text(errors='replace')[-20000:]}\n")
     print(f"wrote {out / 'gpu_check.json'}")
-    print(table(report))
+    print(text)
 
 
 if __name__ == "__main__":

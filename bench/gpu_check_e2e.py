@@ -1,16 +1,25 @@
-"""bench/gpu_check.py's GPU end-to-end stage: load, token identity across the decode paths,
-and (``bench``) the timings. Runs in its own process; returns a JSON-ready dict.
+"""bench/gpu_check.py's GPU end-to-end stages; each runs in its own process and puts every
+result into its Recorder as soon as it has it.
 
-Timings (CUDA events on the model's stream unless named "wall"):
+e2e (untimed), in this order so that a fault or a WHILE loop that never ends costs least:
+  1. graph-free: the bundle's CUDA model without the canary gate (modules that fail to load
+     recorded), the prompts through the host-driven generator (sparse and check heads) and the
+     host-stepped decode loop, and the canary prompt's final hidden rows (saved for parity);
+     then that model is closed (best effort, first error kept);
+  2. Engine.load (target check, CUDA backend, canary on both decode paths), then the prompts
+     through the decode graph (one graph launch each).
+bench (timed; gpu_check.py starts it only after the CPU reference has finished):
+  Timings (CUDA events on the model's stream unless named "wall"):
   ttft_<L>_ms      prefill graph (chunks + first sample) of an L-token prompt, median of 5
   step_graph_ms    one decode step replayed as a graph (body kernels, no loop), 200 replays
   in_loop_ms       (whole-answer graph - prefill graph) / (tokens - 1) for the canary prompt
   host_loop_ms     wall: the same body launched from the host + sync + condition read, per token
-  generator_ms     wall: host-driven Generator (CPU grammar, per-step copies), per output token
   answer_graph/host_wall_ms  whole canary answer, median of 5, each mode
   copy_gbs         device-to-device cuMemcpy, bytes read + written per second (1 GiB, 10 copies)
   weight_gbs       decode weight bytes (layers + final norm + embedding row + candidate head rows)
                    per step_graph_ms
+A stuck WHILE graph ends the stage at once (gpu_check_record.exit_stuck): every later call
+would wait on it.
 """
 from __future__ import annotations
 
@@ -20,28 +29,28 @@ from pathlib import Path
 
 import numpy as np
 
+from gpu_check_record import close_all, exit_stuck, is_stuck
 from gpu_check_stages import e2e_prompts
 
 
-class DeviceStuck(Exception):
-    """A decode graph never ended: the device stays busy until the process exits."""
-
-
-def attempt(out: dict, key: str, fn):
-    """out[key] = fn(), or {"error": ...}: one failing part never hides the others (except a
-    graph that never ended: every later call would wait on it, so that one propagates)."""
+def attempt(rec, key: str, fn):
+    """rec[key] = fn(), or {"error": ...}: one failing part never hides the others; a graph that
+    never ended stops the stage."""
     try:
-        out[key] = fn()
+        value = fn()
     except Exception as e:
-        out[key] = {"error": f"{type(e).__name__}: {e}"[:800]}
-        if "still runs" in str(e) and key != "load":
-            raise DeviceStuck(key) from None
-    return out[key]
+        value = {"error": f"{type(e).__name__}: {e}"[:800]}
+        rec.put(key, value)
+        if is_stuck(e):
+            exit_stuck(rec, key)
+        return value
+    rec.put(key, value)
+    return value
 
 
 def manual_engine(folder: Path):
-    """The engine's parts without the canary gate (after a failed Engine.load, to learn more):
-    modules that fail to load are recorded instead of fatal."""
+    """The engine's parts without the canary gate (graph-free paths first, or after a failed
+    Engine.load, to learn more): modules that fail to load are recorded instead of fatal."""
     from types import SimpleNamespace
 
     from tokenizers import Tokenizer
@@ -65,51 +74,38 @@ def manual_engine(folder: Path):
                            tokenizer=Tokenizer.from_file(str(folder / "tokenizer.json")))
 
 
-def stage_e2e(work: Path, name: str, bench: bool) -> dict:
-    out: dict = {}
-    try:
-        return _e2e(work, name, bench, out)
-    except DeviceStuck as e:
-        out["stuck"] = f"{e.args[0]}: a decode graph never ended; the rest of this stage was skipped"
-        return out
-
-
-def _e2e(work: Path, name: str, bench: bool, out: dict) -> dict:
-    from runtime.engine import Engine
+def _generate(engine, prompts, head: str) -> dict:
     from runtime.generator import Generator, Request, Result
-    t = time.perf_counter()
-    engine = attempt(out, "load", lambda: Engine.load(work / name))
-    if isinstance(engine, dict) and "still runs" in engine["error"]:
-        return out  # a WHILE loop that never ended holds the device: only ending the process frees it
-    if isinstance(engine, dict):  # refused or failed: carry on without the gate to see where
-        engine = attempt(out, "load_without_canary", lambda: manual_engine(work / name))
-        if isinstance(engine, dict):
-            return out
-        out["load_without_canary"] = {"module_errors": engine.model.module_errors}
-    m, loop, c = engine.model, engine.loop, engine.contract
-    info = {"seconds": time.perf_counter() - t, "device_bytes": m.device_bytes(),
-            "contract_memory": c.memory.__dict__, "canary": list(c.canary.expected_token_ids)}
-    if isinstance(out["load"], dict):  # the error of Engine.load
-        out["load_info"] = info
-    else:
-        out["load"] = info
-    attempt(out, "launches_per_token", lambda: len(loop.body(0)))
-    prompts = e2e_prompts(engine.grammar, engine.tokenizer, c.limits.max_input_tokens)
-    out["prompt_lengths"] = [len(p) for p in prompts]
+    m, c = engine.model, engine.contract
+    lim = c.limits
+    gen = engine.generator if head == "sparse" else Generator(
+        m, m.kv, engine.grammar, max_input_tokens=lim.max_input_tokens, max_output_tokens=lim.max_output_tokens,
+        max_tokens_per_step=lim.max_tokens_per_step, prefill_chunk=lim.prefill_chunk, head=head)
+    res = gen.generate([Request(p) for p in prompts])
+    return {"tokens": [r.token_ids if isinstance(r, Result) else str(r) for r in res],
+            "ms_per_token": [1e3 * (r.total_s - r.ttft_s) / max(len(r.token_ids) - 1, 1)
+                             for r in res if isinstance(r, Result)]}
 
-    def run_generator(head: str):
-        lim = c.limits
-        gen = engine.generator if head == "sparse" else Generator(
-            m, m.kv, engine.grammar, max_input_tokens=lim.max_input_tokens, max_output_tokens=lim.max_output_tokens,
-            max_tokens_per_step=lim.max_tokens_per_step, prefill_chunk=lim.prefill_chunk, head=head)
-        res = gen.generate([Request(p) for p in prompts])
-        return {"tokens": [r.token_ids if isinstance(r, Result) else str(r) for r in res],
-                "ms_per_token": [1e3 * (r.total_s - r.ttft_s) / max(len(r.token_ids) - 1, 1)
-                                 for r in res if isinstance(r, Result)]}
-    attempt(out, "generator", lambda: run_generator("sparse"))
-    attempt(out, "generator_check_head", lambda: run_generator("check"))
-    attempt(out, "graph", lambda: [loop.generate(p).token_ids for p in prompts])
-    attempt(out, "host_loop", lambda: [loop.generate(p, mode="host").token_ids for p in prompts])
+
+def stage_e2e(work: Path, name: str, rec) -> dict:
+    from runtime.engine import Engine
+    t = time.perf_counter()
+    # 1. graph-free paths, saved before any graph is launched
+    parts = attempt(rec, "load_graph_free", lambda: manual_engine(work / name))
+    if isinstance(parts, dict):
+        return rec.data
+    m, c = parts.model, parts.contract
+    rec.put("load_graph_free", {"seconds": time.perf_counter() - t, "module_errors": m.module_errors,
+                                "device_bytes": m.device_bytes(), "contract_memory": c.memory.__dict__,
+                                "canary": list(c.canary.expected_token_ids)})
+    if parts.loop is not None:
+        attempt(rec, "launches_per_token", lambda: len(parts.loop.body(0)))
+    prompts = e2e_prompts(parts.grammar, parts.tokenizer, c.limits.max_input_tokens)
+    rec.put("prompt_lengths", [len(p) for p in prompts])
+    attempt(rec, "generator", lambda: _generate(parts, prompts, "sparse"))
+    attempt(rec, "generator_check_head", lambda: _generate(parts, prompts, "check"))
+    if parts.loop is not None:
+        attempt(rec, "host_loop", lambda: [parts.loop.generate(p, mode="host").token_ids for p in prompts])
 
     def hidden():
         p = np.asarray(c.canary.prompt_token_ids)
@@ -119,11 +115,58 @@ def _e2e(work: Path, name: str, bench: bool, out: dict) -> dict:
         finally:
             m.kv.release(slot)
         return True
-    attempt(out, "hidden_saved", hidden)
-    if bench:
-        out["bench"] = timings(engine)
-    engine.close()
-    return out
+    attempt(rec, "hidden_saved", hidden)
+    close_error = close_all([parts.close])
+    if close_error:
+        rec.put("graph_free_close_error", close_error)
+        return rec.data  # a sticky error: a second context would only repeat it
+    # 2. the load gate (canary on both decode paths) and the decode graph
+    t = time.perf_counter()
+    engine = attempt(rec, "load", lambda: Engine.load(work / name))
+    if isinstance(engine, dict):
+        return rec.data
+    rec.put("load", {"seconds": time.perf_counter() - t})
+    attempt(rec, "graph", lambda: [engine.loop.generate(p).token_ids for p in prompts])
+    close_error = close_all([engine.close])
+    if close_error:
+        rec.put("close_error", close_error)
+    return rec.data
+
+
+def stage_bench(work: Path, name: str, rec) -> dict:
+    """The timings of the module docstring, each part put as it ends (Engine.load's gate first;
+    after a refusal the parts without the gate, to time what runs)."""
+    from runtime.engine import Engine
+    engine = attempt(rec, "load", lambda: Engine.load(work / name))
+    if isinstance(engine, dict):
+        engine = attempt(rec, "load_without_canary", lambda: manual_engine(work / name))
+        if isinstance(engine, dict) or engine.loop is None:
+            return rec.data
+    else:
+        rec.put("load", "ok")
+    m, loop = engine.model, engine.loop
+    canary = list(engine.contract.canary.prompt_token_ids)
+    res = {}
+    for key, fn in (("copy", copy_bandwidth), ("ttft", ttft), ("steps", step_times), ("answers", answer_times)):
+        try:
+            res.update(fn(m, loop, canary))
+        except Exception as e:
+            res[f"{key}_error"] = f"{type(e).__name__}: {e}"[:800]
+            rec.put("bench", dict(res))
+            if is_stuck(e):
+                exit_stuck(rec, f"bench {key}")
+        rec.put("bench", dict(res))
+    res["decode_bytes"] = m.weights.decode_bytes(m.grammar.max_edges_per_node)
+    if "step_graph_ms" in res:
+        res["weight_gbs"] = res["decode_bytes"] / (res["step_graph_ms"] * 1e-3) / 1e9
+        res["tokens_per_s"] = 1e3 / res["step_graph_ms"]
+    if "answer_graph_ms" in res and "prefill_canary_ms" in res:
+        res["in_loop_ms"] = (res["answer_graph_ms"] - res["prefill_canary_ms"]) / max(res["answer_tokens"] - 1, 1)
+    rec.put("bench", res)
+    close_error = close_all([engine.close])
+    if close_error:
+        rec.put("close_error", close_error)
+    return rec.data
 
 
 def _events_ms(m, ev, fn) -> float:
@@ -135,27 +178,6 @@ def _events_ms(m, ev, fn) -> float:
     check(drv.cuEventRecord(ev[1], m.stream), "cuEventRecord")
     check(drv.cuEventSynchronize(ev[1]), "cuEventSynchronize")
     return float(check(drv.cuEventElapsedTime(ev[0], ev[1]), "cuEventElapsedTime"))
-
-
-def timings(engine) -> dict:
-    """The bench numbers (see the module docstring); each part recorded or its error."""
-    m, loop, res = engine.model, engine.loop, {}
-    canary = list(engine.contract.canary.prompt_token_ids)
-    parts = (("copy", copy_bandwidth), ("ttft", ttft), ("steps", step_times), ("answers", answer_times))
-    for key, fn in parts:
-        try:
-            res.update(fn(m, loop, canary))
-        except Exception as e:
-            res[f"{key}_error"] = f"{type(e).__name__}: {e}"[:800]
-            if "still runs" in str(e):
-                raise DeviceStuck(f"bench {key}") from None
-    res["decode_bytes"] = m.weights.decode_bytes(m.grammar.max_edges_per_node)
-    if "step_graph_ms" in res:
-        res["weight_gbs"] = res["decode_bytes"] / (res["step_graph_ms"] * 1e-3) / 1e9
-        res["tokens_per_s"] = 1e3 / res["step_graph_ms"]
-    if "answer_graph_ms" in res and "prefill_canary_ms" in res:
-        res["in_loop_ms"] = (res["answer_graph_ms"] - res["prefill_canary_ms"]) / max(res["answer_tokens"] - 1, 1)
-    return res
 
 
 def copy_bandwidth(m, loop, canary) -> dict:

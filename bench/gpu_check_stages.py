@@ -1,14 +1,17 @@
 """The stages of bench/gpu_check.py; each runs in its own process (a hang or crash in one
 cannot take the others down) and returns a JSON-ready dict.
 
-build    synthetic checkpoints (a kernel-compatible "small" model and qwen3-0.6b) and h200
-         bundles in fp8 and nvfp4
-kernels  every case of tests/test_kernels_gpu*.py against kernels/reference.py, recording
-         relative errors instead of asserting
-e2e      Engine.load (target check, CUDA backend, canary on both decode paths), then the e2e
-         prompts through the host-driven generator (sparse and check heads), the decode graph
-         and the host-stepped loop; the canary prompt's final hidden rows saved for parity
-cpuref   the same prompts and hidden rows on the CPU reference backend
+Every stage takes a gpu_check_record.Recorder and puts each job's result as soon as it has it.
+
+build          synthetic checkpoints (a kernel-compatible "small" model and qwen3-0.6b) and
+               h200 bundles in fp8 and nvfp4
+kernels        every case of tests/test_kernels_gpu.py and the host-stepped grammar loops of
+               tests/test_kernels_gpu_loop.py against kernels/reference.py (no graphs),
+               recording relative errors instead of asserting
+kernels-while  the WHILE-graph loops of tests/test_kernels_gpu_loop.py alone: a loop that never
+               clears its condition stops this stage (the device is then unusable)
+cpuref         the e2e prompts and the canary's hidden rows on the CPU reference backend
+(e2e and bench: gpu_check_e2e.py)
 """
 from __future__ import annotations
 
@@ -72,11 +75,12 @@ def ensure_headers() -> str:
     raise RuntimeError(f"no CUDA headers with cuda_fp8.h and cuda_fp4.h: {why}")
 
 
-def stage_build(work: Path, names: list[str]) -> dict:
+def stage_build(work: Path, names: list[str], rec) -> dict:
     from builder.compile import compile_bundle
     from builder.synth import SynthOptions, synth_checkpoint
     from runtime.contract import BuildOptions
-    out = {"headers": ensure_headers()}
+    out = rec.data
+    rec.put("headers", ensure_headers())
     work.mkdir(parents=True, exist_ok=True)
     for ckpt in sorted({BUNDLES[n][0] for n in names}):
         t = time.perf_counter()
@@ -85,11 +89,11 @@ def stage_build(work: Path, names: list[str]) -> dict:
                 synth_small(work / ckpt)
             else:
                 synth_checkpoint(work / ckpt, SynthOptions(shape="qwen3-0.6b"))
-        out[f"synth-{ckpt}"] = {"seconds": time.perf_counter() - t}
+        rec.put(f"synth-{ckpt}", {"seconds": time.perf_counter() - t})
     for name in names:
         ckpt, precision, max_in, chunk = BUNDLES[name]
         if (work / name / "contract.json").is_file():
-            out[name] = {"path": str(work / name), "reused": True}
+            rec.put(name, {"path": str(work / name), "reused": True})
             continue
         t = time.perf_counter()
         options = BuildOptions(precision=precision, target="h200", max_sequences=8, max_input_tokens=max_in,
@@ -98,15 +102,38 @@ def stage_build(work: Path, names: list[str]) -> dict:
         try:
             r = compile_bundle(work / ckpt, CATALOG, options, work / name, force=True)
         except Exception as e:  # one bundle failing leaves the others
-            out[name] = {"error": f"{type(e).__name__}: {e}"[:800]}
+            rec.put(name, {"error": f"{type(e).__name__}: {e}"[:800]})
             continue
-        out[name] = {"path": str(work / name), "seconds": time.perf_counter() - t, "timings": r.timings,
-                     "canary_margin": r.contract.canary.min_margin}
+        rec.put(name, {"path": str(work / name), "seconds": time.perf_counter() - t, "timings": r.timings,
+                       "canary_margin": r.contract.canary.min_margin})
     return out
 
 
 # ---- kernels ----
-def stage_kernels() -> dict:
+def kernel_jobs(graphs: bool, cases: str | None) -> list[tuple[str, object, tuple]]:
+    """(id, fn(runner, rng, *spec), spec): the parity cases and host loops, or the WHILE-graph loops;
+    ``cases``: comma-separated parts, a job is kept when its id contains one."""
+    loop = load_test_module("test_kernels_gpu_loop")
+    jobs = []
+    if graphs:
+        for spec, gid in zip(loop.GRAMMARS, ("prefix", "wide")):
+            jobs.append((f"loop-while-graph-{gid}",
+                         lambda d, rng, s=spec: loop.test_while_graph_loop_stops_on_the_device(d, s), ()))
+    else:
+        jobs = [(p.id, p.values[0], p.values[1]) for p in load_test_module("test_kernels_gpu").CASES]
+        for spec, gid in zip(loop.GRAMMARS, ("prefix", "wide")):
+            jobs.append((f"loop-host-{gid}", lambda d, rng, s=spec: loop.host_loop(d, s), ()))
+    if cases:
+        parts = [c for c in cases.split(",") if c]
+        jobs = [j for j in jobs if any(p in j[0] for p in parts)]
+    return jobs
+
+
+def stage_kernels(rec, graphs: bool = False, cases: str | None = None, while_timeout_s: float = 20.0) -> dict:
+    """Every job's records and error are put as soon as the job ends; a stuck WHILE graph ends
+    the stage at once (exit_stuck); ``gpu.close()`` is best effort and its error recorded."""
+    import kernels.runner as runner_mod
+    from gpu_check_record import close_all, exit_stuck, is_stuck
     from kernels.launch import Gpu
     from kernels.runner import KernelRunner
 
@@ -131,28 +158,30 @@ def stage_kernels() -> dict:
         def same(self, got, want, label=""):
             self._record(got, want, np.array_equal(np.asarray(got), np.asarray(want), equal_nan=True), label)
 
-    headers = ensure_headers()
+    runner_mod.WHILE_TIMEOUT_S = while_timeout_s
+    rec.put("headers", ensure_headers())
+    jobs = kernel_jobs(graphs, cases)
+    rec.put("cases", len(jobs))
     gpu = Gpu()
+    rec.put("device", gpu.name)
     runner = RecordingRunner(gpu)
-    runner.records = []
-    t = time.perf_counter()
-    cases = load_test_module("test_kernels_gpu").CASES
-    loop = load_test_module("test_kernels_gpu_loop")
-    jobs = [(p.id, p.values[0], p.values[1]) for p in cases]
-    for spec, gid in zip(loop.GRAMMARS, ("prefix", "wide")):
-        jobs.append((f"loop-host-{gid}", lambda d, rng, s=spec: loop.host_loop(d, s), ()))
-        jobs.append((f"loop-while-graph-{gid}",
-                     lambda d, rng, s=spec: loop.test_while_graph_loop_stops_on_the_device(d, s), ()))
-    errors = {}
+    runner.records, errors, t = [], {}, time.perf_counter()
+    rec.put("records", runner.records)
+    rec.put("errors", errors)
     for cid, case, spec in jobs:
         runner.case = cid
         try:
             case(runner, np.random.default_rng(zlib.crc32(repr(spec).encode())), *spec)
         except Exception as e:  # a launch failure or a plain assert in a case
             errors[cid] = f"{type(e).__name__}: {e}"[:500]
-    gpu.close()
-    return {"records": runner.records, "errors": errors, "cases": len(jobs), "seconds": time.perf_counter() - t,
-            "headers": headers, "device": gpu.name}
+            if is_stuck(e):
+                exit_stuck(rec, cid)
+        rec.put("done", rec.data.get("done", 0) + 1)  # rewrites records and errors too
+    rec.put("seconds", time.perf_counter() - t)
+    close_error = close_all([gpu.close])
+    if close_error:
+        rec.put("close_error", close_error)
+    return rec.data
 
 
 # ---- prompts shared by e2e and cpuref ----
@@ -162,14 +191,13 @@ def e2e_prompts(grammar, tokenizer, max_input: int) -> list[tuple[int, ...]]:
     return [tuple(tokenizer.encode(grammar.render_prompt(t)).ids)[-max_input:] for t in texts]
 
 
-def stage_cpuref(work: Path, names: list[str]) -> dict:
+def stage_cpuref(work: Path, names: list[str], rec) -> dict:
     from tokenizers import Tokenizer
 
     from runtime.bundle import read_contract
     from runtime.engine import cpu_generator, load_cpu_weights
     from runtime.generator import Request, Result
     from runtime.grammar import Grammar
-    out = {}
     for name in names:
         t, folder = time.perf_counter(), work / name
         c, g = read_contract(folder), Grammar.read(folder / "grammar.msgpack")
@@ -181,7 +209,7 @@ def stage_cpuref(work: Path, names: list[str]) -> dict:
         slot = gen.kv.admit(len(p) + 1)
         np.save(work / f"{name}-cpu-hidden.npy", gen.model.forward(p, np.full(len(p), slot), np.arange(len(p)), gen.kv))
         gen.kv.release(slot)
-        out[name] = {"tokens": [r.token_ids if isinstance(r, Result) else str(r) for r in res],
-                     "margins": [r.min_margin if isinstance(r, Result) else None for r in res],
-                     "prompt_lengths": [len(q) for q in prompts], "seconds": time.perf_counter() - t}
-    return out
+        rec.put(name, {"tokens": [r.token_ids if isinstance(r, Result) else str(r) for r in res],
+                       "margins": [r.min_margin if isinstance(r, Result) else None for r in res],
+                       "prompt_lengths": [len(q) for q in prompts], "seconds": time.perf_counter() - t})
+    return rec.data

@@ -219,6 +219,7 @@ def plan(checkpoint, gpu_memory, precision, target, page_size, max_input_tokens,
     from kernels.targets import resolve_target
 
     from .checkpoint import parse_config
+    from .kernel_build import check_kernel_shapes, contract_target
     from .memory_plan import format_size, parse_size
     from .tiers import DEFAULT_MAX_INPUT_TOKENS, DEFAULT_MAX_OUTPUT_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows
 
@@ -234,6 +235,7 @@ def plan(checkpoint, gpu_memory, precision, target, page_size, max_input_tokens,
             raise EngineError("checkpoint_invalid", f"{checkpoint}: not a folder; expected a Hugging Face checkpoint "
                               "folder with config.json", path=str(checkpoint))
         cfg = parse_config(Path(checkpoint))
+        check_kernel_shapes(contract_target(t.name), cfg, PRECISIONS[precision])  # as `compile` does, first
         if max_in + max_out > cfg.max_position_embeddings:
             raise EngineError("usage", f"max input + output tokens ({max_in + max_out}) exceed the model's "
                               f"{cfg.max_position_embeddings} positions", limit=cfg.max_position_embeddings)

@@ -40,6 +40,8 @@ EXIT_CODES: dict[str, int] = {
     "grammar_violation": 44,
     # cuda
     "cuda_error": 50,
+    "graph_stuck": 51,  # a WHILE graph never cleared its condition: the context is unusable
+    "device_check_setup": 52,  # bench/gpu_check.py: what the device machine needs is missing
     # placement (builder manifest)
     "unplaceable": 100,
 }

@@ -1,4 +1,5 @@
-// attention_merge.cu: combine the per-split partials of attention.cu into the output.
+// attention_merge.cu: combine the per-split partials of attention.cu (prefill) into the output
+// (attention_decode.cu merges its own, with the same formula).
 //
 //   n = min(ceil((pos[t] + 1) / ATTN_SPLIT), max_splits) splits of row t
 //   M = max_s m_s;  w_s = exp(m_s - M);  L = sum_s w_s l_s;  out[d] = (sum_s w_s o_s[d]) / L
@@ -7,7 +8,7 @@
 // part_o: float32 [T, n_heads, max_splits, head_dim]; part_ml: float32 [T, n_heads,
 // max_splits, 2]; seq, pos: int32 [T] (seq < 0: padding row, output zeros);
 // out: float32 [T, out_stride], head h at columns h * head_dim (the o_proj input).
-// Launch: grid (n_heads, T), block MERGE_THREADS (>= head_dim, <= 128).
+// head_dim <= 128. Launch: grid (n_heads, T), block MERGE_THREADS (>= head_dim, <= 128).
 #include "common.cuh"
 
 #define MERGE_THREADS 128

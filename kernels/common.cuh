@@ -10,7 +10,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-#include <cuda_fp4.h>
 
 #define FULL_MASK 0xffffffffu
 #define NEG_INF (__int_as_float(0xff800000))
@@ -70,10 +69,15 @@ __device__ __forceinline__ __half2 e4m3x2_to_half2(unsigned short v) {
     return *reinterpret_cast<__half2*>(&h);
 }
 
-// One byte of two e2m1 codes (low nibble = first element) -> half2. Exact.
-__device__ __forceinline__ __half2 e2m1x2_to_half2(unsigned char v) {
-    __half2_raw h = __nv_cvt_fp4x2_to_halfraw2((__nv_fp4x2_storage_t)v, __NV_E2M1);
-    return *reinterpret_cast<__half2*>(&h);
+// One byte of two e2m1 codes (low nibble first) -> half2 of e2m1(c) x 2^-14, exactly, by bit
+// placement alone: code c = s|m2 m1 m0 has fp16 bits ((c & 7) << 9) | ((c & 8) << 12)
+// (magnitude bits into exponent/mantissa, sign to bit 15): codes 1..7 are 0.5..6 x 2^-14
+// (code 1 the subnormal 2^-15). The high nibble lands the same way in bits 16..31.
+// kernels/reference.py e2m1_half_bits and tests/test_kernels_reference.py prove it for all 16
+// codes. The caller folds the 2^14 back into the float32 global scale.
+__device__ __forceinline__ __half2 e2m1x2_to_half2_2m14(u32 x) {
+    const u32 bits = ((x & 0x7u) << 9) | ((x & 0x8u) << 12) | ((x & 0x70u) << 21) | ((x & 0x80u) << 24);
+    return *reinterpret_cast<const __half2*>(&bits);
 }
 
 // ---- row statistics shared by rmsnorm.cu and the matvec prologues ----

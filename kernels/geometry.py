@@ -4,13 +4,15 @@ The constants mirror the ``#define``s of kernels/*.cu and *.cuh (a test checks t
 ``launch_shape`` turns problem sizes into (grid, block) for any entry point, so the runtime
 and the GPU tests compute launches one way.
 
-One decode/prefill step over rows (token, seq, pos), per layer (<fmt> = fp8 | nvfp4 | bf16):
-  <fmt>_matvec_rmsnorm  q, k, v (input_layernorm fused; or one fused qkv weight)
-  qk_norm_rope          in place on q and k
-  kv_write              k, v -> the paged bf16 cache (before attention: prefill reads it)
-  attention_{decode,prefill}_partial + attention_merge -> attn [T, heads * head_dim]
+One step over rows (token, seq, pos), per layer (<fmt> = fp8 | nvfp4 | bf16):
+  <fmt>_matvec_rmsnorm  q|k|v, one fused weight (input_layernorm fused)
+  decode (one row per sequence; 5 launches a layer):
+    attention_decode    q/k norm + rope, K/V -> the paged bf16 cache, attention, split merge
+  prefill (7 launches a layer):
+    qk_norm_rope_kv     q/k norm + rope in place, K/V -> the cache (before attention reads it)
+    attention_prefill_partial + attention_merge -> attn [T, heads * head_dim]
   <fmt>_matvec          o_proj, accumulate=1 into the residual stream x
-  <fmt>_matvec_rmsnorm  gate, up (post_attention_layernorm fused)
+  <fmt>_matvec_rmsnorm  gate|up, one fused weight (post_attention_layernorm fused)
   <fmt>_matvec_swiglu   down_proj, accumulate=1 into x
 then embed_gather at the start; at the end rmsnorm (rows gathered) + grammar_candidates ->
 head_sparse -> grammar_advance (the WHILE condition), or head_dense + argmax_rows / head_gather.
@@ -19,14 +21,15 @@ from __future__ import annotations
 
 import numpy as np
 
-# matvec.cuh: 8 warps x 2 output rows per block, 8 activation rows per block.
-MV_THREADS, MV_ROWS_PER_BLOCK, MV_TILE_T = 256, 16, 8
+# matvec.cuh: 8 warps x 2 output rows per block (*_rmsnorm, head_dense) or x 1 (plain and
+# *_swiglu: o_proj / down_proj get twice the blocks), 8 activation rows per block.
+MV_THREADS, MV_ROWS_PER_BLOCK, MV_ROWS_PER_BLOCK_NARROW, MV_TILE_T = 256, 16, 8, 8
 EMB_THREADS = 128
 NORM_THREADS, NORM_ROWS_PER_BLOCK = 256, 8
 SWIGLU_THREADS = 256
-KV_THREADS = 128
 ROPE_THREADS, ROPE_HEADS_PER_BLOCK, ROPE_MAX_HEAD_DIM = 128, 4, 256
 ATTN_THREADS, ATTN_SPLIT, ATTN_QCHUNK, ATTN_MAX_HEAD_DIM = 128, 256, 8, 128
+HEAD_DIMS = (32, 64, 128)  # what the attention kernels take (attention.cuh)
 MERGE_THREADS = 128
 HEAD_THREADS, HEAD_CANDS_PER_BLOCK = 256, 8
 ARGMAX_THREADS = 256
@@ -51,16 +54,16 @@ def attention_max_splits(max_positions: int) -> int:
 def launch_shape(kernel: str, **n: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """(grid, block) of ``kernel`` for sizes named as its parameters (T, out, B, ...)."""
     if kernel in MATVECS:
-        return (cdiv(n["out"], MV_ROWS_PER_BLOCK), cdiv(n["T"], MV_TILE_T), 1), (MV_THREADS, 1, 1)
+        rows = MV_ROWS_PER_BLOCK if kernel.endswith("_rmsnorm") else MV_ROWS_PER_BLOCK_NARROW
+        return (cdiv(n["out"], rows), cdiv(n["T"], MV_TILE_T), 1), (MV_THREADS, 1, 1)
     shapes = {
         "head_dense": lambda: ((cdiv(n["vocab"], MV_ROWS_PER_BLOCK), cdiv(n["T"], MV_TILE_T), 1), MV_THREADS),
         "embed_gather": lambda: ((n["T"], 1, 1), EMB_THREADS),
         "rmsnorm": lambda: ((cdiv(n["B"], NORM_ROWS_PER_BLOCK), 1, 1), NORM_THREADS),
         "swiglu": lambda: ((cdiv(n["n"], 4 * SWIGLU_THREADS), n["T"], 1), SWIGLU_THREADS),
-        "kv_write": lambda: ((n["T"], 1, 1), KV_THREADS),
-        "qk_norm_rope": lambda: ((cdiv(n["n_heads"] + n["n_kv_heads"], ROPE_HEADS_PER_BLOCK), n["T"], 1),
-                                 ROPE_THREADS),
-        "attention_decode_partial": lambda: ((n["T"], n["n_kv_heads"], n["max_splits"]), ATTN_THREADS),
+        "qk_norm_rope_kv": lambda: ((cdiv(n["n_heads"] + n["n_kv_heads"], ROPE_HEADS_PER_BLOCK), n["T"], 1),
+                                    ROPE_THREADS),
+        "attention_decode": lambda: ((n["T"], n["n_kv_heads"], n["max_splits"]), ATTN_THREADS),
         "attention_prefill_partial": lambda: ((n["n_tiles"], n["n_kv_heads"], n["max_splits"]),
                                               ATTN_THREADS),
         "attention_merge": lambda: ((n["n_heads"], n["T"], 1), MERGE_THREADS),
@@ -108,8 +111,8 @@ def shape_problems(hidden: int, intermediate: int, n_heads: int, n_kv_heads: int
                       ("num_heads * head_dim", n_heads * head_dim)):
         if dim % m:
             out.append(f"{name} = {dim} is not a multiple of {m} ({weight_format} matvec)")
-    if head_dim not in (64, 128):
-        out.append(f"head_dim = {head_dim}: attention supports 64 and 128")
+    if head_dim not in HEAD_DIMS:
+        out.append(f"head_dim = {head_dim}: attention supports {', '.join(map(str, HEAD_DIMS))}")
     if n_kv_heads <= 0 or n_heads % n_kv_heads:
         out.append(f"num_heads {n_heads} is not a multiple of num_kv_heads {n_kv_heads}")
     return out

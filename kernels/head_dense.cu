@@ -12,7 +12,7 @@
 extern "C" __global__ void __launch_bounds__(MV_THREADS)
 head_dense(const float* x, int x_stride, const __nv_bfloat16* norm_w, float eps,
            const __nv_bfloat16* table, float* logits, int T, int hidden, int vocab) {
-    matvec_tile<FmtBF16, PRO_RMSNORM>(x, nullptr, x_stride, norm_w, eps,
-                                      reinterpret_cast<const u8*>(table), nullptr, 0.f, nullptr,
+    matvec_tile<FmtBF16, PRO_RMSNORM, MV_ROWS_PER_WARP>(x, nullptr, x_stride, norm_w, eps,
+                                      reinterpret_cast<const u8*>(table), nullptr, nullptr, nullptr,
                                       logits, T, hidden, vocab, 0);
 }

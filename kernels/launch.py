@@ -187,14 +187,27 @@ class Gpu:
         _check(_driver().cuCtxSynchronize(), "cuCtxSynchronize")
 
     def close(self) -> None:
-        """Frees every allocation and module, then releases the primary context."""
+        """Frees every allocation and module, then releases the primary context. Best effort:
+        every step is tried even after one fails (a sticky error fails them all), and the
+        first error is raised at the end."""
         driver = _driver()
-        for arr in list(self._allocs.values()):
-            self.free(arr)
-        for module in self._modules:
-            _check(driver.cuModuleUnload(module), "cuModuleUnload")
-        self._modules.clear()
-        _check(driver.cuDevicePrimaryCtxRelease(self.device), "cuDevicePrimaryCtxRelease")
+        steps = [lambda p=ptr: _check(driver.cuMemFree(p), "cuMemFree") for ptr in list(self._allocs)]
+        steps += [lambda m=module: _check(driver.cuModuleUnload(m), "cuModuleUnload") for module in self._modules]
+        steps.append(lambda: _check(driver.cuDevicePrimaryCtxRelease(self.device), "cuDevicePrimaryCtxRelease"))
+        self._allocs, self._modules = {}, []
+        first_error(steps)
+
+
+def first_error(steps) -> None:
+    """Runs every callable of ``steps``; then raises the first exception one of them raised."""
+    first = None
+    for step in steps:
+        try:
+            step()
+        except Exception as e:  # keep going: later steps may still free what they hold
+            first = first or e
+    if first is not None:
+        raise first
 
 
 class Module:

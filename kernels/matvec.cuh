@@ -9,8 +9,9 @@
 //   PRO_RMSNORM (x / sqrt(mean(x^2) + eps)) * norm_w[k]   (norm_w bf16 [in]; = rmsnorm.cu)
 //   PRO_SWIGLU  silu(x[t, k]) * x2[t, k]                   (gate x, up x2; = swiglu.cu)
 //
-// Launch: grid (ceil(out / MV_ROWS_PER_BLOCK), ceil(T / MV_TILE_T)), block MV_THREADS.
-// Each warp owns MV_ROWS_PER_WARP output rows and all MV_TILE_T activation rows of the block,
+// Launch: grid (ceil(out / rows per block), ceil(T / MV_TILE_T)), block MV_THREADS; rows per
+// block = MV_WARPS x R (R below: 16 for *_rmsnorm and head_dense, 8 for plain and *_swiglu).
+// Each warp owns R output rows and all MV_TILE_T activation rows of the block,
 // so one 16-byte weight load feeds 8 rows of x (read from shared memory, conflict-free thanks
 // to a 16-byte pad after every vector's columns). Lane l reads vectors l, l+32, l+64, ... of
 // each weight row: a warp reads 512 contiguous bytes per load instruction. The next chunk's
@@ -26,7 +27,9 @@
 #define MV_THREADS 256
 #define MV_WARPS 8
 #define MV_ROWS_PER_WARP 2
+// rows per block: R = 2 (*_matvec_rmsnorm, head_dense), R = 1 (plain and *_swiglu)
 #define MV_ROWS_PER_BLOCK 16
+#define MV_ROWS_PER_BLOCK_NARROW 8
 #define MV_TILE_T 8
 
 #define PRO_PLAIN 0
@@ -51,15 +54,19 @@ struct FmtFP8 {
         w[0] = f0.x; w[1] = f0.y; w[2] = f1.x; w[3] = f1.y;
         w[4] = f2.x; w[5] = f2.y; w[6] = f3.x; w[7] = f3.y;
     }
-    static __device__ __forceinline__ float row_scale(const void* s, float, int o) {
+    static __device__ __forceinline__ float row_scale(const void* s, const float*, int o) {
         return static_cast<const float*>(s)[o];
     }
 };
 
 // NVFP4: e2m1 codes uint8 [out, in/2] (element 2k in the low nibble), e4m3 block scales
-// [out, in/16], float32 global scale. A vector holds 32 elements = 2 scale blocks; the
-// block scale is multiplied into the codes in fp16, which is exact (<= 6 significant bits,
-// magnitudes 2^-10 .. 2688), so w = e2m1 * block_scale exactly and global is applied last.
+// [out, in/16], float32 global scale per output row [out] (one value repeated per source
+// tensor, so fused q|k|v and gate|up keep each tensor's own). A vector holds 32 elements = 2
+// scale blocks. Codes become fp16 e2m1 x 2^-14 by bit placement (common.cuh, no conversion
+// instruction); times the block scale in fp16 that is exact (a.b x 2^-24 with a <= 12, b an
+// e4m3 significand: <= 6 significant bits, 2^-24 .. 2688 x 2^-14, all fp16 values), and the
+// 2^14 is folded into the row's global scale (exact: a power of two), so every product and
+// partial sum is the previous decoding's times 2^-14 exactly and the result has the same bits.
 struct FmtNVFP4 {
     static constexpr int ELEMS = 32, K_CHUNK = 1024;
     static __device__ __forceinline__ size_t row_bytes(int in) { return (size_t)(in / 2); }
@@ -75,11 +82,13 @@ struct FmtNVFP4 {
         const __half2 bs = sub < 2 ? __low2half2(bs2) : __high2half2(bs2);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            float2 f = __half22float2(__hmul2(e2m1x2_to_half2((u8)(word >> (8 * i))), bs));
+            float2 f = __half22float2(__hmul2(e2m1x2_to_half2_2m14(word >> (8 * i)), bs));
             w[2 * i] = f.x; w[2 * i + 1] = f.y;
         }
     }
-    static __device__ __forceinline__ float row_scale(const void*, float g, int) { return g; }
+    static __device__ __forceinline__ float row_scale(const void*, const float* g, int o) {
+        return __fmul_rn(g[o], 16384.0f);  // 2^14: exact
+    }
 };
 
 // BF16 [out, in], no scale (unquantized reference build and the lm head).
@@ -90,7 +99,7 @@ struct FmtBF16 {
     static __device__ __forceinline__ void decode(const uint4 r, u32, int, float w[8]) {
         bf16x8_to_float(r, w);
     }
-    static __device__ __forceinline__ float row_scale(const void*, float, int) { return 1.0f; }
+    static __device__ __forceinline__ float row_scale(const void*, const float*, int) { return 1.0f; }
 };
 
 // Loads chunk c's weight vectors of this warp's rows into registers (zeros past the edges).
@@ -116,13 +125,16 @@ __device__ __forceinline__ void mv_load_chunk(const u8* __restrict__ w, const vo
     }
 }
 
-template <class F, int PRO>
+// R: output rows per warp (MV_ROWS_PER_WARP = 2 for the q|k|v and gate|up matvecs; 1 for
+// o_proj / down_proj / plain, whose `out` is only hidden_size: 8 rows a block, so hidden 1024
+// is 128 blocks at T = 1, one per SM on a 132-SM H100/H200, instead of 64).
+template <class F, int PRO, int R>
 __device__ __forceinline__ void matvec_tile(
     const float* __restrict__ x, const float* __restrict__ x2, int x_stride,
     const __nv_bfloat16* __restrict__ norm_w, float eps, const u8* __restrict__ w,
-    const void* __restrict__ wscale, float gscale, const float* __restrict__ bias,
+    const void* __restrict__ wscale, const float* __restrict__ gscale, const float* __restrict__ bias,
     float* __restrict__ y, int T, int in, int out, int accumulate) {
-    constexpr int R = MV_ROWS_PER_WARP, TM = MV_TILE_T;
+    constexpr int TM = MV_TILE_T;
     constexpr int VPC = F::K_CHUNK / F::ELEMS, VPL = VPC / 32, SUBS = F::ELEMS / 8;
     constexpr int XS_ROW = F::K_CHUNK + VPC * 4;  // padded floats per staged row
     constexpr int Q4 = F::K_CHUNK / 4;            // float4 per staged row
@@ -132,7 +144,7 @@ __device__ __forceinline__ void matvec_tile(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int t0 = blockIdx.y * TM;
     const int nt = min(TM, T - t0);
-    const int obase = blockIdx.x * MV_ROWS_PER_BLOCK + warp * R;
+    const int obase = blockIdx.x * (MV_WARPS * R) + warp * R;
     const int nvec = in / F::ELEMS;
     const int nchunks = (in + F::K_CHUNK - 1) / F::K_CHUNK;
     const size_t rb = F::row_bytes(in);

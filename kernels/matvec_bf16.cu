@@ -5,14 +5,15 @@
 //
 // w: bf16 [out, in]; bias: float32 [out] or null; x: float32 [T, x_stride];
 // y: float32 [T, out]; accumulate != 0 adds into y. in % 8 == 0.
-// Launch: grid (ceil(out / 16), ceil(T / 8)), block 256, no dynamic shared memory.
+// Launch: grid (ceil(out / R), ceil(T / 8)), block 256, no dynamic shared memory; R = 16 rows
+// for bf16_matvec_rmsnorm, 8 for bf16_matvec and bf16_matvec_swiglu.
 #include "matvec.cuh"
 
 extern "C" __global__ void __launch_bounds__(MV_THREADS)
 bf16_matvec(const float* x, int x_stride, const __nv_bfloat16* w, const float* bias, float* y,
             int T, int in, int out, int accumulate) {
-    matvec_tile<FmtBF16, PRO_PLAIN>(x, nullptr, x_stride, nullptr, 0.f,
-                                    reinterpret_cast<const u8*>(w), nullptr, 0.f, bias, y, T, in,
+    matvec_tile<FmtBF16, PRO_PLAIN, 1>(x, nullptr, x_stride, nullptr, 0.f,
+                                    reinterpret_cast<const u8*>(w), nullptr, nullptr, bias, y, T, in,
                                     out, accumulate);
 }
 
@@ -21,8 +22,8 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS)
 bf16_matvec_rmsnorm(const float* x, int x_stride, const __nv_bfloat16* norm_w, float eps,
                     const __nv_bfloat16* w, const float* bias, float* y, int T, int in, int out,
                     int accumulate) {
-    matvec_tile<FmtBF16, PRO_RMSNORM>(x, nullptr, x_stride, norm_w, eps,
-                                      reinterpret_cast<const u8*>(w), nullptr, 0.f, bias, y, T,
+    matvec_tile<FmtBF16, PRO_RMSNORM, MV_ROWS_PER_WARP>(x, nullptr, x_stride, norm_w, eps,
+                                      reinterpret_cast<const u8*>(w), nullptr, nullptr, bias, y, T,
                                       in, out, accumulate);
 }
 
@@ -30,7 +31,7 @@ bf16_matvec_rmsnorm(const float* x, int x_stride, const __nv_bfloat16* norm_w, f
 extern "C" __global__ void __launch_bounds__(MV_THREADS)
 bf16_matvec_swiglu(const float* gate, const float* up, int x_stride, const __nv_bfloat16* w,
                    const float* bias, float* y, int T, int in, int out, int accumulate) {
-    matvec_tile<FmtBF16, PRO_SWIGLU>(gate, up, x_stride, nullptr, 0.f,
-                                     reinterpret_cast<const u8*>(w), nullptr, 0.f, bias, y, T,
+    matvec_tile<FmtBF16, PRO_SWIGLU, 1>(gate, up, x_stride, nullptr, 0.f,
+                                     reinterpret_cast<const u8*>(w), nullptr, nullptr, bias, y, T,
                                      in, out, accumulate);
 }

@@ -5,13 +5,14 @@
 // w: uint8 e4m3 codes [out, in] row-major; w_scale: float32 [out]; bias: float32 [out] or
 // null (qwen2 q/k/v); x: float32 [T, x_stride]; y: float32 [T, out]; accumulate != 0 adds
 // into y (the residual stream after o_proj / down_proj). in % 16 == 0.
-// Launch: grid (ceil(out / 16), ceil(T / 8)), block 256, no dynamic shared memory.
+// Launch: grid (ceil(out / R), ceil(T / 8)), block 256, no dynamic shared memory; R = 16 rows
+// for fp8_matvec_rmsnorm, 8 for fp8_matvec and fp8_matvec_swiglu.
 #include "matvec.cuh"
 
 extern "C" __global__ void __launch_bounds__(MV_THREADS)
 fp8_matvec(const float* x, int x_stride, const u8* w, const float* w_scale, const float* bias,
            float* y, int T, int in, int out, int accumulate) {
-    matvec_tile<FmtFP8, PRO_PLAIN>(x, nullptr, x_stride, nullptr, 0.f, w, w_scale, 0.f, bias, y,
+    matvec_tile<FmtFP8, PRO_PLAIN, 1>(x, nullptr, x_stride, nullptr, 0.f, w, w_scale, nullptr, bias, y,
                                    T, in, out, accumulate);
 }
 
@@ -20,7 +21,7 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS)
 fp8_matvec_rmsnorm(const float* x, int x_stride, const __nv_bfloat16* norm_w, float eps,
                    const u8* w, const float* w_scale, const float* bias, float* y, int T,
                    int in, int out, int accumulate) {
-    matvec_tile<FmtFP8, PRO_RMSNORM>(x, nullptr, x_stride, norm_w, eps, w, w_scale, 0.f, bias, y,
+    matvec_tile<FmtFP8, PRO_RMSNORM, MV_ROWS_PER_WARP>(x, nullptr, x_stride, norm_w, eps, w, w_scale, nullptr, bias, y,
                                      T, in, out, accumulate);
 }
 
@@ -29,6 +30,6 @@ extern "C" __global__ void __launch_bounds__(MV_THREADS)
 fp8_matvec_swiglu(const float* gate, const float* up, int x_stride, const u8* w,
                   const float* w_scale, const float* bias, float* y, int T, int in, int out,
                   int accumulate) {
-    matvec_tile<FmtFP8, PRO_SWIGLU>(gate, up, x_stride, nullptr, 0.f, w, w_scale, 0.f, bias, y,
+    matvec_tile<FmtFP8, PRO_SWIGLU, 1>(gate, up, x_stride, nullptr, 0.f, w, w_scale, nullptr, bias, y,
                                     T, in, out, accumulate);
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,8 +113,30 @@ def compile_source(source: bytes, name: str, arch: str) -> CompiledKernel:
         _check(nvrtc, nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN", name)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    return CompiledKernel(name, arch, bytes(cubin), log, parse_resources(log),
-                          hashlib.sha256(source).hexdigest())
+    resources = parse_resources(log)
+    for fn, count in sass_instructions(bytes(cubin)).items():
+        if fn in resources:
+            resources[fn]["instructions"] = count
+    return CompiledKernel(name, arch, bytes(cubin), log, resources, hashlib.sha256(source).hexdigest())
+
+
+def sass_instructions(cubin: bytes) -> dict[str, int]:
+    """Machine instructions per kernel function of a cubin: its ``.text.<function>`` ELF section
+    size / 16 (every instruction is 128 bits since Volta), read from the 64-bit ELF section
+    headers (no disassembler needed)."""
+    if cubin[:5] != b"\x7fELF\x02":
+        return {}
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    header = lambda i: struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)  # noqa: E731
+    names = header(shstrndx)[4]
+    out = {}
+    for i in range(shnum):
+        name_off, size = header(i)[0], header(i)[5]
+        name = cubin[names + name_off:cubin.index(b"\0", names + name_off)].decode()
+        if name.startswith(".text."):
+            out[name[len(".text."):]] = size // 16
+    return out
 
 
 def compile_kernel(cu: str | Path, arch: str, *, use_cache: bool = True) -> CompiledKernel:
@@ -187,13 +210,13 @@ def parse_resources(log: str) -> dict[str, dict[str, int]]:
 
 
 def resource_table(kernels: list[CompiledKernel]) -> str:
-    """A text table: one line per kernel function (registers, spills, stack, shared bytes)."""
+    """A text table: one line per kernel function (registers, spills, stack, shared bytes, instructions)."""
     lines = [f"{'arch':7} {'file':19} {'function':26} {'regs':>4} {'spill st':>8} {'spill ld':>8} "
-             f"{'stack':>5} {'smem':>6}"]
+             f"{'stack':>5} {'smem':>6} {'instr':>6}"]
     for k in kernels:
         for fn, r in sorted(k.resources.items()):
             lines.append(f"{k.arch:7} {k.name:19} {fn:26} {r['registers']:4} {r['spill_stores']:8} "
-                         f"{r['spill_loads']:8} {r['stack_bytes']:5} {r['shared_bytes']:6}")
+                         f"{r['spill_loads']:8} {r['stack_bytes']:5} {r['shared_bytes']:6} {r.get('instructions', 0):6}")
     return "\n".join(lines)
 
 

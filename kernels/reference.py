@@ -29,12 +29,21 @@ def fp8_dequant(w: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
     return w.view(ml_dtypes.float8_e4m3fn).astype(F32) * f32(w_scale)[:, None]
 
 
-def nvfp4_dequant(w: np.ndarray, w_scale: np.ndarray, global_scale: float) -> np.ndarray:
+def nvfp4_dequant(w: np.ndarray, w_scale: np.ndarray, global_scale) -> np.ndarray:
     """Packed e2m1 uint8 [out, in/2] (low nibble first), e4m3 block scales uint8 [out, in/16]
-    and a float32 global scale -> float32 [out, in] = e2m1 * block scale * global."""
+    and float32 global scales (a scalar, or [out]: one per row, as the kernels take them) ->
+    float32 [out, in] = e2m1 * block scale * global."""
     codes = np.stack([w & 0xF, w >> 4], axis=-1).reshape(w.shape[0], -1)
     bs = np.repeat(w_scale.view(ml_dtypes.float8_e4m3fn).astype(F32), 16, axis=1)
-    return (E2M1_VALUES[codes] * bs) * F32(global_scale)
+    g = f32(global_scale)
+    return (E2M1_VALUES[codes] * bs) * (g[:, None] if g.ndim == 1 else g)
+
+
+def e2m1_half_bits(codes: np.ndarray) -> np.ndarray:
+    """uint16 fp16 bit patterns the kernels build from e2m1 codes (matvec.cuh): the magnitude
+    bits shifted into exponent and mantissa, the sign to bit 15; as fp16 that is e2m1 x 2^-14."""
+    c = np.asarray(codes).astype(np.uint16)
+    return ((c & 7) << 9) | ((c & 8) << 12)
 
 
 # ---- row kernels ----
@@ -114,6 +123,27 @@ def qk_norm_rope(q, k, pos, q_norm_w, k_norm_w, inv_freq, eps, n_heads, n_kv_hea
         x[:, :heads * head_dim] = h.reshape(len(x), -1)
         out.append(x)
     return tuple(out)
+
+
+def qk_norm_rope_kv(q, k, v, seq, pos, block_table, page_size, q_norm_w, k_norm_w, inv_freq, eps,
+                    n_heads, n_kv_heads, head_dim, k_cache=None, v_cache=None):
+    """(q, k) as qk_norm_rope; with caches, bf16 of the new k and of v written in place (kv_write)."""
+    q2, k2 = qk_norm_rope(q, k, pos, q_norm_w, k_norm_w, inv_freq, eps, n_heads, n_kv_heads, head_dim)
+    if k_cache is not None:
+        kv_write(k2, v, seq, pos, block_table, page_size, k_cache, v_cache)
+    return q2, k2
+
+
+def attention_decode(q, k, v, seq, pos, block_table, page_size, k_cache, v_cache, q_norm_w, k_norm_w,
+                     inv_freq, eps, n_heads, n_kv_heads, head_dim, sm_scale, max_splits):
+    """attention_decode.cu: float32 [T, n_heads*head_dim] for decode rows (one per sequence):
+    q/k norm + rope, the rows' K/V written into the caches in place, then the attention of the
+    partials and merge (zeros for padding rows). Returns (out, the rotated k)."""
+    q2, k2 = qk_norm_rope_kv(q, k, v, seq, pos, block_table, page_size, q_norm_w, k_norm_w, inv_freq, eps,
+                             n_heads, n_kv_heads, head_dim, k_cache, v_cache)
+    po, pml = attention_partials(q2, seq, pos, block_table, page_size, k_cache, v_cache, n_heads, n_kv_heads,
+                                 head_dim, sm_scale, max_splits)
+    return attention_merge(po, pml, seq, pos, max_splits), k2
 
 
 def kv_write(k, v, seq, pos, block_table, page_size, k_cache, v_cache) -> None:

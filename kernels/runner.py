@@ -18,6 +18,9 @@ from .graph_nodes import add_kernel_node, add_while_node
 from .launch import DeviceArray, Kernel, check
 from .nvrtc_build import compile_kernel
 from .signatures import kernel_signatures
+from common.errors import CudaError
+
+WHILE_TIMEOUT_S = 30.0  # run_while_graph's default wait for the loop to end
 
 
 class Out:
@@ -120,11 +123,14 @@ class DryRunGpu:
         pass
 
 
-def run_while_graph(runner: KernelRunner, body_for_handle, timeout_s: float = 30.0) -> None:
+def run_while_graph(runner: KernelRunner, body_for_handle, timeout_s: float | None = None) -> None:
     """Runs a graph made of one WHILE node (condition default 1, reset at each launch) whose
     body is ``body_for_handle(handle)``: a list of (fn, sizes, device args) launched in order.
     A body kernel must clear the condition (cudaGraphSetConditional); a loop still running
-    after ``timeout_s`` fails an assertion instead of hanging the caller."""
+    after ``timeout_s`` (default WHILE_TIMEOUT_S) raises CudaError("graph_stuck") instead of
+    hanging the caller, without touching the graph or stream again (that would wait on the
+    loop): the context is unusable, so the process should end."""
+    timeout_s = WHILE_TIMEOUT_S if timeout_s is None else timeout_s
     from cuda.bindings import driver as drv
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
     handle, body = add_while_node(drv, graph, runner.gpu.context, [])
@@ -137,6 +143,7 @@ def run_while_graph(runner: KernelRunner, body_for_handle, timeout_s: float = 30
         prev = [add_kernel_node(drv, body, prev, kernel.function, grid, block, kparams.ctypes.data, fn)]
     exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
     stream = check(drv.cuStreamCreate(0), "cuStreamCreate")
+    stuck = False
     try:
         check(drv.cuGraphLaunch(exe, stream), "cuGraphLaunch")
         deadline = time.monotonic() + timeout_s
@@ -146,9 +153,13 @@ def run_while_graph(runner: KernelRunner, body_for_handle, timeout_s: float = 30
                 break
             if err != drv.CUresult.CUDA_ERROR_NOT_READY:
                 check((err,), "cuStreamQuery")
-            assert time.monotonic() < deadline, "WHILE loop still running: condition never cleared"
+            if time.monotonic() > deadline:
+                stuck = True
+                raise CudaError("graph_stuck", f"WHILE loop still running after {timeout_s:g} s: its condition was "
+                                "never cleared; the context is unusable, end the process", timeout_s=timeout_s)
             time.sleep(0.001)
     finally:
-        check(drv.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
-        check(drv.cuGraphDestroy(graph), "cuGraphDestroy")
-        check(drv.cuStreamDestroy(stream), "cuStreamDestroy")
+        if not stuck:
+            check(drv.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
+            check(drv.cuGraphDestroy(graph), "cuGraphDestroy")
+            check(drv.cuStreamDestroy(stream), "cuStreamDestroy")

@@ -104,7 +104,7 @@ class EmulatedGpu(DryRunGpu):
             w = (self.view(a["w"], U8, (n_out, n_in)), self.view(a["w_scale"], F32, (n_out,)))
         elif fmt == "nvfp4":
             w = (self.view(a["w"], U8, (n_out, n_in // 2)), self.view(a["w_scale"], U8, (n_out, n_in // 16)),
-                 np.float32(a["global_scale"]))
+                 self.view(a["global_scale"], F32, (n_out,)))
         else:
             w = (self.view(a["w"], BF16, (n_out, n_in)),)
         if pro == "_swiglu":
@@ -123,26 +123,40 @@ class EmulatedGpu(DryRunGpu):
         table = self.view(a["table"], BF16, (a["vocab"], a["hidden"]))
         self.view(a["x"], F32, (a["T"], a["hidden"]))[:] = ref.embed_gather(tokens, table)
 
-    def _qk_norm_rope(self, a):
-        T, nh, nkv, hd = a["T"], a["n_heads"], a["n_kv_heads"], a["head_dim"]
-        q = self.view(a["q"], F32, (T, nh * hd), a["q_stride"])
-        k = self.view(a["k"], F32, (T, nkv * hd), a["k_stride"])
-        norm = lambda p: None if p is None else self.view(p, BF16, (hd,))
-        q2, k2 = ref.qk_norm_rope(q, k, self.view(a["pos"], I32, (T,)), norm(a["q_norm_w"]), norm(a["k_norm_w"]),
-                                  self.view(a["inv_freq"], F32, (hd // 2,)), a["eps"], nh, nkv, hd)
-        q[:], k[:] = q2, k2
-
     def _cache(self, a):
         ps, nkv, hd = a["page_size"], a["n_kv_heads"], a["head_dim"]
         bt = self.view(a["block_table"], I32, (-1, a["max_pages_per_seq"]))
         return bt, self.view(a["k_cache"], BF16, (-1, ps, nkv, hd)), self.view(a["v_cache"], BF16, (-1, ps, nkv, hd))
 
-    def _kv_write(self, a):
-        T, width = a["T"], a["n_kv_heads"] * a["head_dim"]
+    def _qk_rows(self, a, T: int):
+        """(q, k, v) views [T, heads * head_dim] with the launch's strides, seq, pos, norm weights."""
+        nh, nkv, hd = a["n_heads"], a["n_kv_heads"], a["head_dim"]
+        q = self.view(a["q"], F32, (T, nh * hd), a["q_stride"])
+        k = self.view(a["k"], F32, (T, nkv * hd), a["k_stride"])
+        v = self.view(a["v"], F32, (T, nkv * hd), a["v_stride"])
+        norm = lambda p: None if p is None else self.view(p, BF16, (hd,))
+        return (q, k, v, self.view(a["seq"], I32, (T,)), self.view(a["pos"], I32, (T,)), norm(a["q_norm_w"]),
+                norm(a["k_norm_w"]), self.view(a["inv_freq"], F32, (hd // 2,)))
+
+    def _qk_norm_rope_kv(self, a):
+        T = a["T"]
+        q, k, v, seq, pos, qn, kn, inv = self._qk_rows(a, T)
+        bt, kc, vc = self._cache(a) if a["k_cache"] is not None else (None, None, None)
+        q2, k2 = ref.qk_norm_rope_kv(q, k, v, seq, pos, bt, a["page_size"], qn, kn, inv, a["eps"], a["n_heads"],
+                                     a["n_kv_heads"], a["head_dim"], kc, vc)
+        q[:], k[:] = q2, k2
+
+    def _attention_decode(self, a):
+        T, nh, hd = a["T"], a["n_heads"], a["head_dim"]
+        q, k, v, seq, pos, qn, kn, inv = self._qk_rows(a, T)
+        assert len(set(seq[seq >= 0].tolist())) == int((seq >= 0).sum()), "attention_decode: one row per sequence"
+        count = self.view(a["counters"], I32, (T, a["n_kv_heads"]))
+        assert not count.any(), "attention_decode: split counters must be zero before the launch"
         bt, kc, vc = self._cache(a)
-        ref.kv_write(self.view(a["k"], F32, (T, width), a["k_stride"]),
-                     self.view(a["v"], F32, (T, width), a["v_stride"]),
-                     self.view(a["seq"], I32, (T,)), self.view(a["pos"], I32, (T,)), bt, a["page_size"], kc, vc)
+        out, k2 = ref.attention_decode(q, k, v, seq, pos, bt, a["page_size"], kc, vc, qn, kn, inv, a["eps"], nh,
+                                       a["n_kv_heads"], hd, a["sm_scale"], a["max_splits"])
+        k[:] = np.where(((seq >= 0) & (pos >= 0))[:, None], k2, k)  # the writer block rewrites k in place
+        self.view(a["out"], F32, (T, nh * hd), a["out_stride"])[:] = out
 
     def _attention(self, a, rows: np.ndarray):
         n = int(rows.max()) + 1 if len(rows) else 0
@@ -157,9 +171,6 @@ class EmulatedGpu(DryRunGpu):
                                          a["n_kv_heads"], hd, a["sm_scale"], S)
         self.view(a["part_o"], F32, (n, nh, S, hd))[rows] = po[rows]
         self.view(a["part_ml"], F32, (n, nh, S, 2))[rows] = pml[rows]
-
-    def _attention_decode_partial(self, a):
-        self._attention(a, np.arange(a["T"]))
 
     def _attention_prefill_partial(self, a):
         start = self.view(a["tile_start"], I32, (a["n_tiles"],))

@@ -16,10 +16,10 @@ ARCHS = ("sm_90", "sm_100", "sm_120")
 # Kernels on the per-token path whose spills would cost bandwidth: no spill allowed.
 HOT = ("fp8_matvec", "fp8_matvec_rmsnorm", "fp8_matvec_swiglu", "nvfp4_matvec",
        "nvfp4_matvec_rmsnorm", "nvfp4_matvec_swiglu", "bf16_matvec", "bf16_matvec_rmsnorm",
-       "bf16_matvec_swiglu", "head_dense", "head_sparse", "attention_decode_partial",
-       "attention_prefill_partial", "attention_merge", "rmsnorm", "qk_norm_rope")
-EXPECTED_FILES = {"argmax", "attention", "attention_merge", "embedding", "grammar_advance",
-                  "grammar_candidates", "head_dense", "head_sparse", "kv_write", "matvec_bf16",
+       "bf16_matvec_swiglu", "head_dense", "head_sparse", "attention_decode",
+       "attention_prefill_partial", "attention_merge", "rmsnorm", "qk_norm_rope_kv")
+EXPECTED_FILES = {"argmax", "attention", "attention_decode", "attention_merge", "embedding", "grammar_advance",
+                  "grammar_candidates", "head_dense", "head_sparse", "matvec_bf16",
                   "matvec_fp8", "matvec_nvfp4", "qk_norm_rope", "rmsnorm", "swiglu"}
 
 
@@ -47,6 +47,19 @@ def test_every_kernel_compiles_with_a_resource_report(compiled):
     for fn, res in (r for k in kernels for r in k.resources.items()):
         assert 0 < res["registers"] <= 255, fn
         assert res["shared_bytes"] <= 48 * 1024, fn  # static shared memory only
+        assert res["instructions"] > 0, fn  # the cubin's .text.<fn> section was found
+
+
+def test_nvfp4_decoding_costs_about_what_fp8_decoding_costs(compiled):
+    """The e2m1 codes are decoded by bit placement (matvec.cuh), not cuda_fp4.h's emulation
+    (which plain sm_90 / sm_100 / sm_120 cubins get): the nvfp4 q|k|v kernel stays within 10 %
+    of the fp8 one's instructions (with the emulation: 6,920 vs 5,144 on sm_90)."""
+    arch, kernels = compiled
+    res = {fn: r for k in kernels for fn, r in k.resources.items()}
+    ratio = res["nvfp4_matvec_rmsnorm"]["instructions"] / res["fp8_matvec_rmsnorm"]["instructions"]
+    assert ratio < 1.10, f"{arch}: nvfp4 / fp8 instructions {ratio:.2f}"
+    sources = "".join(p.read_text() for p in nvrtc_build.KERNEL_DIR.glob("*.cu*"))
+    assert "<cuda_fp4.h>" not in sources and "__nv_cvt_fp4" not in sources
 
 
 def test_hot_kernels_do_not_spill(compiled):

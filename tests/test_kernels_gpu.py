@@ -50,7 +50,9 @@ def case_matvec(d: KernelRunner, rng, fmt, pro, T, n_in, n_out, with_bias, acc):
         w, scales = fp8_codes(rng, n_out, n_in), (rng.uniform(1e-3, 1e-2, n_out).astype(np.float32),)
     elif fmt == "nvfp4":
         w = rng.integers(0, 256, (n_out, n_in // 2), dtype=np.uint8)
-        scales = (rng.integers(0x28, 0x48, (n_out, n_in // 16), dtype=np.uint8), np.float32(0.01))
+        # a per-row global scale: two source tensors of different scales fused (q|k, gate|up)
+        g = np.where(np.arange(n_out) < n_out // 2, 0.01, 0.0037).astype(np.float32)
+        scales = (rng.integers(0x28, 0x48, (n_out, n_in // 16), dtype=np.uint8), g)
     else:
         w, scales = bf16(rng, n_out, n_in), ()
     bias = rng.standard_normal(n_out).astype(np.float32) if with_bias else None
@@ -132,40 +134,45 @@ def case_rows(d: KernelRunner, rng):
     d.same(val, want_val, "argmax value")
 
 
-def case_rope_kv(d: KernelRunner, rng, nh, nkv, hd, qk_norm):
-    """qk_norm_rope in place on a fused qkv buffer, then kv_write from the same buffer."""
-    T, width, ps = 4, (nh + 2 * nkv) * hd, 16
-    qkv = rng.standard_normal((T, width)).astype(np.float32)
-    pos = np.array([0, 1, 255, 40000], np.int32)
+def rope_inputs(rng, nh, nkv, hd, qk_norm):
     inv_freq = (1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
     qw, kw = (bf16(rng, hd), bf16(rng, hd)) if qk_norm else (None, None)
+    return inv_freq, qw, kw
+
+
+def case_rope_kv(d: KernelRunner, rng, nh, nkv, hd, qk_norm):
+    """qk_norm_rope_kv in place on a fused qkv buffer, K and V into the paged cache."""
+    T, width, ps = 4, (nh + 2 * nkv) * hd, 16
+    qkv = rng.standard_normal((T, width)).astype(np.float32)
+    pos = np.array([5, 17, 0, 40000], np.int32)
+    seq = np.array([0, 1, -1, 1], np.int32)
+    bt = np.full((2, 2501), -1, np.int32)
+    bt[0, 0], bt[1, 1], bt[1, 2500] = 3, 2, 4
+    inv_freq, qw, kw = rope_inputs(rng, nh, nkv, hd, qk_norm)
+    kc, vc = (rng.standard_normal((5, ps, nkv, hd)).astype(BF16) for _ in range(2))
     base = d.gpu.upload(qkv)
     k_off, v_off = nh * hd * 4, (nh + nkv) * hd * 4
-    q_dev, k_dev = base, DeviceArray(base.ptr + k_off, base.nbytes - k_off)
-    v_dev = DeviceArray(base.ptr + v_off, base.nbytes - v_off)
-    d.run("qk_norm_rope", dict(T=T, n_heads=nh, n_kv_heads=nkv), q_dev, width, k_dev, width, pos,
-          qw, kw, inv_freq, EPS, T, nh, nkv, hd)
+    k_dev, v_dev = DeviceArray(base.ptr + k_off, base.nbytes - k_off), DeviceArray(base.ptr + v_off, base.nbytes - v_off)
+    kc2, vc2 = d.run("qk_norm_rope_kv", dict(T=T, n_heads=nh, n_kv_heads=nkv), base, width, k_dev, width, v_dev,
+                     width, seq, pos, bt, bt.shape[1], ps, qw, kw, inv_freq, EPS, T, nh, nkv, hd, Out(kc), Out(vc))
     got = d.gpu.download(base, qkv.shape, qkv.dtype)
-    q2, k2 = ref.qk_norm_rope(qkv[:, :nh * hd], qkv[:, nh * hd:(nh + nkv) * hd], pos, qw, kw,
-                              inv_freq, EPS, nh, nkv, hd)
-    d.close(got[:, :(nh + nkv) * hd], np.concatenate([q2, k2], axis=1), atol=3e-5, rtol=1e-5,
-          label="qk_norm_rope")
-    d.same(got[:, (nh + nkv) * hd:], qkv[:, (nh + nkv) * hd:], "qk_norm_rope leaves v alone")
-    seq = np.array([0, 1, -1, 1], np.int32)
-    bt = np.array([[3, 0, -1], [1, 2, 4]], np.int32)
-    kc, vc = (rng.standard_normal((5, ps, nkv, hd)).astype(BF16) for _ in range(2))
-    kpos = np.array([5, 17, 0, 40], np.int32)
-    kc2, vc2 = d.run("kv_write", dict(T=T), k_dev, width, v_dev, width, seq, kpos, bt, 3, ps,
-                     nkv, hd, Out(kc), Out(vc), T)
     kw_ref, vw_ref = kc.copy(), vc.copy()
-    ref.kv_write(got[:, nh * hd:(nh + nkv) * hd], got[:, (nh + nkv) * hd:], seq, kpos, bt, ps, kw_ref, vw_ref)
-    d.same(kc2.view(np.uint16), kw_ref.view(np.uint16), "kv_write k")
-    d.same(vc2.view(np.uint16), vw_ref.view(np.uint16), "kv_write v")
+    q2, k2 = ref.qk_norm_rope_kv(qkv[:, :nh * hd], qkv[:, nh * hd:(nh + nkv) * hd], qkv[:, (nh + nkv) * hd:], seq,
+                                 pos, bt, ps, qw, kw, inv_freq, EPS, nh, nkv, hd, kw_ref, vw_ref)
+    d.close(got[:, :(nh + nkv) * hd], np.concatenate([q2, k2], axis=1), atol=3e-5, rtol=1e-5,
+            label="qk_norm_rope_kv q, k")
+    d.same(got[:, (nh + nkv) * hd:], qkv[:, (nh + nkv) * hd:], "qk_norm_rope_kv leaves v alone")
+    # the cache holds bf16 of the kernel's own k (rounding of a 1-ulp rope difference aside)
+    mine_k, mine_v = kc.copy(), vc.copy()
+    ref.kv_write(got[:, nh * hd:(nh + nkv) * hd], qkv[:, (nh + nkv) * hd:], seq, pos, bt, ps, mine_k, mine_v)
+    d.same(kc2.view(np.uint16), mine_k.view(np.uint16), "qk_norm_rope_kv: k cache = bf16(k)")
+    d.same(vc2.view(np.uint16), vw_ref.view(np.uint16), "qk_norm_rope_kv: v cache")
     d.gpu.free(base)
 
 
 def case_attention(d: KernelRunner, rng, nh, nkv, hd):
-    """Decode rows (partial + merge) vs the reference; prefill tiles give the decode bits."""
+    """attention_decode (fused rope, KV write, splits, merge) vs the reference; prefill tiles
+    (qk_norm_rope_kv + partials + merge) give the decode bits for the same rows."""
     ps, lengths = 32, [700, 33, 300]
     pages = [geometry.cdiv(n, ps) for n in lengths]
     perm = rng.permutation(sum(pages))
@@ -175,49 +182,68 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
     kc, vc = (rng.standard_normal((sum(pages), ps, nkv, hd)).astype(BF16) for _ in range(2))
     S = geometry.attention_max_splits(max(lengths))
     scale = np.float32(hd ** -0.5)
+    inv_freq, qw, kw = rope_inputs(rng, nh, nkv, hd, True)
 
-    def decode(q, seq, pos):
+    def decode(q, k, v, seq, pos, kc, vc):
         T = len(q)
-        po, pml = d.run("attention_decode_partial", dict(T=T, n_kv_heads=nkv, max_splits=S), q, nh * hd,
-                        seq, pos, bt, bt.shape[1], ps, kc, vc, nh, nkv, hd, scale, S,
-                        Out(np.zeros((T, nh, S, hd), np.float32)), Out(np.zeros((T, nh, S, 2), np.float32)), T)
-        out, = d.run("attention_merge", dict(n_heads=nh, T=T), po, pml, seq, pos, nh, hd, S,
+        outs = d.run("attention_decode", dict(T=T, n_kv_heads=nkv, max_splits=S), q, nh * hd, Out(k), nkv * hd,
+                     v, nkv * hd, seq, pos, bt, bt.shape[1], ps, Out(kc), Out(vc), qw, kw, inv_freq, EPS, nh, nkv,
+                     hd, scale, S, Out(np.zeros((T, nh, S, hd), np.float32)),
+                     Out(np.zeros((T, nh, S, 2), np.float32)), Out(np.zeros((T, nkv), np.int32)),
                      Out(np.ones((T, nh * hd), np.float32)), nh * hd, T)
-        return out, pml
+        return outs  # k, k_cache, v_cache, part_o, part_ml, counters, out
 
-    seq = np.array([0, 1, -1, 2, 0, 0], np.int32)
-    pos = np.array([699, 32, 3, 299, 255, 256], np.int32)
-    q = rng.standard_normal((6, nh * hd)).astype(np.float32)
-    out, pml = decode(q, seq, pos)
-    d.close(out, ref.attention(q, seq, pos, bt, ps, kc, vc, nh, nkv, hd, scale), atol=2e-5, rtol=1e-5,
-          label="attention decode")
-    _, want_ml = ref.attention_partials(q, seq, pos, bt, ps, kc, vc, nh, nkv, hd, scale, S)
-    for t in np.flatnonzero(seq >= 0):
-        n = pos[t] // geometry.ATTN_SPLIT + 1
-        d.close(pml[t, :, :n], want_ml[t, :, :n], atol=1e-5, rtol=1e-5, label=f"attention m, l row {t}")
-    # prefill: seq 2's 300 positions as tiles; every row must equal its decode bits
+    seq = np.array([0, 1, -1, 2], np.int32)
+    pos = np.array([699, 32, 3, 299], np.int32)
+    q, k, v = (rng.standard_normal((4, n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
+    k_out, kc2, vc2, _, pml, counters, out = decode(q, k, v, seq, pos, kc, vc)
+    kc_ref, vc_ref = kc.copy(), vc.copy()
+    want, _ = ref.attention_decode(q, k, v, seq, pos, bt, ps, kc_ref, vc_ref, qw, kw, inv_freq, EPS, nh, nkv, hd,
+                                   scale, S)
+    d.close(out, want, atol=2e-5, rtol=1e-5, label="attention_decode")
+    d.same(counters, np.zeros_like(counters), "attention_decode leaves its split counters at zero")
+    d.close(kc2.astype(np.float32), kc_ref.astype(np.float32), atol=1e-2, rtol=1e-2, label="attention_decode k cache")
+    d.same(vc2.view(np.uint16), vc_ref.view(np.uint16), "attention_decode v cache")
+    # prefill of seq 2's 300 positions from the same raw projections the decode rows would get
     T = 300
     pseq, ppos = np.full(T, 2, np.int32), np.arange(T, dtype=np.int32)
-    pq = rng.standard_normal((T, nh * hd)).astype(np.float32)
+    width = (nh + 2 * nkv) * hd
+    qkv = rng.standard_normal((T, width)).astype(np.float32)
+    base = d.gpu.upload(qkv)
+    kd, vd = DeviceArray(base.ptr + nh * hd * 4, 0), DeviceArray(base.ptr + (nh + nkv) * hd * 4, 0)
+    kcd, vcd = d.gpu.upload(kc), d.gpu.upload(vc)
+    d.run("qk_norm_rope_kv", dict(T=T, n_heads=nh, n_kv_heads=nkv), base, width, kd, width, vd, width, pseq, ppos,
+          bt, bt.shape[1], ps, qw, kw, inv_freq, EPS, T, nh, nkv, hd, kcd, vcd)
     start, length = geometry.prefill_tiles(pseq, ppos, max(1, geometry.ATTN_QCHUNK // (nh // nkv)))
     po, pml2 = d.run("attention_prefill_partial", dict(n_tiles=len(start), n_kv_heads=nkv, max_splits=S),
-                     pq, nh * hd, pseq, ppos, start, length, bt, bt.shape[1], ps, kc, vc, nh, nkv, hd,
+                     base, width, pseq, ppos, start, length, bt, bt.shape[1], ps, kcd, vcd, nh, nkv, hd,
                      scale, S, Out(np.zeros((T, nh, S, hd), np.float32)),
                      Out(np.zeros((T, nh, S, 2), np.float32)), len(start))
     pout, = d.run("attention_merge", dict(n_heads=nh, T=T), po, pml2, pseq, ppos, nh, hd, S,
                   Out(np.ones((T, nh * hd), np.float32)), nh * hd, T)
-    d.close(pout, ref.attention(pq, pseq, ppos, bt, ps, kc, vc, nh, nkv, hd, scale), atol=2e-5,
-          rtol=1e-5, label="attention prefill")
-    d.same(pout, decode(pq, pseq, ppos)[0], "prefill tiles vs decode rows")
+    kc_pre = d.gpu.download(kcd, kc.shape, kc.dtype)
+    kc_ref, vc_ref = kc.copy(), vc.copy()
+    q2, _ = ref.qk_norm_rope_kv(qkv[:, :nh * hd], qkv[:, nh * hd:(nh + nkv) * hd], qkv[:, (nh + nkv) * hd:], pseq,
+                                ppos, bt, ps, qw, kw, inv_freq, EPS, nh, nkv, hd, kc_ref, vc_ref)
+    d.close(pout, ref.attention(q2, pseq, ppos, bt, ps, kc_ref, vc_ref, nh, nkv, hd, scale), atol=2e-5,
+            rtol=1e-5, label="attention prefill")
+    # the last prefill row again as a decode row over the prefill's cache: the same bits
+    last = slice(T - 1, T)
+    raw = qkv[last]
+    got = decode(raw[:, :nh * hd], raw[:, nh * hd:(nh + nkv) * hd], raw[:, (nh + nkv) * hd:], pseq[last], ppos[last],
+                 kc_pre, d.gpu.download(vcd, vc.shape, vc.dtype))
+    d.same(got[-1], pout[last], "decode row (fused) vs the same row in prefill tiles")
+    for arr in (base, kcd, vcd):
+        d.gpu.free(arr)
 
 
 MATVEC_IDS = [f"{f}{p}-T{t}-in{i}-out{o}" for f, p, t, i, o, *_ in MATVEC]
 CASES = ([pytest.param(case_matvec, spec, id=i) for spec, i in zip(MATVEC, MATVEC_IDS)]
          + [pytest.param(case_fusions, (), id="fusions"), pytest.param(case_rows, (), id="rows")]
          + [pytest.param(case_rope_kv, spec, id=f"rope_kv-{spec}")
-            for spec in ((16, 8, 128, True), (4, 2, 64, False))]
+            for spec in ((16, 8, 128, True), (4, 2, 64, False), (8, 4, 32, True))]
          + [pytest.param(case_attention, spec, id=f"attention-{spec}")
-            for spec in ((16, 8, 128), (4, 2, 64), (8, 1, 64))])
+            for spec in ((16, 8, 128), (4, 2, 64), (8, 1, 64), (8, 4, 32))])
 
 
 @pytest.mark.gpu

@@ -58,6 +58,42 @@ def test_nvfp4_dequant_nibble_order_and_scales():
     assert rel_err(got, want) < 1e-6
 
 
+def test_e2m1_half_bits_times_every_e4m3_scale_is_exact():
+    """matvec.cuh's decoding, exhaustively: fp16(bits(c)) = e2m1(c) x 2^-14 for all 16 codes, and
+    its fp16 product with every finite e4m3 block scale is exact (= e2m1 x scale x 2^-14), so
+    with 2^14 folded into the float32 global scale the kernels compute the same numbers."""
+    codes = np.arange(16)
+    h = ref.e2m1_half_bits(codes).view(np.float16)
+    np.testing.assert_array_equal(h.astype(np.float64), ref.E2M1_VALUES.astype(np.float64) * 2.0 ** -14)
+    assert np.signbit(h[8]) and h[8] == 0  # code 8 is -0.0
+    scales = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)  # 254 finite e4m3 codes
+    s16 = scales.view(ml_dtypes.float8_e4m3fn).astype(np.float16)  # e4m3 -> fp16: exact
+    np.testing.assert_array_equal(s16.astype(np.float64), [e4m3_value(int(c)) for c in scales])
+    prod = h[:, None] * s16[None, :]  # numpy rounds the fp16 product to nearest even, as __hmul2
+    exact = ref.E2M1_VALUES.astype(np.float64)[:, None] * s16.astype(np.float64)[None, :] * 2.0 ** -14
+    np.testing.assert_array_equal(prod.astype(np.float64), exact)
+    assert np.array_equal(np.signbit(prod), np.signbit(exact))
+    # the float32 side: (sum of 2^-14-scaled products) x (global x 2^14) == sum x global, bit for bit
+    rng = np.random.default_rng(0)
+    w = exact.reshape(-1)[rng.integers(0, exact.size, 4096)].astype(np.float32)
+    x = rng.standard_normal(4096).astype(np.float32)
+    g = np.float32(0.0123)
+    acc_new = acc_old = np.float32(0)
+    for wi, xi in zip(w, x):
+        acc_new = np.float32(acc_new + wi * xi)
+        acc_old = np.float32(acc_old + np.float32(wi * 2.0 ** 14) * xi)
+    assert acc_new * np.float32(g * np.float32(2 ** 14)) == acc_old * g
+
+
+def test_nvfp4_dequant_takes_a_per_row_global_scale():
+    rng = np.random.default_rng(1)
+    packed = rng.integers(0, 256, (3, 16), dtype=np.uint8)
+    bs = rng.integers(0x30, 0x48, (3, 2), dtype=np.uint8)
+    g = np.array([0.5, 0.25, 3.0], np.float32)
+    rows = [ref.nvfp4_dequant(packed[i:i + 1], bs[i:i + 1], g[i]) for i in range(3)]
+    np.testing.assert_array_equal(ref.nvfp4_dequant(packed, bs, g), np.concatenate(rows))
+
+
 def test_dequant_layouts_match_the_runtime_dequantizer():
     """Same nibble order, scale indexing and order of products as runtime/cpu/dequant.py (the CPU
     backend's loader): (e2m1 * block) * global, bit for bit."""
@@ -200,6 +236,30 @@ def test_attention_and_split_merge_match_float64():
     np.testing.assert_array_equal(merged[2], 0)
 
 
+@pytest.mark.parametrize("hd", [32, 64, 128])
+def test_attention_decode_is_rope_kv_write_then_attention(hd):
+    """attention_decode.cu's reference: q/k norm + rope, the rows' K/V into the cache, attention
+    over the partials and merge (sequence 0 past two splits), zeros for padding rows."""
+    nh, nkv, ps = 4, 2, 16
+    bt, kc, vc = paged_problem(5, [700, 33], nh, nkv, hd, ps)
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((3, n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
+    seq, pos = np.array([0, 1, -1], np.int32), np.array([699, 32, 3], np.int32)
+    qw, kw = (rng.standard_normal(hd).astype(BF16) for _ in range(2))
+    inv = (1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
+    scale, S = np.float32(hd ** -0.5), geometry.attention_max_splits(700)
+    kc2, vc2 = kc.copy(), vc.copy()
+    out, k_rot = ref.attention_decode(q, k, v, seq, pos, bt, ps, kc2, vc2, qw, kw, inv, 1e-6, nh, nkv, hd, scale, S)
+    q2, k2 = ref.qk_norm_rope(q, k, pos, qw, kw, inv, 1e-6, nh, nkv, hd)
+    kc3, vc3 = kc.copy(), vc.copy()
+    ref.kv_write(k2, v, seq, pos, bt, ps, kc3, vc3)
+    assert kc2.tobytes() == kc3.tobytes() and vc2.tobytes() == vc3.tobytes() and kc2.tobytes() != kc.tobytes()
+    np.testing.assert_array_equal(k_rot, k2)
+    want = attention_f64(q2, seq, pos, bt, ps, kc3, vc3, nh, nkv, hd, scale)
+    assert rel_err(out, want) < 1e-5
+    np.testing.assert_array_equal(out[2], 0)
+
+
 # ---- heads, argmax ----
 
 def test_head_sparse_gather_and_dense_agree():
@@ -236,11 +296,13 @@ def test_prefill_tiles_cut_runs_of_one_sequence():
 
 
 @pytest.mark.parametrize("kernel,sizes,grid,block", [
-    ("fp8_matvec", dict(T=9, out=33), (3, 2, 1), 256),
+    ("fp8_matvec", dict(T=9, out=33), (5, 2, 1), 256),  # plain: 8 rows a block
+    ("fp8_matvec_rmsnorm", dict(T=9, out=33), (3, 2, 1), 256),  # 16 rows a block
+    ("nvfp4_matvec_swiglu", dict(T=1, out=1024), (128, 1, 1), 256),  # down_proj at T=1: 128 blocks
     ("head_dense", dict(T=1, vocab=151936), (9496, 1, 1), 256),
-    ("attention_decode_partial", dict(T=5, n_kv_heads=8, max_splits=3), (5, 8, 3), 128),
+    ("attention_decode", dict(T=5, n_kv_heads=8, max_splits=3), (5, 8, 3), 128),
     ("grammar_advance", dict(B=17), (3, 1, 1), 256),
-    ("qk_norm_rope", dict(T=2, n_heads=16, n_kv_heads=8), (6, 2, 1), 128),
+    ("qk_norm_rope_kv", dict(T=2, n_heads=16, n_kv_heads=8), (6, 2, 1), 128),
 ])
 def test_launch_shapes(kernel, sizes, grid, block):
     assert geometry.launch_shape(kernel, **sizes) == (grid, (block, 1, 1))
@@ -250,6 +312,9 @@ def test_shape_problems_name_the_dimension():
     assert geometry.shape_problems(1024, 3072, 16, 8, 128, "nvfp4") == []
     problems = geometry.shape_problems(1000, 3072, 16, 8, 96, "fp8")
     assert any("hidden_size = 1000" in p for p in problems) and any("head_dim = 96" in p for p in problems)
+    for hd in (32, 64, 128):  # the trained tool model has head_dim 32
+        assert geometry.shape_problems(512, 1536, 8, 4, hd, "nvfp4") == [], hd
+    assert "head_dim = 16: attention supports 32, 64, 128" in geometry.shape_problems(256, 512, 4, 2, 16, "fp8")
 
 
 # ---- grammar: the references agree with runtime.grammar_stepper (the CPU truth) ----

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels.geometry import launch_shape, prefill_tiles, shape_problems
-from kernels.launch import DeviceArray, Gpu, check
+from kernels.launch import DeviceArray, Gpu, check, first_error
 from kernels.runner import DryRunGpu
 from kernels.signatures import kernel_signatures
 
@@ -34,7 +34,7 @@ def arena_sizes(plan: dict[str, int]) -> dict[str, int]:
     sizes = {k: v for k, v in plan.items() if k not in ("q", "k", "v", "gate", "up")}
     return {"qkv": plan["q"] + plan["k"] + plan["v"], "gate_up": plan["gate"] + plan["up"], **sizes}
 
-PROGRAM_CACHE = 64  # packed launch lists kept (each ~ layers x 8 launches of packed arguments)
+PROGRAM_CACHE = 64  # packed launch lists kept (each ~ layers x 5-7 launches of packed arguments)
 
 
 class Program:
@@ -211,27 +211,31 @@ class CudaModel:
         return {"weights": self.weights.arena.nbytes, "kv_pool": self.kv.nbytes, "workspace": self.ws.nbytes}
 
     def close(self) -> None:
-        """Graph loops first, then every allocation, the modules and the context (idempotent)."""
-        for closer in reversed(self.closers):
-            closer()
-        self.closers = []
+        """Graph loops first, then every allocation, the modules and the context (idempotent).
+        Best effort: each step runs even after one fails (after a sticky device error they all
+        do), and the first error is raised at the end."""
+        closers, self.closers = list(reversed(self.closers)), []
         gpu, self.gpu = self.gpu, None
-        if gpu is None:
-            return
-        for owner in (getattr(self, "weights", None), getattr(self, "ws", None)):
-            if owner is not None:
-                owner.free(gpu)
-        if self.kv is not None:
-            self.kv.free()
-        if not self.dry:
-            from cuda.bindings import driver
-            if self.stream:
-                check(driver.cuStreamDestroy(self.stream), "cuStreamDestroy")
-                self.stream = 0
-            gpu.close()  # unloads the modules, releases the context
+        steps = list(closers)
+        if gpu is not None:
+            for owner in (getattr(self, "weights", None), getattr(self, "ws", None)):
+                if owner is not None:
+                    steps.append(lambda o=owner: o.free(gpu))
+            if self.kv is not None:
+                steps.append(self.kv.free)
+            if not self.dry:
+                steps.append(self._destroy_stream)
+                steps.append(gpu.close)  # unloads the modules, releases the context
+        first_error(steps)
+
+    def _destroy_stream(self) -> None:
+        from cuda.bindings import driver
+        stream, self.stream = self.stream, 0
+        if stream:
+            check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
 
 
-REQUIRED_KERNELS = ("embed_gather", "qk_norm_rope", "kv_write", "attention_decode_partial", "attention_prefill_partial",
+REQUIRED_KERNELS = ("embed_gather", "qk_norm_rope_kv", "attention_decode", "attention_prefill_partial",
                     "attention_merge", "rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance",
                     "bf16_matvec", "fp8_matvec", "nvfp4_matvec")
 

@@ -62,6 +62,7 @@ def workspace_plan(cfg: ModelConfig, limits: Limits, max_edges: int, bitset_word
         "gram_status": n * I32,  # int32 [max_seqs]
         "out_len": n * I32,  # int32 [max_seqs]
         "out_tokens": n * limits.max_output_tokens * I32,  # int32 [max_seqs, max_out]
+        "attn_count": t * cfg.num_kv_heads * I32,  # int32 [T, kv_heads], zero between launches (attention_decode)
         "sync_ws": 2 * I32,  # int32 [2], zero between launches (grammar_advance's block count)
         "cond": I32,  # int32 [1], the loop condition as grammar_advance last wrote it
     }

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.launch import first_error
+
 from .buffers import graph_chunks, offset
 from .graph_build import GraphBuilder
 from .launches import StepRows, rows_per_tile
@@ -157,9 +159,8 @@ class CudaDecodeLoop:
         return self.builder.launch(exe, timeout_s)
 
     def close(self) -> None:
-        for exe in self.execs.values():
-            self.builder.destroy(exe)
-        self.execs = {}
-        if self.builder is not None:
-            self.builder.close()
-            self.builder = None
+        """Destroys the cached graphs and the builder; best effort, the first error raised last."""
+        execs, self.execs = list(self.execs.values()), {}
+        builder, self.builder = self.builder, None
+        if builder is not None:
+            first_error([lambda e=exe: builder.destroy(e) for exe in execs] + [builder.close])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from kernels.graph_nodes import add_kernel_node, add_while_node
-from kernels.launch import check
+from kernels.launch import check, first_error
 
 from common.errors import CudaError
 
@@ -80,7 +80,7 @@ class GraphBuilder:
             if err != drv.CUresult.CUDA_ERROR_NOT_READY:
                 check((err,), "cuEventQuery")
             if time.monotonic() > deadline:
-                raise CudaError("cuda_error", f"the decode graph still runs after {timeout_s:.0f} s: its WHILE "
+                raise CudaError("graph_stuck", f"the decode graph still runs after {timeout_s:.0f} s: its WHILE "
                                 "condition was never cleared; the context is unusable, end the process",
                                 call="cuGraphLaunch", timeout_s=timeout_s)
         return float(check(drv.cuEventElapsedTime(self.events[0], self.events[1]), "cuEventElapsedTime"))
@@ -89,6 +89,5 @@ class GraphBuilder:
         check(self.drv.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
 
     def close(self) -> None:
-        for ev in self.events:
-            check(self.drv.cuEventDestroy(ev), "cuEventDestroy")
-        self.events = []
+        events, self.events = self.events, []
+        first_error([lambda e=ev: check(self.drv.cuEventDestroy(e), "cuEventDestroy") for ev in events])

@@ -4,9 +4,12 @@ A step is a list of ``Launch``es (kernel name, launch sizes, arguments). A launc
 ``parallel`` has the same dependencies as the one before it (a graph runs them side by side;
 the host launches them in order on one stream, which is the same computation).
 
-Per layer (<f> = fp8 | nvfp4 | bf16; one fused q/k/v and gate/up weight except for nvfp4):
-  <f>_matvec_rmsnorm q, k, v  ->  qk_norm_rope  ->  kv_write  ->  attention partial + merge
-  ->  <f>_matvec o_proj (+= x)  ->  <f>_matvec_rmsnorm gate, up  ->  <f>_matvec_swiglu down (+= x)
+Per layer (<f> = fp8 | nvfp4 | bf16; one fused q|k|v and one gate|up weight in every format):
+  decode rows (StepRows.tiles None; the graph's loop body), 5 launches:
+    <f>_matvec_rmsnorm qkv -> attention_decode (norm, rope, K/V write, attention, merge)
+    -> <f>_matvec o_proj (+= x) -> <f>_matvec_rmsnorm gate|up -> <f>_matvec_swiglu down (+= x)
+  prefill tiles, 7 launches: qkv -> qk_norm_rope_kv -> attention_prefill_partial ->
+    attention_merge -> o_proj -> gate|up -> down
 then, for sampling: rmsnorm (rows gathered) -> grammar_candidates -> head_sparse -> grammar_advance.
 """
 from __future__ import annotations
@@ -57,37 +60,24 @@ class StepLaunches:
         cfg, self.t_max = m.cfg, m.limits.max_tokens_per_step
         self.eps = np.float32(cfg.rms_norm_eps)
         self.sm_scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
-        self.fused = m.weights.fmt != "nvfp4"
         qkv, gu, part = m.ws["qkv"], m.ws["gate_up"], m.ws["attn_partials"]
-        q, kv, i, t = cfg.q_dim, cfg.kv_dim, cfg.intermediate_size, self.t_max
-        if self.fused:  # [T, q | k | v] and [T, gate | up]
-            self.q, self.k, self.v = qkv, offset(qkv, q * F32), offset(qkv, (q + kv) * F32)
-            self.q_stride = self.k_stride = q + 2 * kv
-            self.gate, self.up, self.gu_stride = gu, offset(gu, i * F32), 2 * i
-        else:  # [T, q], [T, k], [T, v] and [T, gate], [T, up] one after the other
-            self.q, self.k, self.v = qkv, offset(qkv, t * q * F32), offset(qkv, t * (q + kv) * F32)
-            self.q_stride, self.k_stride = q, kv
-            self.gate, self.up, self.gu_stride = gu, offset(gu, t * i * F32), i
+        q, kv, i = cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+        # [T, q | k | v] and [T, gate | up]: one fused weight each (runtime/cuda/weights.py)
+        self.q, self.k, self.v = qkv, offset(qkv, q * F32), offset(qkv, (q + kv) * F32)
+        self.q_stride = self.k_stride = q + 2 * kv
+        self.gate, self.up, self.gu_stride = gu, offset(gu, i * F32), 2 * i
         self.splits = m.splits
         self.part_o = part  # [T, heads, S, head_dim] then part_ml [T, heads, S, 2]
-        self.part_ml = offset(part, t * cfg.num_heads * self.splits * cfg.head_dim * F32)
+        self.part_ml = offset(part, self.t_max * cfg.num_heads * self.splits * cfg.head_dim * F32)
 
     # ---- matvecs ----
     def _mv(self, kind: str, mv, head: tuple, y, T: int, accumulate: int, parallel=False) -> Launch:
         return Launch(f"{mv.fmt}_matvec{kind}", dict(T=T, out=mv.n_out),
                       (*head, *mv.weight_args(), mv.bias(), y, T, mv.n_in, mv.n_out, accumulate), parallel)
 
-    def _qkv(self, layer, x, T: int) -> list[Launch]:
-        ln, h = self.m.weights.arena[layer.norms["ln_in"]], self.m.cfg.hidden_size
-        outs = [self.q] if self.fused else [self.q, self.k, self.v]
-        return [self._mv("_rmsnorm", mv, (x, h, ln, self.eps), y, T, 0, parallel=j > 0)
-                for j, (mv, y) in enumerate(zip(layer.qkv, outs))]
-
-    def _mlp_in(self, layer, x, T: int) -> list[Launch]:
-        ln, h = self.m.weights.arena[layer.norms["ln_post"]], self.m.cfg.hidden_size
-        outs = [self.gate] if self.fused else [self.gate, self.up]
-        return [self._mv("_rmsnorm", mv, (x, h, ln, self.eps), y, T, 0, parallel=j > 0)
-                for j, (mv, y) in enumerate(zip(layer.gate_up, outs))]
+    def _mv_norm(self, mv, norm: str, y, T: int) -> Launch:
+        ln, h = self.m.weights.arena[norm], self.m.cfg.hidden_size
+        return self._mv("_rmsnorm", mv, (self.m.ws["hidden"], h, ln, self.eps), y, T, 0)
 
     # ---- one step ----
     def forward(self, rows: StepRows) -> list[Launch]:
@@ -97,30 +87,32 @@ class StepLaunches:
         arena = w.arena
         nh, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         out = [Launch("embed_gather", dict(T=T), (rows.tokens, arena[w.embed], cfg.vocab_size, cfg.hidden_size, x, T))]
+        attn = m.ws["attn_out"]
         for i, layer in enumerate(w.layers):
             qn = arena[layer.norms["q_norm"]] if "q_norm" in layer.norms else None
             kn = arena[layer.norms["k_norm"]] if "k_norm" in layer.norms else None
-            out += self._qkv(layer, x, T)
-            out.append(Launch("qk_norm_rope", dict(T=T, n_heads=nh, n_kv_heads=nkv),
-                              (self.q, self.q_stride, self.k, self.k_stride, rows.pos, qn, kn, arena[w.inv_freq],
-                               self.eps, T, nh, nkv, hd)))
             cache = (kv.table, kv.max_pages_per_seq, kv.page_size)
-            out.append(Launch("kv_write", dict(T=T), (self.k, self.k_stride, self.v, self.k_stride, rows.seq, rows.pos,
-                                                      *cache, nkv, hd, kv.k(i), kv.v(i), T)))
-            tail = (kv.k(i), kv.v(i), nh, nkv, hd, self.sm_scale, self.splits, self.part_o, self.part_ml)
-            if rows.tiles is None:
-                out.append(Launch("attention_decode_partial", dict(T=T, n_kv_heads=nkv, max_splits=self.splits),
-                                  (self.q, self.q_stride, rows.seq, rows.pos, *cache, *tail, T)))
+            kv_rows = (self.k, self.k_stride, self.v, self.k_stride, rows.seq, rows.pos, *cache)
+            out.append(self._mv_norm(layer.qkv, layer.norms["ln_in"], self.q, T))
+            if rows.tiles is None:  # decode: one fused launch up to the o_proj input
+                out.append(Launch("attention_decode", dict(T=T, n_kv_heads=nkv, max_splits=self.splits),
+                                  (self.q, self.q_stride, *kv_rows, kv.k(i), kv.v(i), qn, kn, arena[w.inv_freq],
+                                   self.eps, nh, nkv, hd, self.sm_scale, self.splits, self.part_o, self.part_ml,
+                                   m.ws["attn_count"], attn, cfg.q_dim, T)))
             else:
                 start, length, n_tiles = rows.tiles
+                out.append(Launch("qk_norm_rope_kv", dict(T=T, n_heads=nh, n_kv_heads=nkv),
+                                  (self.q, self.q_stride, *kv_rows, qn, kn, arena[w.inv_freq], self.eps, T, nh, nkv,
+                                   hd, kv.k(i), kv.v(i))))
+                tail = (kv.k(i), kv.v(i), nh, nkv, hd, self.sm_scale, self.splits, self.part_o, self.part_ml)
                 out.append(Launch("attention_prefill_partial",
                                   dict(n_tiles=n_tiles, n_kv_heads=nkv, max_splits=self.splits),
                                   (self.q, self.q_stride, rows.seq, rows.pos, start, length, *cache, *tail, n_tiles)))
-            attn = m.ws["attn_out"]
-            out.append(Launch("attention_merge", dict(n_heads=nh, T=T),
-                              (self.part_o, self.part_ml, rows.seq, rows.pos, nh, hd, self.splits, attn, cfg.q_dim, T)))
+                out.append(Launch("attention_merge", dict(n_heads=nh, T=T),
+                                  (self.part_o, self.part_ml, rows.seq, rows.pos, nh, hd, self.splits, attn,
+                                   cfg.q_dim, T)))
             out.append(self._mv("", layer.o, (attn, cfg.q_dim), x, T, 1))
-            out += self._mlp_in(layer, x, T)
+            out.append(self._mv_norm(layer.gate_up, layer.norms["ln_post"], self.gate, T))
             out.append(self._mv("_swiglu", layer.down, (self.gate, self.up, self.gu_stride), x, T, 1))
         return out
 

@@ -3,13 +3,14 @@
 Formats (DESIGN.md "Weight formats"; the kernels read them as stored):
   fp8:   codes uint8 [out, in] + float32 per-row scale [out]
   nvfp4: packed uint8 [out, in/2] + e4m3 block scales uint8 [out, in/16] + float32 global
+         scale per output row [out] (weight_scale_2 of the row's source tensor)
   bf16:  bf16 [out, in]
 Embedding, (untied) head and norms stay bf16; biases go up as float32 (exact).
 
-Fusions that change no bit: with a per-row scale (fp8) or none (bf16), q/k/v become one
-[q_dim + 2 kv_dim, hidden] weight and gate/up one [2 inter, hidden] weight, since every
-output row is computed alone. NVFP4 has one global scale per tensor, so its q, k, v and
-gate, up stay apart (launched as parallel graph branches instead).
+Fusions that change no bit: every output row is computed alone with its own scales (fp8's
+per-row scale; nvfp4's block scales and its tensor's global scale, repeated per row; bf16
+none), so q/k/v become one [q_dim + 2 kv_dim, hidden] weight and gate/up one [2 inter,
+hidden] weight in every format.
 """
 from __future__ import annotations
 
@@ -35,14 +36,12 @@ class Matvec:
     fmt: str
     n_in: int
     n_out: int
-    keys: tuple[str, ...]  # arena names: weight, then scale (fp8, nvfp4)
-    global_scale: float = 0.0  # nvfp4 weight_scale_2
+    keys: tuple[str, ...]  # arena names: weight, then scales (fp8: per row; nvfp4: blocks, per-row global)
     bias_key: str | None = None  # float32 [out]
     arena: DeviceArena | None = None
 
     def weight_args(self) -> tuple:
-        arrays = tuple(self.arena[k] for k in self.keys)
-        return arrays + ((np.float32(self.global_scale),) if self.fmt == "nvfp4" else ())
+        return tuple(self.arena[k] for k in self.keys)
 
     def bias(self):
         return None if self.bias_key is None else self.arena[self.bias_key]
@@ -50,9 +49,9 @@ class Matvec:
 
 @dataclass
 class LayerWeights:
-    qkv: list[Matvec]  # [fused] or [q, k, v]
+    qkv: Matvec  # q | k | v rows
     o: Matvec
-    gate_up: list[Matvec]  # [fused] or [gate, up]
+    gate_up: Matvec  # gate | up rows
     down: Matvec
     norms: dict[str, str] = field(default_factory=dict)  # ln_in, ln_post, q_norm, k_norm -> arena key
 
@@ -78,7 +77,7 @@ class DeviceWeights:
             self._add("grammar." + name, lambda n=name: getattr(grammar, n))
         self.arena = DeviceArena(dict(self.sizes))
         for layer in self.layers:
-            for mv in (*layer.qkv, layer.o, *layer.gate_up, layer.down):
+            for mv in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 mv.arena = self.arena
 
     # ---- planning ----
@@ -115,12 +114,14 @@ class DeviceWeights:
                                               for n, s in zip(names, shapes)]), 4 * n_out)
             mv = Matvec(fmt, n_in, n_out, (key + ".w", key + ".s"))
         elif fmt == "nvfp4":
-            (name,), (shape,) = names, shapes
-            self._add(key + ".w", lambda: self._get(name + ".weight", "U8", (shape[0], n_in // 2)))
-            self._add(key + ".s", lambda: self._get(name + ".weight_scale", "F8_E4M3",
-                                                    (shape[0], n_in // 16)).view(np.uint8))
-            g = float(self._get(name + ".weight_scale_2", "F32", ())[()])
-            mv = Matvec(fmt, n_in, n_out, (key + ".w", key + ".s"), global_scale=g)
+            self._add(key + ".w", lambda: cat([self._get(n + ".weight", "U8", (s[0], n_in // 2))
+                                              for n, s in zip(names, shapes)]), n_out * n_in // 2)
+            self._add(key + ".s", lambda: cat([self._get(n + ".weight_scale", "F8_E4M3", (s[0], n_in // 16))
+                                              .view(np.uint8) for n, s in zip(names, shapes)]), n_out * n_in // 16)
+            self._add(key + ".g", lambda: np.concatenate(
+                [np.full(s[0], self._get(n + ".weight_scale_2", "F32", ())[()], np.float32)
+                 for n, s in zip(names, shapes)]), 4 * n_out)
+            mv = Matvec(fmt, n_in, n_out, (key + ".w", key + ".s", key + ".g"))
         else:
             self._add(key + ".w", lambda: cat([self._get(n + ".weight", "BF16", s) for n, s in zip(names, shapes)]),
                       2 * n_out * n_in)
@@ -132,16 +133,10 @@ class DeviceWeights:
 
     def _plan_layer(self, i: int) -> LayerWeights:
         p, cfg, key = f"model.layers.{i}.", self.cfg, f"L{i}."
-        fused = self.fmt != "nvfp4"
         qkv = [p + "self_attn." + m for m in ("q_proj", "k_proj", "v_proj")]
         gu = [p + "mlp.gate_proj", p + "mlp.up_proj"]
-        layer = LayerWeights(
-            qkv=[self._linear(qkv, key + "qkv")] if fused else
-            [self._linear([n], key + short) for n, short in zip(qkv, ("q", "k", "v"))],
-            o=self._linear([p + "self_attn.o_proj"], key + "o"),
-            gate_up=[self._linear(gu, key + "gu")] if fused else
-            [self._linear([n], key + short) for n, short in zip(gu, ("gate", "up"))],
-            down=self._linear([p + "mlp.down_proj"], key + "down"))
+        layer = LayerWeights(qkv=self._linear(qkv, key + "qkv"), o=self._linear([p + "self_attn.o_proj"], key + "o"),
+                             gate_up=self._linear(gu, key + "gu"), down=self._linear([p + "mlp.down_proj"], key + "down"))
         norms = {"ln_in": ("input_layernorm", cfg.hidden_size),
                  "ln_post": ("post_attention_layernorm", cfg.hidden_size)}
         if cfg.qk_norm:
