@@ -15,6 +15,8 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from kernels.geometry import attention_max_splits
+# The KV formula is the runtime's (it re-checks memory.kv_pool_bytes at load with it).
+from runtime.bundle_checks import KV_BYTES, kv_bytes_per_token, kv_pool_bytes  # noqa: F401 (re-exported)
 from runtime.contract import CPU_TARGET, Limits, Memory
 from common.errors import BuildError
 from runtime.model_config import ModelConfig
@@ -24,7 +26,6 @@ from .quantize import output_specs
 
 MIB = 1 << 20
 GIB = 1 << 30
-KV_BYTES = 2  # bf16 cache elements
 F32 = 4  # float32 activations
 # A CUDA context costs 0.3-0.55 GiB of device memory in published measurements (driver and
 # module images, cuBLAS-free); 512 MiB covers the usual case, --context-reserve overrides it.
@@ -71,16 +72,6 @@ def weights_bytes(config: ModelConfig, precision: str) -> int:
             n *= s
         total += n * DTYPES[dtype].itemsize
     return total
-
-
-def kv_bytes_per_token(config: ModelConfig) -> int:
-    """K and V of every layer for one token: num_layers * 2 * num_kv_heads * head_dim * 2 bytes."""
-    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * KV_BYTES
-
-
-def kv_pool_bytes(config: ModelConfig, num_pages: int, page_size: int) -> int:
-    """Bytes of a KV pool of num_pages pages of page_size tokens."""
-    return num_pages * page_size * kv_bytes_per_token(config)
 
 
 def attention_splits(limits: Limits) -> int:

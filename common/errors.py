@@ -40,6 +40,10 @@ EXIT_CODES: dict[str, int] = {
     "grammar_violation": 44,
     # cuda
     "cuda_error": 50,
+    # numerics and outputs (issue 14)
+    "numerics_invalid": 60,  # NaN/Inf in hidden states or logits: never a silent argmax
+    "output_unsafe": 61,  # --out equal to, inside or containing an input (checkpoint, catalog)
+    "output_unwritable": 62,  # --out cannot be written: permissions, read-only or full disk
 }
 
 
