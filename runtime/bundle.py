@@ -41,7 +41,8 @@ def file_entry(path: Path) -> FileEntry:
 
 def _contract_error(message: str, **details) -> Refusal:
     code = "missing_contract" if details.get("kind") in ("missing", "broken symlink") else "schema_invalid"
-    return Refusal(code, message + "; expected a bundle folder written by `builder compile`", **details)
+    return Refusal(code, message + "; expected a bundle folder written by `builder compile`",
+                   path=details.get("file"), **details)
 
 
 def read_contract(folder: str | Path) -> Contract:
