@@ -41,16 +41,18 @@ CANARY_PROMPTS = 3  # prompts recorded (fewer only when fewer candidates qualify
 TOP_K = 4  # candidates (and logits) recorded per step
 MIN_CANARY_MARGIN = 1e-3  # logits; far above float32 disagreement (~1e-5) between correct paths
 # Tolerance (absolute, logit units) every backend must meet at every recorded candidate.
-# What it must admit: float32 paths that differ only in summation order, bf16 KV writes and the
-# GPU's exp/rsqrt approximations, over the same dequantized weights: on the CPU, the reference
-# against itself with its BLAS blocking changed moves canary logits by < 1e-5, and the GPU kernels
-# are held to 1e-3 relative by their parity tests (tests/test_cuda_backend.py), i.e. about
-# 1e-2 absolute at the |logit| <= 10 canary logits reach. What it must refuse: any change of the
-# weights. Measured on the CPU (tests/test_canary_forgery.py, `python -m builder.canary_spread`
-# in the note): re-quantizing the same checkpoint bf16 -> fp8 moves canary logits by 0.02-0.3
-# (tiny synthetic and trained models), and each forgery of issue 14 by far more. 0.05 sits
-# above the first with a 5x margin and below the spread a quantization change alone causes.
-LOGIT_TOLERANCE = 0.05
+# It must admit float32 paths that differ only in summation order, layouts and bf16 KV writes
+# over the same dequantized weights, and refuse any change of the weights. Measured on the CPU
+# (figures in notes/i14.md, tiny synthetic fp8 and trained bf16 bundles):
+# - sparse vs dense head of the reference: |dlogit| <= 3e-6;
+# - the CUDA backend on the emulated device (each kernel's numpy reference, the GPU's layouts,
+#   split-K attention, fused buffers) vs the CPU backend: <= 1.6e-4;
+# - the same checkpoint re-quantized (bf16 -> fp8_e4m3, the smallest weight change a build
+#   makes): 0.12 (trained) to 0.28 (synthetic); bf16 -> nvfp4: 0.52 to 5.1.
+# 0.02 is 100x above the float32 spread and 6x below the smallest quantization change. Real GPU
+# kernels add their exp/rsqrt approximations (their parity tests hold 1e-5 relative per kernel);
+# on-device end-to-end figures are not measured yet (no GPU in this session).
+LOGIT_TOLERANCE = 0.02
 
 
 def _allowed_steps(grammar: Grammar, tokens: list[int]):

@@ -147,10 +147,10 @@ class Engine:
                           reason=e.code, **e.details) from None
         for path, runs in paths:
             for k, (p, r) in enumerate(zip(canary.prompts, runs)):
-                if not isinstance(r, Result):
+                if isinstance(r, EngineError):
                     raise Refusal("canary_failed", f"canary prompt {k} was refused ({r}); do not serve from it",
                                   prompt=k, reason=r.code, path=path)
-                if r.step_logits is not None:
+                if getattr(r, "step_logits", None) is not None:
                     bad = canary_mismatch(p, r.token_ids, r.step_logits, r.step_candidates, canary.logit_tolerance)
                 else:  # the decode graph returns tokens only
                     bad = canary_mismatch(p, r.token_ids, [], [], 0.0) if r.token_ids != list(
