@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 
 import click
 
-from .cli_errors import TypedErrorGroup, fail
+from .cli_errors import TypedErrorGroup, fail, json_text
 from common.errors import EngineError
 from .generator import HEAD_MODES, Result
 from .sampling import Sampling
@@ -35,7 +36,7 @@ def check(path, as_json):
         fail(e, as_json)
     summary = {"ok": True, "bundle_id": contract.engine.bundle_id, "target": contract.target.name,
                "precision": contract.precision.weights, "memory_total_bytes": contract.memory.total_bytes}
-    click.echo(json.dumps(summary, indent=2) if as_json else
+    click.echo(json_text(summary) if as_json else
                f"ok: {path} ({contract.target.name}, {contract.precision.weights}) can be hosted here")
 
 
@@ -53,8 +54,25 @@ def load(path, as_json):
     c = engine.contract
     summary = {"ok": True, "bundle_id": c.engine.bundle_id, "load_s": engine.load_seconds,
                "canary_tokens": len(c.canary.expected_token_ids)}
-    click.echo(json.dumps(summary, indent=2) if as_json else
+    click.echo(json_text(summary) if as_json else
                f"bound: {path} ({c.target.name}, {c.precision.weights}); canary passed; loaded in {engine.load_seconds:.2f} s")
+
+
+MAX_TEMPERATURE = 1e4
+
+
+def sampling_problem(temperature: float, top_p: float, seed: int) -> str | None:
+    """Why these sampling options cannot be used, or None. NaN, infinities and subnormals are
+    refused: logits / a subnormal temperature overflow to inf, and inf - inf is NaN."""
+    if not (temperature == 0.0 or (math.isfinite(temperature) and sys.float_info.min <= temperature
+                                   <= MAX_TEMPERATURE)):
+        return (f"--temperature {temperature!r}: expected 0 (greedy) or a normal number in "
+                f"[{sys.float_info.min:.3g}, {MAX_TEMPERATURE:g}]")
+    if not (math.isfinite(top_p) and sys.float_info.min <= top_p <= 1.0):
+        return f"--top-p {top_p!r}: expected a normal number in (0, 1]"
+    if not 0 <= seed < 2**63:
+        return f"--seed {seed}: expected an integer in [0, 2^63)"
+    return None
 
 
 @main.command()
@@ -70,6 +88,10 @@ def run(path, requests, head, temperature, top_p, seed, as_json):
     """Answer each REQUEST text with the bundle's tools, ranked in the order the model names them."""
     from .engine import Engine
 
+    problem = sampling_problem(temperature, top_p, seed)
+    if problem:  # before loading: a bad option costs nothing
+        fail(EngineError("usage", f"{problem}. See `runtime run --help`.", temperature=repr(temperature),
+                         top_p=repr(top_p), seed=seed), as_json)
     try:
         engine = Engine.load(path, head=head)
         start = time.perf_counter()
@@ -80,7 +102,7 @@ def run(path, requests, head, temperature, top_p, seed, as_json):
     if as_json:
         out = [{"request": r, **(res.to_dict() if isinstance(res, Result) else res.to_json())}
                for r, res in zip(requests, results)]
-        click.echo(json.dumps({"results": out, "load_s": engine.load_seconds, "wall_s": wall}, indent=2))
+        click.echo(json_text({"results": out, "load_s": engine.load_seconds, "wall_s": wall}))
     else:
         for r, res in zip(requests, results):
             click.echo(f"> {r}")
