@@ -169,13 +169,14 @@ def parse_config(folder: Path) -> ModelConfig:
     heads = f.int("num_attention_heads", 1, MAX_HEADS)
     kv_heads = f.int("num_key_value_heads", 1, MAX_HEADS, heads)
     if heads % kv_heads:
-        raise _error(f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}",
+        raise _error(f"{path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}; "
+                     "expected whole groups of query heads per KV head",
                      file=str(path), found=[heads, kv_heads])
     head_dim = c.get("head_dim")
     if head_dim is None:
         if hidden % heads:
             raise _error(f"{path}: no head_dim and hidden_size {hidden} is not a multiple of num_attention_heads "
-                         f"{heads}", file=str(path), found=[hidden, heads])
+                         f"{heads}; expected head_dim or divisible sizes", file=str(path), found=[hidden, heads])
         head_dim = hidden // heads
     else:
         head_dim = f.int("head_dim", 2, MAX_DIM)
@@ -187,8 +188,9 @@ def parse_config(folder: Path) -> ModelConfig:
     tied = f.bool("tie_word_embeddings", False)
     params = parameter_count(vocab, hidden, intermediate, layers, heads * head_dim, kv_heads * head_dim, tied)
     if params > MAX_PARAMETERS:
-        raise _error(f"{path}: the config describes {params:,} parameters; this toolchain builds models up to "
-                     f"{MAX_PARAMETERS:,}: check the sizes", file=str(path), found=params, limit=MAX_PARAMETERS)
+        raise _error(f"{path}: the config describes {params:,} parameters; expected at most {MAX_PARAMETERS:,} "
+                     "(refused before anything is sized from it): check the sizes", file=str(path), found=params,
+                     limit=MAX_PARAMETERS)
     theta_default = rope.get("rope_theta", 10000.0)
     return ModelConfig(
         family=family, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_layers=layers,
