@@ -19,7 +19,8 @@ from pathlib import Path
 from runtime.bundle import GRAMMAR_FILE, KERNELS_DIR, REPORT_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry
 from runtime.contract import (CONTRACT_FILE, FORMAT_NAME, FORMAT_VERSION, BuildOptions, Contract, EngineSection,
                               Format, GrammarSection, Limits, Precision, compute_bundle_id)
-from common.errors import BuildError
+from common.errors import BuildError, CatalogError
+from runtime.file_kind import require_file
 
 from .canary import record_canary
 from .catalog import load_catalog
@@ -102,6 +103,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
     ckpt = open_checkpoint(checkpoint)
     cfg = ckpt.config
     tokenizer = ckpt.tokenizer()
+    require_file(catalog_path, lambda msg, **d: CatalogError("catalog_invalid", msg, **d), "a tool catalog JSON file")
     grammar = build_grammar(load_catalog(catalog_path), tokenizer, cfg.eos_token_ids[0])
     target = contract_target(options.target)
     check_kernel_shapes(target, cfg, options.precision)
@@ -179,9 +181,9 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
 def check_out_path(out: Path, inputs: dict[str, Path]) -> None:
     """BuildError("output_unsafe") when --out is, is inside, or holds an input: replacing it
     (with --force, or when a build fails) would delete what is being compiled."""
-    o = out.resolve()
+    o = Path(os.path.realpath(out))  # realpath, not resolve(): a symlink loop must not raise here
     for role, path in inputs.items():
-        p = path.resolve()
+        p = Path(os.path.realpath(path))
         relation = "is" if o == p else "is inside" if p in o.parents else "contains" if o in p.parents else None
         if relation:
             raise BuildError("output_unsafe", f"--out {out} {relation} the {role} {path}; a build replaces its "

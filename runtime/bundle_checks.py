@@ -6,8 +6,8 @@ recomputed) or a faulty builder cannot pass, run at load after the hash checks.
   ``memory.weights_bytes``;
 - limits: against the model's positions and each other (a sequence fits the pool, a step's rows
   hold every sequence);
-- memory: ``kv_pool_bytes`` is what ``num_pages`` pages take (the formula lives here, the
-  builder's memory plan uses it);
+- memory: ``kv_pool_bytes`` is what ``num_pages`` pages take, ``workspace_bytes`` what steps of
+  ``max_tokens_per_step`` rows take (the formulas live here, the builder's memory plan uses them);
 - grammar: grammar.msgpack's numbers equal the contract's grammar section;
 - canary: ids inside the vocabulary, lengths inside the limits, answers the grammar allows,
   one recorded step per answer token.
@@ -21,19 +21,24 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import Refusal, RequestError
-from .contract import CONTRACT_FILE, Contract
+from kernels.geometry import attention_max_splits
+from .contract import CONTRACT_FILE, Contract, Limits
 from .grammar import Grammar
 from .grammar_stepper import GrammarStepper
 from .model_config import ModelConfig
 from .tensor_file import DTYPES, SafetensorsFile
 
 KV_BYTES = 2  # bf16 cache elements
+F32 = 4  # float32 activations
 NVFP4_BLOCK = 16  # elements per NVFP4 block scale
 # The contract's grammar fields and the Grammar.summary() keys they must equal.
 GRAMMAR_FIELDS = {"num_tools": "num_tools", "bitset_bits": "bitset_bits", "nodes": "num_nodes",
                   "edges": "num_edges", "max_edges_per_node": "max_edges_per_node",
                   "sep_token_id": "sep_token_id", "end_token_id": "end_token_id", "max_tools": "max_tools",
                   "allow_empty": "allow_empty"}
+# The loosest canary tolerance this runtime accepts (logit units): a contract may state a tighter
+# one, never a looser (a tolerance raised by an editor would let changed weights pass).
+MAX_LOGIT_TOLERANCE = 0.1
 _QUANTIZED_SUFFIXES = tuple(f"{s}.weight" for s in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                     "down_proj"))
 
@@ -81,6 +86,40 @@ def kv_bytes_per_token(config: ModelConfig) -> int:
 def kv_pool_bytes(config: ModelConfig, num_pages: int, page_size: int) -> int:
     """Bytes of a KV pool of num_pages pages of page_size tokens."""
     return num_pages * page_size * kv_bytes_per_token(config)
+
+
+def attention_splits(limits: Limits) -> int:
+    """Split-K attention (flash-decoding) splits of the longest context (max_input + max_output
+    tokens), as the kernels cut it; each leaves a partial output (head_dim) plus its running max
+    and sum per row and query head."""
+    return attention_max_splits(limits.max_input_tokens + limits.max_output_tokens)
+
+
+def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None) -> dict[str, int]:
+    """Bytes of each float32 step buffer, by name, for T = max_tokens_per_step rows.
+
+    Only sampled rows reach the head: a step samples at most one token per sequence (a prefill
+    chunk only at its last row), so the head's logits have R = min(T, max_sequences) rows.
+    ``max_edges_per_node`` unknown (no catalog yet): bounded by vocab_size.
+    """
+    t = limits.max_tokens_per_step
+    r = min(t, limits.max_sequences)
+    edges = config.vocab_size if max_edges_per_node is None else max_edges_per_node
+    h, i = config.hidden_size, config.intermediate_size
+    return {
+        "hidden": t * h * F32,  # [T, hidden] residual stream
+        "normed": t * h * F32,  # [T, hidden] RMSNorm output; reused for o_proj/down_proj output
+        "q": t * config.q_dim * F32,  # [T, heads, head_dim]
+        "k": t * config.kv_dim * F32,  # [T, kv_heads, head_dim] before the bf16 cache write
+        "v": t * config.kv_dim * F32,  # [T, kv_heads, head_dim]
+        "attn_out": t * config.q_dim * F32,  # [T, heads, head_dim]
+        "gate": t * i * F32,  # [T, intermediate]; silu(gate) * up written in place
+        "up": t * i * F32,  # [T, intermediate]
+        # [T, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
+        "attn_partials": t * config.num_heads * attention_splits(limits) * (config.head_dim + 2) * F32,
+        "logits_sparse": r * edges * F32,  # [R, max_edges_per_node] allowed edges only
+        "logits_dense": r * config.vocab_size * F32,  # [R, vocab] cross-check head
+    }
 
 
 # -- the checks, in load order -------------------------------------------------------------------
@@ -142,6 +181,10 @@ def check_limits(contract: Contract) -> None:
         raise bundle_invalid(CONTRACT_FILE, f"limits.num_pages {lim.num_pages} cannot hold one sequence of "
                              f"{lim.max_input_tokens}+{lim.max_output_tokens} tokens ({lim.pages_per_sequence} "
                              "pages)", expected=lim.pages_per_sequence, found=lim.num_pages)
+    if lim.max_sequences > lim.num_pages:  # every admitted sequence reserves at least one page
+        raise bundle_invalid(CONTRACT_FILE, f"limits.max_sequences {lim.max_sequences} exceeds the pool's "
+                             f"{lim.num_pages} pages; each sequence holds at least one", expected=lim.num_pages,
+                             found=lim.max_sequences)
     if lim.max_tokens_per_step < lim.max_sequences or lim.prefill_chunk > lim.max_tokens_per_step:
         raise bundle_invalid(CONTRACT_FILE, f"limits.max_tokens_per_step {lim.max_tokens_per_step} must hold "
                              f"max_sequences {lim.max_sequences} decode rows and prefill_chunk {lim.prefill_chunk}",
@@ -155,6 +198,14 @@ def check_memory(contract: Contract) -> None:
     if kv != mem.kv_pool_bytes:
         raise bundle_invalid(CONTRACT_FILE, f"memory.kv_pool_bytes {mem.kv_pool_bytes}, but {lim.num_pages} pages "
                              f"of {lim.page_size} tokens take {kv} bytes", expected=kv, found=mem.kv_pool_bytes)
+    ws = sum(workspace_breakdown(contract.model, lim, contract.grammar.max_edges_per_node).values())
+    if ws != mem.workspace_bytes:
+        raise bundle_invalid(CONTRACT_FILE, f"memory.workspace_bytes {mem.workspace_bytes}, but steps of "
+                             f"{lim.max_tokens_per_step} rows take {ws} bytes", expected=ws, found=mem.workspace_bytes)
+    reserve = contract.engine.build_options.context_reserve_bytes
+    if reserve is not None and reserve != mem.context_reserve_bytes:
+        raise bundle_invalid(CONTRACT_FILE, f"memory.context_reserve_bytes {mem.context_reserve_bytes}, but the "
+                             f"build options asked for {reserve}", expected=reserve, found=mem.context_reserve_bytes)
     w = weights_bytes(contract.model, contract.precision.weights)
     if w != mem.weights_bytes:
         raise bundle_invalid(CONTRACT_FILE, f"memory.weights_bytes {mem.weights_bytes}, but the model's "
@@ -185,6 +236,9 @@ def check_canary(contract: Contract, grammar: Grammar, vocab: int) -> None:
     """Canary ids inside [0, vocab), lengths inside the limits, answers the grammar allows, one
     recorded step (best candidate first, finite logits) per answer token."""
     c, lim = contract.canary, contract.limits
+    if c.logit_tolerance > MAX_LOGIT_TOLERANCE:
+        raise bundle_invalid(CONTRACT_FILE, f"canary.logit_tolerance {c.logit_tolerance} is looser than this runtime's "
+                             f"{MAX_LOGIT_TOLERANCE} logits", expected=MAX_LOGIT_TOLERANCE, found=c.logit_tolerance)
     for k, p in enumerate(c.prompts):
         where = f"canary.prompts[{k}]"
         for field, ids in (("prompt_token_ids", p.prompt_token_ids), ("expected_token_ids", p.expected_token_ids)):

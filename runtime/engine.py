@@ -73,8 +73,12 @@ class Engine:
         except Exception as e:  # a file that hashes right but does not parse: the builder wrote it wrong
             raise Refusal("bundle_invalid", f"bundle file failed to load: {type(e).__name__}: {e}",
                           reason=type(e).__name__) from None
-        engine = cls(folder, contract, cpu_generator(contract.model, weights, grammar, contract.limits, head),
-                     tokenizer, 0.0)
+        try:
+            generator = cpu_generator(contract.model, weights, grammar, contract.limits, head)
+        except MemoryError:
+            raise Refusal("insufficient_memory", f"the KV pool and step buffers of {contract.limits} do not fit "
+                          "this machine's memory", needed=contract.memory.total_bytes, available=None) from None
+        engine = cls(folder, contract, generator, tokenizer, 0.0)
         del weights
         engine.check_canary()
         engine.load_seconds = time.perf_counter() - start

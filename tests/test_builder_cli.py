@@ -140,10 +140,17 @@ BROKEN = [
     ("canary_logit_nan", lambda b: edit_contract(b, lambda d: d["canary"]["prompts"][0]["steps"][0].update(
         logits=[float("nan")] * len(d["canary"]["prompts"][0]["steps"][0]["logits"])), rehash=False),
      "schema_invalid", False),
+    ("tolerance_loosened", lambda b: edit_contract(b, lambda d: d["canary"].update(logit_tolerance=1e3)),
+     "bundle_invalid", True),
+    ("workspace_off", memory_off("workspace_bytes", 4096), "bundle_invalid", True),
+    ("max_sequences_past_pages", lambda b: edit_contract(b, lambda d: d["limits"].update(
+        max_sequences=d["limits"]["num_pages"] + 1, max_tokens_per_step=10**4)), "bundle_invalid", True),
     ("num_pages_x1000", lambda b: edit_contract(b, lambda d: d["limits"].update(
         num_pages=d["limits"]["num_pages"] * 1000)), "bundle_invalid", True),
     ("layer_dropped", lambda b: edit_contract(b, lambda d: d["model"].update(
         num_layers=d["model"]["num_layers"] - 1)), "bundle_invalid", True),
+    ("steps_x1000", lambda b: edit_contract(b, lambda d: d["limits"].update(
+        max_tokens_per_step=d["limits"]["max_tokens_per_step"] * 1000)), "bundle_invalid", True),
     ("precision_relabelled", lambda b: edit_contract(b, lambda d: d["precision"].update(weights="nvfp4")),
      "bundle_invalid", True),
     ("input_past_positions", lambda b: edit_contract(b, lambda d: d["limits"].update(

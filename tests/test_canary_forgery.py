@@ -220,3 +220,18 @@ def test_nan_in_hidden_states_is_a_typed_error(tiny_bundle, monkeypatch):
     with pytest.raises(EngineError) as info:
         engine.run(["Book a flight"])
     assert info.value.code == "numerics_invalid" and info.value.exit_code == 60
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
+@pytest.mark.parametrize("precision", ["fp8_e4m3", "nvfp4", "bf16"])
+def test_the_runtime_expects_exactly_the_layout_the_builder_writes(family, precision):
+    import builder.memory_plan
+    from builder.quantize import output_specs
+    from builder.synth import SynthOptions, model_config_for
+    from runtime import bundle_checks
+    cfg = model_config_for(SynthOptions(family=family), 1000)
+    assert bundle_checks.weight_specs(cfg, precision) == output_specs(cfg, precision)
+    assert bundle_checks.weights_bytes(cfg, precision) == builder.memory_plan.weights_bytes(cfg, precision)
+    # one formula for the memory plan and the load check
+    assert builder.memory_plan.kv_pool_bytes is bundle_checks.kv_pool_bytes
+    assert builder.memory_plan.workspace_breakdown is bundle_checks.workspace_breakdown

@@ -454,3 +454,43 @@ def test_synth_on_a_full_disk_leaves_nothing_behind(tmp_path, monkeypatch):
     result = synth("--out", tmp_path / "ckpt")
     assert result.exit_code == EXIT_CODES["output_unwritable"], result.output
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "device", "symlink loop"])
+def test_a_catalog_of_another_kind_is_reported_without_hanging(tmp_path, tiny_checkpoint, kind):
+    catalog = tmp_path / "catalog.json"
+    make_kind(catalog, kind)
+    with pytest.raises(EngineError) as info:
+        compile_bundle(tiny_checkpoint, catalog, OPTIONS, tmp_path / "bundle")
+    assert info.value.code == "catalog_invalid" and info.value.details["kind"] == kind
+    assert not (tmp_path / "bundle").exists()
+
+
+# -- runtime run options and --json -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option,value", [("--temperature", "nan"), ("--temperature", "inf"),
+                                          ("--temperature", "-0.5"), ("--temperature", "1e-320"),
+                                          ("--top-p", "nan"), ("--top-p", "0"), ("--top-p", "1.5"),
+                                          ("--top-p", "5e-324"), ("--seed", "-1")])
+def test_bad_sampling_options_are_usage_errors_before_loading(tmp_path, option, value):
+    from runtime.cli import main as runtime_cli
+    missing = tmp_path / "no-bundle"  # never read: the options are refused first
+    result = CliRunner().invoke(runtime_cli, ["run", str(missing), "Book a flight", f"{option}={value}", "--json"])
+    assert result.exit_code == EXIT_CODES["usage"], result.output
+    assert json.loads(result.stdout)["error"] == "usage"
+
+
+def test_json_output_never_holds_nan(tmp_path, tiny_checkpoint):
+    from runtime.cli import main as runtime_cli
+    catalog = tmp_path / "one.json"
+    full = json.loads(Path(CATALOG).read_text())
+    catalog.write_text(json.dumps({**full, "tools": full["tools"][:1]}))
+    built = CliRunner().invoke(builder_cli, ["compile", str(tiny_checkpoint), "--catalog", str(catalog), "--out",
+                                             str(tmp_path / "b"), "--json"])
+    assert built.exit_code == 0, built.output
+    assert json.loads(built.stdout, parse_constant=lambda c: pytest.fail(f"{c} in --json"))["canary_min_margin"] is None
+    ran = CliRunner().invoke(runtime_cli, ["run", str(tmp_path / "b"), "Book a flight", "--json"])
+    assert ran.exit_code == 0, ran.output
+    out = json.loads(ran.stdout, parse_constant=lambda c: pytest.fail(f"{c} in --json"))
+    assert out["results"][0]["min_margin"] is None  # every step forced: infinite margin -> null
