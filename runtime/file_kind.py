@@ -20,7 +20,7 @@ def path_kind(path: str | os.PathLike) -> str:
     "symlink loop", "unreadable" (stat itself failed); follows symlinks, never opens."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # ENOTDIR: a parent is a file, so this is not there
         return "broken symlink" if os.path.islink(path) else "missing"
     except OSError as e:
         return "symlink loop" if e.errno == errno.ELOOP else "unreadable"
