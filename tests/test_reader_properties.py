@@ -137,10 +137,13 @@ def test_any_edit_of_a_real_grammar_gives_a_typed_error_or_a_grammar(grammar_doc
     read_grammar(msgpack.packb(doc, use_bin_type=True))
 
 
-def test_a_grammar_array_with_an_overflowing_shape_is_typed(grammar_doc):
+@pytest.mark.parametrize("name,shape", [("edge_token", [2**64 - 1]), ("edge_bits", [2**32, 2**32]),
+                                        ("edge_bits", [2**62, 4]), ("edge_bits", [-1, 1])])
+def test_a_grammar_array_with_an_overflowing_shape_is_typed(grammar_doc, name, shape):
+    # int64 products wrap: 2^32 x 2^32 elements would claim 0 bytes and pass a numpy size check
     doc = dict(grammar_doc)
     doc["arrays"] = dict(grammar_doc["arrays"])
-    doc["arrays"]["edge_token"] = {**doc["arrays"]["edge_token"], "shape": [2**64 - 1], "data": b""}
+    doc["arrays"][name] = {**doc["arrays"][name], "shape": shape, "data": b""}
     with pytest.raises(EngineError) as info:
         Grammar.from_msgpack(msgpack.packb(doc, use_bin_type=True))
     assert info.value.code == "bundle_invalid"
