@@ -494,3 +494,11 @@ def test_json_output_never_holds_nan(tmp_path, tiny_checkpoint):
     assert ran.exit_code == 0, ran.output
     out = json.loads(ran.stdout, parse_constant=lambda c: pytest.fail(f"{c} in --json"))
     assert out["results"][0]["min_margin"] is None  # every step forced: infinite margin -> null
+
+
+def test_a_deeply_nested_catalog_is_typed(tmp_path, tiny_checkpoint):
+    catalog = tmp_path / "deep.json"
+    catalog.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(EngineError) as info:
+        compile_bundle(tiny_checkpoint, catalog, OPTIONS, tmp_path / "bundle")
+    assert info.value.code == "catalog_invalid"
