@@ -43,10 +43,11 @@ MIN_CANARY_MARGIN = 1e-3  # logits; far above float32 disagreement (~1e-5) betwe
 # Tolerance (absolute, logit units) every backend must meet at every recorded candidate.
 # It must admit float32 paths that differ only in summation order, layouts and bf16 KV writes
 # over the same dequantized weights, and refuse any change of the weights. Measured on the CPU
-# (figures in notes/i14.md, tiny synthetic fp8 and trained bf16 bundles):
+# (bench/canary_spread.py; tiny synthetic and trained checkpoints):
 # - sparse vs dense head of the reference: |dlogit| <= 3e-6;
 # - the CUDA backend on the emulated device (each kernel's numpy reference, the GPU's layouts,
-#   split-K attention, fused buffers) vs the CPU backend: <= 1.6e-4;
+#   split-K attention, fused buffers) vs the CPU backend, on tests/test_cuda_backend.py's
+#   emulated-device engine test: <= 1.6e-4;
 # - the same checkpoint re-quantized (bf16 -> fp8_e4m3, the smallest weight change a build
 #   makes): 0.12 (trained) to 0.28 (synthetic); bf16 -> nvfp4: 0.52 to 5.1.
 # 0.02 is 100x above the float32 spread and 6x below the smallest quantization change. Real GPU
