@@ -15,8 +15,8 @@ import re
 from decimal import Decimal, InvalidOperation
 
 # The KV and workspace formulas are the runtime's (it re-checks the memory section at load with them).
-from runtime.bundle_checks import (F32, KV_BYTES, attention_splits, kv_bytes_per_token,  # noqa: F401 (re-exported)
-                                   kv_pool_bytes, workspace_breakdown)
+from runtime.layout import (F32, KV_BYTES, attention_splits, kv_bytes_per_token,  # noqa: F401 (re-exported)
+                            kv_pool_bytes, workspace_breakdown)
 from runtime.contract import CPU_TARGET, Limits, Memory
 from common.errors import BuildError
 from runtime.model_config import ModelConfig

@@ -7,7 +7,7 @@ recomputed) or a faulty builder cannot pass, run at load after the hash checks.
 - limits: against the model's positions and each other (a sequence fits the pool, a step's rows
   hold every sequence);
 - memory: ``kv_pool_bytes`` is what ``num_pages`` pages take, ``workspace_bytes`` what steps of
-  ``max_tokens_per_step`` rows take (the formulas live here, the builder's memory plan uses them);
+  ``max_tokens_per_step`` rows take (runtime/layout.py's formulas, the builder's memory plan too);
 - grammar: grammar.msgpack's numbers equal the contract's grammar section;
 - canary: ids inside the vocabulary, lengths inside the limits, answers the grammar allows,
   one recorded step per answer token.
@@ -21,16 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import Refusal, RequestError
-from kernels.geometry import attention_max_splits
-from .contract import CONTRACT_FILE, Contract, Limits
+from .contract import CONTRACT_FILE, Contract
+from .layout import NVFP4_BLOCK, kv_pool_bytes, weight_specs, weights_bytes, workspace_breakdown
 from .grammar import Grammar
 from .grammar_stepper import GrammarStepper
-from .model_config import ModelConfig
-from .tensor_file import DTYPES, SafetensorsFile
+from .tensor_file import SafetensorsFile
 
-KV_BYTES = 2  # bf16 cache elements
-F32 = 4  # float32 activations
-NVFP4_BLOCK = 16  # elements per NVFP4 block scale
 # The contract's grammar fields and the Grammar.summary() keys they must equal.
 GRAMMAR_FIELDS = {"num_tools": "num_tools", "bitset_bits": "bitset_bits", "nodes": "num_nodes",
                   "edges": "num_edges", "max_edges_per_node": "max_edges_per_node",
@@ -39,87 +35,12 @@ GRAMMAR_FIELDS = {"num_tools": "num_tools", "bitset_bits": "bitset_bits", "nodes
 # The loosest canary tolerance this runtime accepts (logit units): a contract may state a tighter
 # one, never a looser (a tolerance raised by an editor would let changed weights pass).
 MAX_LOGIT_TOLERANCE = 0.1
-_QUANTIZED_SUFFIXES = tuple(f"{s}.weight" for s in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                    "down_proj"))
 
 
 def bundle_invalid(file: str, what: str, **details) -> Refusal:
     """The one error of this module: ``file`` disagrees with the contract in ``what``."""
     return Refusal("bundle_invalid", f"{file}: {what}; the bundle was written by a faulty builder or edited "
                    "with its hashes fixed up: rebuild it with `builder compile`", file=file, **details)
-
-
-# -- the formulas the builder plans with ---------------------------------------------------------
-
-
-def weight_specs(config: ModelConfig, precision: str) -> list[tuple[str, str, tuple[int, ...]]]:
-    """weights.safetensors' layout [(name, safetensors dtype, shape)] in file order, from shapes alone.
-
-    Decoder-layer linear weights take the precision (fp8_e4m3: F8_E4M3 [out, in] + F32 [out]
-    ``_scale``; nvfp4: U8 [out, in/2] + F8_E4M3 [out, in/16] ``_scale`` + F32 [] ``_scale_2``);
-    every other tensor is BF16. builder/quantize.output_specs writes exactly this (tested)."""
-    specs: list[tuple[str, str, tuple[int, ...]]] = []
-    for name, shape in config.tensor_shapes().items():
-        quantized = precision != "bf16" and name.startswith("model.layers.") and name.endswith(_QUANTIZED_SUFFIXES)
-        if not quantized:
-            specs.append((name, "BF16", shape))
-        elif precision == "fp8_e4m3":
-            specs += [(name, "F8_E4M3", shape), (name + "_scale", "F32", (shape[0],))]
-        else:
-            rows, cols = shape
-            specs += [(name, "U8", (rows, cols // 2)), (name + "_scale", "F8_E4M3", (rows, cols // NVFP4_BLOCK)),
-                      (name + "_scale_2", "F32", ())]
-    return specs
-
-
-def weights_bytes(config: ModelConfig, precision: str) -> int:
-    """Tensor data bytes of weights.safetensors."""
-    return sum(int(np.prod(shape, dtype=object)) * DTYPES[dtype].itemsize
-               for _, dtype, shape in weight_specs(config, precision))
-
-
-def kv_bytes_per_token(config: ModelConfig) -> int:
-    """K and V of every layer for one token: num_layers * 2 * num_kv_heads * head_dim * 2 bytes."""
-    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * KV_BYTES
-
-
-def kv_pool_bytes(config: ModelConfig, num_pages: int, page_size: int) -> int:
-    """Bytes of a KV pool of num_pages pages of page_size tokens."""
-    return num_pages * page_size * kv_bytes_per_token(config)
-
-
-def attention_splits(limits: Limits) -> int:
-    """Split-K attention (flash-decoding) splits of the longest context (max_input + max_output
-    tokens), as the kernels cut it; each leaves a partial output (head_dim) plus its running max
-    and sum per row and query head."""
-    return attention_max_splits(limits.max_input_tokens + limits.max_output_tokens)
-
-
-def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None) -> dict[str, int]:
-    """Bytes of each float32 step buffer, by name, for T = max_tokens_per_step rows.
-
-    Only sampled rows reach the head: a step samples at most one token per sequence (a prefill
-    chunk only at its last row), so the head's logits have R = min(T, max_sequences) rows.
-    ``max_edges_per_node`` unknown (no catalog yet): bounded by vocab_size.
-    """
-    t = limits.max_tokens_per_step
-    r = min(t, limits.max_sequences)
-    edges = config.vocab_size if max_edges_per_node is None else max_edges_per_node
-    h, i = config.hidden_size, config.intermediate_size
-    return {
-        "hidden": t * h * F32,  # [T, hidden] residual stream
-        "normed": t * h * F32,  # [T, hidden] RMSNorm output; reused for o_proj/down_proj output
-        "q": t * config.q_dim * F32,  # [T, heads, head_dim]
-        "k": t * config.kv_dim * F32,  # [T, kv_heads, head_dim] before the bf16 cache write
-        "v": t * config.kv_dim * F32,  # [T, kv_heads, head_dim]
-        "attn_out": t * config.q_dim * F32,  # [T, heads, head_dim]
-        "gate": t * i * F32,  # [T, intermediate]; silu(gate) * up written in place
-        "up": t * i * F32,  # [T, intermediate]
-        # [T, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
-        "attn_partials": t * config.num_heads * attention_splits(limits) * (config.head_dim + 2) * F32,
-        "logits_sparse": r * edges * F32,  # [R, max_edges_per_node] allowed edges only
-        "logits_dense": r * config.vocab_size * F32,  # [R, vocab] cross-check head
-    }
 
 
 # -- the checks, in load order -------------------------------------------------------------------

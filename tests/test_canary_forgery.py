@@ -228,7 +228,7 @@ def test_the_runtime_expects_exactly_the_layout_the_builder_writes(family, preci
     import builder.memory_plan
     from builder.quantize import output_specs
     from builder.synth import SynthOptions, model_config_for
-    from runtime import bundle_checks
+    from runtime import layout as bundle_checks
     cfg = model_config_for(SynthOptions(family=family), 1000)
     assert bundle_checks.weight_specs(cfg, precision) == output_specs(cfg, precision)
     assert bundle_checks.weights_bytes(cfg, precision) == builder.memory_plan.weights_bytes(cfg, precision)
