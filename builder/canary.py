@@ -22,7 +22,7 @@ import numpy as np
 
 from runtime.contract import Canary, CanaryPrompt, CanaryStep, Limits
 from runtime.engine import cpu_generator, load_cpu_weights
-from common.errors import BuildError
+from common.errors import BuildError, EngineError
 from runtime.generator import Request, Result
 from runtime.grammar import Grammar
 from runtime.grammar_stepper import GrammarStepper
@@ -101,7 +101,14 @@ def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
         if len(prompt) > limits.max_input_tokens:
             rejected["too long"] += 1
             continue
-        (result,) = generator.generate([Request(prompt, keep_logits=True)])
+        try:
+            (result,) = generator.generate([Request(prompt, keep_logits=True)])
+        except EngineError as e:
+            if e.code != "numerics_invalid":
+                raise
+            raise BuildError("build_failed", f"the model computes NaN or Inf on the canary request {request!r} "
+                             f"({e.details}); check config.json's numbers (rms_norm_eps, rope_theta, rope_scaling) "
+                             "and the weights", reason=e.code, **e.details) from None
         if not isinstance(result, Result):
             raise BuildError("build_failed", f"the canary prompt could not run: {result}", reason=str(result))
         first, forced = is_first_candidate_answer(grammar, result.token_ids)

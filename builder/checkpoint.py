@@ -192,10 +192,14 @@ def parse_config(folder: Path) -> ModelConfig:
                      "(refused before anything is sized from it): check the sizes", file=str(path), found=params,
                      limit=MAX_PARAMETERS)
     theta_default = rope.get("rope_theta", 10000.0)
+    theta = f.float("rope_theta", theta_default)
+    if theta < 1.0:  # frequencies theta^(-2i/d) above 1 overflow float32 long before theta reaches 0
+        raise f._bad("rope_theta", "a number >= 1 (rotary frequencies theta^(-2i/head_dim) must stay finite)",
+                     theta)
     return ModelConfig(
         family=family, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_layers=layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        rms_norm_eps=f.float("rms_norm_eps", 1e-6), rope_theta=f.float("rope_theta", theta_default),
+        rms_norm_eps=f.float("rms_norm_eps", 1e-6), rope_theta=theta,
         rope_scaling=rope_scaling, max_position_embeddings=f.int("max_position_embeddings", 1, MAX_POSITIONS, 32768),
         tie_word_embeddings=tied,
         qkv_bias=True if family == "qwen2" else f.bool("attention_bias", False),

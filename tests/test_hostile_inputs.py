@@ -205,6 +205,7 @@ CONFIGS = {
     "eps negative": setter("rms_norm_eps", -1e-6),
     "theta infinite": lambda d: json.dumps(d).replace('"rope_theta": 10000.0', '"rope_theta": 1e400'),
     "theta a string": setter("rope_theta", "big"),
+    "theta 1e-300": setter("rope_theta", 1e-300),
     "heads not a multiple of kv heads": setter("num_key_value_heads", 3),
     "odd head_dim": setter("head_dim", 63),
     "config a list": lambda d: [d],
@@ -502,3 +503,19 @@ def test_a_deeply_nested_catalog_is_typed(tmp_path, tiny_checkpoint):
     with pytest.raises(EngineError) as info:
         compile_bundle(tiny_checkpoint, catalog, OPTIONS, tmp_path / "bundle")
     assert info.value.code == "catalog_invalid"
+
+
+def test_a_model_that_computes_nan_is_a_build_failure(tmp_path, tiny_checkpoint, monkeypatch):
+    import runtime.cpu.model
+    real = runtime.cpu.model.CpuModel.forward
+
+    def nan_forward(self, *a, **kw):
+        out = real(self, *a, **kw)
+        out[:] = float("nan")
+        return out
+
+    monkeypatch.setattr(runtime.cpu.model.CpuModel, "forward", nan_forward)
+    with pytest.raises(EngineError) as info:
+        compile_bundle(tiny_checkpoint, CATALOG, OPTIONS, tmp_path / "bundle")
+    assert info.value.code == "build_failed" and info.value.details["reason"] == "numerics_invalid"
+    assert list(tmp_path.iterdir()) == []
