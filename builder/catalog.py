@@ -197,6 +197,9 @@ def _read_document(path: str | os.PathLike) -> object:
         raise CatalogError("catalog_invalid", f"{path}: not valid JSON at line {e.lineno} column "
                            f"{e.colno} ({e.msg}); fix the file", file=str(path), line=e.lineno,
                            column=e.colno) from None
+    except RecursionError:
+        raise CatalogError("catalog_invalid", f"{path}: JSON nested too deeply; expected a catalog object "
+                           "per schemas/catalog.schema.json", file=str(path)) from None
 
 
 def _check_schema(doc: Mapping) -> None:

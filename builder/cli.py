@@ -1,14 +1,13 @@
 """`builder`: make synthetic checkpoints, compile bundles, inspect and verify them, plan tiers."""
 from __future__ import annotations
 
-import json
 import resource
 import sys
 import time
 
 import click
 
-from runtime.cli_errors import TypedErrorGroup, exit_code_help, fail
+from runtime.cli_errors import TypedErrorGroup, exit_code_help, fail, json_text
 from common.errors import EngineError
 
 def progress_printer(label: str):
@@ -62,16 +61,20 @@ def main() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same bytes.")
 @click.option("--shards", type=int, default=1, show_default=True, help="Split the safetensors into N files with an index.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Checkpoint folder to write.")
+@click.option("--force", is_flag=True, help="Replace an existing non-empty --out folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the model config as JSON.")
-def synth(shape, family, seed, shards, out_dir, as_json):
+def synth(shape, family, seed, shards, out_dir, force, as_json):
     """Write a synthetic Hugging Face checkpoint (config, safetensors, trained BPE tokenizer)."""
     from .synth import SynthOptions, synth_checkpoint
 
     start = time.perf_counter()
-    cfg = synth_checkpoint(out_dir, SynthOptions(shape=shape, family=family, seed=seed, shards=shards),
-                           progress=progress_printer("synth"))
+    try:
+        cfg = synth_checkpoint(out_dir, SynthOptions(shape=shape, family=family, seed=seed, shards=shards),
+                               progress=progress_printer("synth"), force=force)
+    except EngineError as e:
+        fail(e, as_json)
     if as_json:
-        click.echo(json.dumps({"out": out_dir, "model": cfg.to_dict(), "seconds": time.perf_counter() - start}, indent=2))
+        click.echo(json_text({"out": out_dir, "model": cfg.to_dict(), "seconds": time.perf_counter() - start}))
     else:
         click.echo(f"wrote {out_dir}: {family} {shape}, {cfg.param_count() / 1e6:.1f}M parameters, "
                    f"{time.perf_counter() - start:.1f} s")
@@ -128,14 +131,13 @@ def compile_cmd(checkpoint, catalog, precision, target, max_sequences, max_input
         fail(e, as_json)
     c = result.contract
     if as_json:  # peak RSS: ru_maxrss is KiB on Linux
-        click.echo(json.dumps({"bundle": str(result.out_dir), "bundle_id": c.engine.bundle_id,
+        click.echo(json_text({"bundle": str(result.out_dir), "bundle_id": c.engine.bundle_id,
                                "target": c.target.name, "precision": c.precision.weights,
                                "limits": c.to_dict()["limits"], "memory": c.to_dict()["memory"],
                                "canary_min_margin": c.canary.min_margin, "timings_s": result.timings,
                                "source_bytes": result.source_bytes,
                                "source_gb_per_s": result.source_bytes / 1e9 / max(result.timings["quantize"], 1e-9),
-                               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024},
-                              indent=2))
+                               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
         return
     from .inspect_bundle import format_inspection, inspect_bundle
 
@@ -158,7 +160,7 @@ def inspect(bundle, as_json):
         info = inspect_bundle(bundle)
     except EngineError as e:
         fail(e, as_json)
-    click.echo(json.dumps(info, indent=2) if as_json else format_inspection(info))
+    click.echo(json_text(info) if as_json else format_inspection(info))
 
 
 @main.command()
@@ -184,8 +186,8 @@ def verify(bundle, as_json):
     except EngineError as e:
         fail(e, as_json)
     if as_json:
-        click.echo(json.dumps({"ok": True, "bundle": str(bundle), "bundle_id": contract.engine.bundle_id,
-                               "checks": list(CHECKS)}, indent=2))
+        click.echo(json_text({"ok": True, "bundle": str(bundle), "bundle_id": contract.engine.bundle_id,
+                               "checks": list(CHECKS)}))
     else:
         click.echo(f"ok: {bundle} ({contract.target.name}, {contract.precision.weights}, bundle id "
                    f"{contract.engine.bundle_id[:16]}): {', '.join(CHECKS)}")
@@ -250,10 +252,10 @@ def plan(checkpoint, gpu_memory, precision, target, page_size, max_input_tokens,
         return args + (["--context-reserve", str(reserve)] if reserve is not None else [])
 
     if as_json:
-        click.echo(json.dumps({"checkpoint": str(checkpoint), "gpu_memory_bytes": budget, "target": t.name,
+        click.echo(json_text({"checkpoint": str(checkpoint), "gpu_memory_bytes": budget, "target": t.name,
                                "precision": PRECISIONS[precision], "page_size": page_size,
                                "tiers": [{"tier": x.name, "limits": asdict(x.limits), "memory": asdict(x.memory),
-                                          "compile_args": compile_args(x.limits)} for x in tiers]}, indent=2))
+                                          "compile_args": compile_args(x.limits)} for x in tiers]}))
         return
     click.echo(f"{checkpoint}: {cfg.family}, {cfg.param_count() / 1e6:.1f}M parameters\n"
                f"{t.name}{' (' + t.sm_arch + ')' if t.sm_arch else ''}, {PRECISIONS[precision]} weights, "

@@ -7,6 +7,7 @@ and options give a byte-identical bundle; timings are returned to the caller ins
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -15,14 +16,13 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from tokenizers import Tokenizer
-
 from runtime.progress import done as stage_done
 from runtime.progress import stage
 from runtime.bundle import GRAMMAR_FILE, KERNELS_DIR, REPORT_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry
 from runtime.contract import (CONTRACT_FILE, FORMAT_NAME, FORMAT_VERSION, BuildOptions, Contract, EngineSection,
                               Format, GrammarSection, Limits, Precision, compute_bundle_id)
-from common.errors import BuildError
+from common.errors import BuildError, CatalogError
+from runtime.file_kind import require_file
 
 from .canary import record_canary
 from .catalog import load_catalog
@@ -89,6 +89,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
                    force: bool = False, progress=None) -> CompileResult:
     """Builds the bundle into ``out_dir``; BuildError/CheckpointError/CatalogError on bad input."""
     out = Path(out_dir)
+    check_out_path(out, {"checkpoint": Path(checkpoint), "catalog": Path(catalog_path)})
     if out.exists() and not force:
         raise BuildError("output_exists", f"{out} exists; pass --force to replace it or choose another --out",
                          path=str(out))
@@ -103,7 +104,8 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
 
     ckpt = open_checkpoint(checkpoint)
     cfg = ckpt.config
-    tokenizer = Tokenizer.from_file(str(ckpt.folder / TOKENIZER_FILE))
+    tokenizer = ckpt.tokenizer()
+    require_file(catalog_path, lambda msg, **d: CatalogError("catalog_invalid", msg, **d), "a tool catalog JSON file")
     grammar = build_grammar(load_catalog(catalog_path), tokenizer, cfg.eos_token_ids[0])
     target = contract_target(options.target)
     check_kernel_shapes(target, cfg, options.precision)
@@ -113,10 +115,23 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
                          grammar.max_edges_per_node)
     lap("plan")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    claimed = False
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not force:  # the claim: one atomic mkdir, so a second build racing for this --out refuses now
+            try:
+                out.mkdir()
+            except FileExistsError:
+                raise BuildError("output_exists", f"{out} exists (another build claimed it); pass --force to "
+                                 "replace it or choose another --out", path=str(out)) from None
+            claimed = True
+        tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        if claimed:
+            out.rmdir()
+        raise _unwritable(out, e) from None
     try:
         quant = quantize_checkpoint(ckpt, cfg, options.precision, tmp / WEIGHTS_FILE, progress=progress)
         lap("quantize")
@@ -127,7 +142,9 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         kernels = compile_kernels(target, tmp / KERNELS_DIR)
         lap("kernels")
         stage("recording the canary")
-        canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, tokenizer)
+        # Engine.encode's formula (runtime/engine.py): the load re-encodes each canary request with it.
+        canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits,
+                               lambda text: tuple(tokenizer.encode(grammar.render_prompt(text)).ids))
         stage_done()
         lap("canary")
         quant_report = quant.to_dict()
@@ -137,29 +154,69 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         report = {"quantization": quant_report, "kernels": kernels, "grammar": grammar.summary(),
                   "build_options": dataclasses.asdict(options), "target": dataclasses.asdict(target),
                   "limits": dataclasses.asdict(limits), "memory": dataclasses.asdict(memory)}
-        (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n")
         files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         s = grammar.summary()
         contract = Contract(
             format=Format(FORMAT_NAME, FORMAT_VERSION),
-            engine=EngineSection(compute_bundle_id(files), builder_version(), ckpt.sha256(), options),
+            engine=EngineSection("0" * 64, builder_version(), ckpt.sha256(), options),
             model=cfg, target=target, precision=Precision(weights=options.precision), limits=limits, memory=memory,
             grammar=GrammarSection(num_tools=s["num_tools"], bitset_bits=s["bitset_bits"], nodes=s["num_nodes"],
                                    edges=s["num_edges"], max_edges_per_node=s["max_edges_per_node"],
                                    sep_token_id=s["sep_token_id"], end_token_id=s["end_token_id"],
                                    max_tools=s["max_tools"], allow_empty=s["allow_empty"]),
             canary=canary, files=files)
+        contract = dataclasses.replace(contract, engine=dataclasses.replace(
+            contract.engine, bundle_id=compute_bundle_id(contract)))
         (tmp / CONTRACT_FILE).write_text(contract.to_json())
         lap("write")
-        _replace_dir(tmp, out)
-    except BaseException:
+        _replace_dir(tmp, out, claimed)
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if claimed:
+            try:
+                out.rmdir()  # our empty claim only; a finished bundle is never removed here
+            except OSError:
+                pass
+        if isinstance(e, OSError):
+            raise _unwritable(out, e) from None
         raise
     return CompileResult(contract, out, timings, ckpt.source_bytes())
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Renames the finished folder into place; an old bundle (with --force) goes only after that."""
+def check_out_path(out: Path, inputs: dict[str, Path]) -> None:
+    """BuildError("output_unsafe") when --out is, is inside, or holds an input: replacing it
+    (with --force, or when a build fails) would delete what is being compiled."""
+    o = Path(os.path.realpath(out))  # realpath, not resolve(): a symlink loop must not raise here
+    for role, path in inputs.items():
+        p = Path(os.path.realpath(path))
+        relation = "is" if o == p else "is inside" if p in o.parents else "contains" if o in p.parents else None
+        if relation:
+            raise BuildError("output_unsafe", f"--out {out} {relation} the {role} {path}; a build replaces its "
+                             "--out, which would destroy its own input (even with --force): choose another --out",
+                             path=str(out), input=str(path), role=role, relation=relation)
+
+
+def _unwritable(out: Path, e: OSError) -> BuildError:
+    return BuildError("output_unwritable", f"cannot write the bundle at {out}: {e.strerror or e} "
+                      f"({e.filename or out}); free disk space, fix permissions or choose another --out",
+                      path=str(out), errno=e.errno, reason=e.strerror or str(e))
+
+
+def _replace_dir(tmp: Path, out: Path, claimed: bool) -> None:
+    """Renames the finished folder into place. ``claimed``: ``out`` is our own empty claim, which
+    the rename replaces atomically (it fails if anything was written into it meanwhile);
+    otherwise (--force) an old bundle goes only after the new one is in place."""
+    if claimed:
+        try:
+            tmp.rename(out)
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise BuildError("output_exists", f"{out} was filled by someone else during the build; the new "
+                                 "bundle is not installed: choose another --out or pass --force",
+                                 path=str(out)) from None
+            raise
+        return
     old = None
     if out.exists():
         old = out.parent / f".{out.name}.old-{os.getpid()}"

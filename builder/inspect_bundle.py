@@ -1,11 +1,11 @@
 """Looking inside a built bundle: ``builder inspect`` (what the contract says) and ``builder
 verify`` (whether the files say the same).
 
-verify runs the runtime's own checks first (contract present, schema, format version, file
-sizes and hashes, bundle_id; ``runtime/bundle.py``), then what hashes cannot catch: a bundle
-whose files hash right but disagree with their contract, as a faulty builder would write it.
-Each of those is an ``InconsistentBundle`` (code ``bundle_invalid``) naming the file, the
-expected and the found value.
+verify runs the runtime's own checks (contract present, schema, format version, required files
+listed, sizes and hashes, bundle_id over the contract; ``runtime/bundle.py``; then the contract
+against its files, ``runtime/bundle_checks.py``: what hashes cannot catch, a consistent forgery or
+a faulty builder), and two of its own: no unlisted file, kernels for the contract's architecture.
+Each failure is code ``bundle_invalid`` naming the file, the expected and the found value.
 """
 from __future__ import annotations
 
@@ -14,29 +14,21 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from runtime.bundle import (GRAMMAR_FILE, KERNELS_DIR, TOKENIZER_FILE, WEIGHTS_FILE, check_files,
-                            read_contract)
+from runtime.bundle import GRAMMAR_FILE, KERNELS_DIR, TOKENIZER_FILE, check_files, read_contract
+from runtime.bundle_checks import (check_canary, check_grammar, check_limits, check_memory, check_model,
+                                   check_weights)
 from runtime.contract import CPU_TARGET, CONTRACT_FILE, Contract
-from common.errors import EngineError, RequestError
+from common.errors import EngineError
 from runtime.grammar import Grammar
-from runtime.grammar_stepper import GrammarStepper
-from runtime.tensor_file import SafetensorsFile
 
-from .memory_plan import format_size, kv_pool_bytes
-from .quantize import output_specs
+from .memory_plan import format_size
 
 SHA_PREFIX = 12  # hex digits of a file's sha256 shown in the table
-# The contract's grammar fields and the Grammar.summary() keys they must equal.
-GRAMMAR_FIELDS = {"num_tools": "num_tools", "bitset_bits": "bitset_bits", "nodes": "num_nodes",
-                  "edges": "num_edges", "max_edges_per_node": "max_edges_per_node",
-                  "sep_token_id": "sep_token_id", "end_token_id": "end_token_id", "max_tools": "max_tools",
-                  "allow_empty": "allow_empty"}
 # CUDA cubins are ELF files: e_machine EM_CUDA; with ELF ABI version >= 8 (CUDA 12.8+) bits
 # 8..15 of e_flags hold the SM number (0x5a = sm_90), before that bits 0..7 did.
 ELF_MAGIC = b"\x7fELF"
 EM_CUDA = 190
-REQUIRED_FILES = (WEIGHTS_FILE, TOKENIZER_FILE, GRAMMAR_FILE)
-CHECKS = ("schema", "hashes", "weights", "memory", "grammar", "canary", "kernels")
+CHECKS = ("schema", "hashes", "model", "weights", "limits", "memory", "grammar", "canary", "kernels")
 
 
 class InconsistentBundle(EngineError):
@@ -57,6 +49,11 @@ def inspect_bundle(folder: str | Path) -> dict:
     files = [{"name": name, **entry} for name, entry in sorted(d.pop("files").items())]
     return {"bundle": str(folder), "bundle_id": d["engine"]["bundle_id"], **d, "files": files,
             "files_bytes": sum(f["bytes"] for f in files)}
+
+
+def _margin(prompts: list[dict]) -> str:
+    found = [p["min_margin"] for p in prompts if p["min_margin"] is not None]
+    return f"{min(found):.4g}" if found else "none (every step forced)"
 
 
 def format_inspection(info: dict) -> str:
@@ -80,8 +77,9 @@ def format_inspection(info: dict) -> str:
             ("grammar", f"{g['num_tools']} tools, {g['nodes']} nodes, {g['edges']} edges, <= {g['max_edges_per_node']} "
                         f"edges/node, {g['bitset_bits']}-bit sets, <= {g['max_tools']} tools/answer, sep "
                         f"{g['sep_token_id']}, end {g['end_token_id']}{', empty allowed' if g['allow_empty'] else ''}"),
-            ("canary", f"{len(c['prompt_token_ids'])} prompt tokens -> {c['expected_token_ids']}, "
-                       f"min margin {c['min_margin']:.4g}")]
+            ("canary", f"{len(c['prompts'])} prompts, first {len(c['prompts'][0]['prompt_token_ids'])} tokens -> "
+                       f"{c['prompts'][0]['expected_token_ids']}; min margin "
+                       f"{_margin(c['prompts'])}; logits within {c['logit_tolerance']} (top {c['top_k']})")]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     mem = info["memory"]
@@ -104,109 +102,36 @@ def verify_bundle(folder: str | Path) -> Contract:
     """Every check in CHECKS order; returns the contract, or raises the first problem's EngineError."""
     folder = Path(folder)
     contract = read_contract(folder)  # schema, format version
-    check_files(folder, contract)  # sizes, sha256, bundle_id
+    check_files(folder, contract)  # required files listed, sizes, sha256, bundle_id over the contract
     _check_listing(folder, contract)
-    _check_weights(folder, contract)
-    _check_memory(contract)
-    grammar = _check_grammar(folder, contract)
-    _check_canary(folder, contract, grammar)
+    check_model(contract)
+    check_weights(folder, contract)
+    check_limits(contract)
+    check_memory(contract)
+    grammar = Grammar.read(folder / GRAMMAR_FILE)  # Refusal bundle_invalid if malformed
+    check_grammar(grammar, contract)
+    tokenizer = load_bundle_tokenizer(folder / TOKENIZER_FILE)
+    check_canary(contract, grammar, min(contract.model.vocab_size, tokenizer.get_vocab_size(with_added_tokens=True)))
     _check_kernels(folder, contract)
     return contract
 
 
+def load_bundle_tokenizer(path: Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_str(path.read_bytes().decode("utf-8"))
+    except Exception as e:  # tokenizers raises plain Exceptions for malformed files
+        raise InconsistentBundle(TOKENIZER_FILE, f"not a tokenizer file ({type(e).__name__}: {str(e)[:200]})",
+                                 reason=type(e).__name__) from None
+
+
 def _check_listing(folder: Path, contract: Contract) -> None:
-    """The files every bundle has are listed; nothing in the folder is unlisted."""
-    for name in REQUIRED_FILES:
-        if name not in contract.files:
-            raise InconsistentBundle(CONTRACT_FILE, f"files does not list {name}; every bundle has "
-                                     f"{', '.join(REQUIRED_FILES)}", missing=name)
+    """Nothing in the folder is unlisted (the runtime's check_files covers the required files)."""
     listed = set(contract.files) | {CONTRACT_FILE}
     extra = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()
                    and str(p.relative_to(folder)) not in listed)
     if extra:
         raise InconsistentBundle(extra[0], f"not listed in the contract's files ({len(extra)} unlisted: "
                                  f"{', '.join(extra[:5])})", unlisted=extra)
-
-
-def _check_weights(folder: Path, contract: Contract) -> None:
-    """Tensor names, dtypes and shapes in file order equal output_specs; data bytes equal the plan."""
-    expected = [(n, d, tuple(s)) for n, d, s in output_specs(contract.model, contract.precision.weights)]
-    with SafetensorsFile(folder / WEIGHTS_FILE) as st:
-        infos = sorted(st.tensors.values(), key=lambda i: i.begin)
-        found = [(i.name, i.dtype, tuple(i.shape)) for i in infos]
-    with open(folder / WEIGHTS_FILE, "rb") as fh:  # data section: after the u64 header length and the header
-        (header_bytes,) = struct.unpack("<Q", fh.read(8))
-    data_bytes = (folder / WEIGHTS_FILE).stat().st_size - 8 - header_bytes
-    for i, (exp, got) in enumerate(zip(expected, found)):
-        if exp != got:
-            raise InconsistentBundle(WEIGHTS_FILE, f"tensor {i} is {got[0]} {got[1]}{list(got[2])}, expected "
-                                     f"{exp[0]} {exp[1]}{list(exp[2])} for {contract.precision.weights} weights of "
-                                     "the contract's model", tensor=got[0], expected=[exp[0], exp[1], list(exp[2])],
-                                     found=[got[0], got[1], list(got[2])])
-    if len(found) != len(expected):
-        names = {n for n, _, _ in found} ^ {n for n, _, _ in expected}
-        raise InconsistentBundle(WEIGHTS_FILE, f"{len(found)} tensors, the contract's model needs {len(expected)} "
-                                 f"(differing: {', '.join(sorted(names)[:5])})", expected=len(expected),
-                                 found=len(found))
-    tensor_bytes = sum(i.nbytes for i in infos)
-    if not data_bytes == tensor_bytes == contract.memory.weights_bytes:
-        raise InconsistentBundle(WEIGHTS_FILE, f"data section {data_bytes} bytes, tensors {tensor_bytes} bytes, "
-                                 f"contract memory.weights_bytes {contract.memory.weights_bytes}: all three must be "
-                                 "equal", expected=contract.memory.weights_bytes, found=data_bytes,
-                                 tensor_bytes=tensor_bytes)
-
-
-def _check_memory(contract: Contract) -> None:
-    lim = contract.limits
-    kv = kv_pool_bytes(contract.model, lim.num_pages, lim.page_size)
-    if kv != contract.memory.kv_pool_bytes:
-        raise InconsistentBundle(CONTRACT_FILE, f"memory.kv_pool_bytes {contract.memory.kv_pool_bytes}, but "
-                                 f"{lim.num_pages} pages of {lim.page_size} tokens take {kv} bytes",
-                                 expected=kv, found=contract.memory.kv_pool_bytes)
-    if lim.num_pages < lim.pages_per_sequence:
-        raise InconsistentBundle(CONTRACT_FILE, f"limits.num_pages {lim.num_pages} cannot hold one sequence of "
-                                 f"{lim.max_input_tokens}+{lim.max_output_tokens} tokens ({lim.pages_per_sequence} "
-                                 "pages)", expected=lim.pages_per_sequence, found=lim.num_pages)
-
-
-def _check_grammar(folder: Path, contract: Contract) -> Grammar:
-    grammar = Grammar.read(folder / GRAMMAR_FILE)  # Refusal bundle_invalid if malformed
-    summary, section = grammar.summary(), contract.to_dict()["grammar"]
-    for field, key in GRAMMAR_FIELDS.items():
-        if section[field] != summary[key]:
-            raise InconsistentBundle(GRAMMAR_FILE, f"{key} is {summary[key]}, the contract's grammar.{field} says "
-                                     f"{section[field]}", field=field, expected=section[field], found=summary[key])
-    if grammar.end_token_id not in contract.model.eos_token_ids:
-        raise InconsistentBundle(GRAMMAR_FILE, f"end token {grammar.end_token_id} is not one of the model's EOS ids "
-                                 f"{list(contract.model.eos_token_ids)}", found=grammar.end_token_id,
-                                 expected=list(contract.model.eos_token_ids))
-    return grammar
-
-
-def _check_canary(folder: Path, contract: Contract, grammar: Grammar) -> None:
-    """Canary ids lie in the tokenizer's and the model's vocabulary; the answer follows the grammar."""
-    vocab = min(contract.model.vocab_size,
-                Tokenizer.from_file(str(folder / TOKENIZER_FILE)).get_vocab_size(with_added_tokens=True))
-    c = contract.canary
-    for field, ids in (("prompt_token_ids", c.prompt_token_ids), ("expected_token_ids", c.expected_token_ids)):
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InconsistentBundle(CONTRACT_FILE, f"canary.{field} holds ids {bad[:8]} outside the vocabulary "
-                                     f"[0, {vocab})", field=field, vocab_size=vocab, bad_ids=bad[:8])
-    if len(c.prompt_token_ids) > contract.limits.max_input_tokens or \
-            len(c.expected_token_ids) > contract.limits.max_output_tokens:
-        raise InconsistentBundle(CONTRACT_FILE, f"canary of {len(c.prompt_token_ids)}+{len(c.expected_token_ids)} "
-                                 f"tokens exceeds the limits {contract.limits.max_input_tokens}+"
-                                 f"{contract.limits.max_output_tokens}")
-    stepper = GrammarStepper(grammar)
-    state = stepper.initial_state()
-    for position, token in enumerate(c.expected_token_ids):
-        try:
-            state = stepper.advance(state, token)
-        except RequestError as e:
-            raise InconsistentBundle(CONTRACT_FILE, f"canary.expected_token_ids[{position}] = {token} is not "
-                                     f"allowed by the grammar there ({e.message})", position=position,
-                                     token=token) from None
 
 
 def cubin_sm(data: bytes) -> int | None:

@@ -15,7 +15,9 @@ import dataclasses
 import re
 from decimal import Decimal, InvalidOperation
 
-from kernels.geometry import attention_max_splits
+# The KV and workspace formulas are the runtime's (it re-checks the memory section at load with them).
+from runtime.layout import (F32, KV_BYTES, attention_splits, kv_bytes_per_token,  # noqa: F401 (re-exported)
+                            kv_pool_bytes, workspace_breakdown)
 from runtime.contract import CPU_TARGET, Limits, Memory
 from common.errors import BuildError
 from runtime.model_config import ModelConfig
@@ -25,8 +27,6 @@ from .quantize import output_specs
 
 MIB = 1 << 20
 GIB = 1 << 30
-KV_BYTES = 2  # bf16 cache elements
-F32 = 4  # float32 activations
 # A CUDA context costs 0.3-0.55 GiB of device memory in published measurements (driver and
 # module images, cuBLAS-free); 512 MiB covers the usual case, --context-reserve overrides it.
 CONTEXT_RESERVE_BYTES_GPU = 512 * MIB
@@ -81,50 +81,6 @@ def weights_bytes(config: ModelConfig, precision: str) -> int:
             n *= s
         total += n * DTYPES[dtype].itemsize
     return total
-
-
-def kv_bytes_per_token(config: ModelConfig) -> int:
-    """K and V of every layer for one token: num_layers * 2 * num_kv_heads * head_dim * 2 bytes."""
-    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * KV_BYTES
-
-
-def kv_pool_bytes(config: ModelConfig, num_pages: int, page_size: int) -> int:
-    """Bytes of a KV pool of num_pages pages of page_size tokens."""
-    return num_pages * page_size * kv_bytes_per_token(config)
-
-
-def attention_splits(limits: Limits) -> int:
-    """Split-K attention (flash-decoding) splits of the longest context (max_input + max_output
-    tokens), as the kernels cut it; each leaves a partial output (head_dim) plus its running max
-    and sum per row and query head."""
-    return attention_max_splits(limits.max_input_tokens + limits.max_output_tokens)
-
-
-def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None) -> dict[str, int]:
-    """Bytes of each float32 step buffer, by name, for T = max_tokens_per_step rows.
-
-    Only sampled rows reach the head: a step samples at most one token per sequence (a prefill
-    chunk only at its last row), so the head's logits have R = min(T, max_sequences) rows.
-    ``max_edges_per_node`` unknown (no catalog yet): bounded by vocab_size.
-    """
-    t = limits.max_tokens_per_step
-    r = min(t, limits.max_sequences)
-    edges = config.vocab_size if max_edges_per_node is None else max_edges_per_node
-    h, i = config.hidden_size, config.intermediate_size
-    return {
-        "hidden": t * h * F32,  # [T, hidden] residual stream
-        "normed": t * h * F32,  # [T, hidden] RMSNorm output; reused for o_proj/down_proj output
-        "q": t * config.q_dim * F32,  # [T, heads, head_dim]
-        "k": t * config.kv_dim * F32,  # [T, kv_heads, head_dim] before the bf16 cache write
-        "v": t * config.kv_dim * F32,  # [T, kv_heads, head_dim]
-        "attn_out": t * config.q_dim * F32,  # [T, heads, head_dim]
-        "gate": t * i * F32,  # [T, intermediate]; silu(gate) * up written in place
-        "up": t * i * F32,  # [T, intermediate]
-        # [T, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
-        "attn_partials": t * config.num_heads * attention_splits(limits) * (config.head_dim + 2) * F32,
-        "logits_sparse": r * edges * F32,  # [R, max_edges_per_node] allowed edges only
-        "logits_dense": r * config.vocab_size * F32,  # [R, vocab] cross-check head
-    }
 
 
 def graphs_bytes(target_name: str) -> int:

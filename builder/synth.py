@@ -8,7 +8,10 @@ sqrt(2·layers) (residual scaling), embeddings ~ N(0, 4/hidden) so tied-head log
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +19,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from common.errors import BuildError
+from runtime.file_kind import path_kind
 from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
 from runtime.tensor_file import SafetensorsWriter
 
@@ -112,15 +117,78 @@ def _shard_plan(names: list[str], shards: int) -> list[list[str]]:
     return [names[i * per:(i + 1) * per] for i in range(shards) if names[i * per:(i + 1) * per]]
 
 
-def synth_checkpoint(out_dir: str | Path, opts: SynthOptions = SynthOptions(), progress=None) -> ModelConfig:
-    """Writes a synthetic checkpoint folder; returns its ModelConfig. ``progress(name, done, total)``."""
+def check_options(opts: SynthOptions) -> None:
+    """BuildError("usage") for options no checkpoint can be made from; runs before anything is written."""
+    def bad(option: str, expected: str, found) -> BuildError:
+        return BuildError("usage", f"--{option.replace('_', '-')} {found!r}: expected {expected}", option=option,
+                          expected=expected, found=repr(found))
+    if opts.shape not in SHAPES:
+        raise bad("shape", f"one of {', '.join(SHAPES)}", opts.shape)
     if opts.family not in FAMILIES:
-        raise ValueError(f"unknown family {opts.family!r}; expected one of {FAMILIES}")
+        raise bad("family", f"one of {', '.join(FAMILIES)}", opts.family)
+    if opts.dtype not in _DTYPES:
+        raise bad("dtype", f"one of {', '.join(_DTYPES)}", opts.dtype)
+    if type(opts.shards) is not int or opts.shards < 1:
+        raise bad("shards", "an integer >= 1", opts.shards)
+    if type(opts.seed) is not int or opts.seed < 0:
+        raise bad("seed", "an integer >= 0", opts.seed)
+    if opts.num_kv_heads is not None and (type(opts.num_kv_heads) is not int or opts.num_kv_heads < 1):
+        raise bad("num_kv_heads", "an integer >= 1", opts.num_kv_heads)
+
+
+def synth_checkpoint(out_dir: str | Path, opts: SynthOptions = SynthOptions(), progress=None,
+                     force: bool = False) -> ModelConfig:
+    """Writes a synthetic checkpoint folder; returns its ModelConfig. ``progress(name, done, total)``.
+
+    Options are checked first; an existing non-empty ``out_dir`` is refused (output_exists) unless
+    ``force``. The folder is written beside ``out_dir`` and renamed into place when complete, so a
+    failure (a full disk too: output_unwritable) leaves nothing behind and an old folder intact."""
+    check_options(opts)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    kind = path_kind(out)
+    if kind not in ("missing", "folder"):
+        raise BuildError("output_exists", f"--out {out} is {kind}, not a folder: choose another --out",
+                         path=str(out), kind=kind)
+    if kind == "folder" and any(out.iterdir()) and not force:
+        raise BuildError("output_exists", f"--out {out} exists and is not empty; pass --force to replace it or "
+                         "choose another --out", path=str(out))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise _unwritable(out, e) from None
+    try:
+        cfg = _write_checkpoint(tmp, opts, progress)
+        old = None
+        if path_kind(out) == "folder" and any(out.iterdir()):  # --force: the old folder goes only now
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            out.rename(old)
+        tmp.rename(out)  # onto a missing or empty folder: atomic
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise _unwritable(out, e) from None
+        raise
+    return cfg
+
+
+def _unwritable(out: Path, e: OSError) -> BuildError:
+    return BuildError("output_unwritable", f"cannot write the checkpoint at {out}: {e.strerror or e} "
+                      f"({e.filename or out}); free disk space, fix permissions or choose another --out",
+                      path=str(out), errno=e.errno, reason=e.strerror or str(e))
+
+
+def _write_checkpoint(out: Path, opts: SynthOptions, progress) -> ModelConfig:
     tokenizer = train_tokenizer(seed=opts.seed)
     cfg = model_config_for(opts, tokenizer.get_vocab_size())
-    tokenizer.save(str(out / "tokenizer.json"))
+    try:
+        tokenizer.save(str(out / "tokenizer.json"))
+    except Exception as e:  # tokenizers reports a failed write as a plain Exception
+        raise OSError(errno.EIO, f"writing tokenizer.json failed: {e}", str(out / "tokenizer.json")) from None
     (out / "tokenizer_config.json").write_text(json.dumps(
         {"eos_token": END_OF_TURN, "bos_token": None, "pad_token": SPECIAL_TOKENS[0],
          "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_position_embeddings},

@@ -1,7 +1,7 @@
 """`runtime`: check a bundle against this machine, load it behind the canary gate, answer requests."""
 from __future__ import annotations
 
-import json
+import math
 import sys
 import time
 
@@ -10,7 +10,7 @@ import click
 from common.errors import EngineError
 
 from . import progress
-from .cli_errors import TypedErrorGroup, exit_code_help, fail
+from .cli_errors import TypedErrorGroup, exit_code_help, fail, json_text
 from .generator import HEAD_MODES, Result
 from .sampling import Sampling
 
@@ -79,7 +79,7 @@ def check(path, as_json):
         fail(e, as_json)
     summary = {"ok": True, "bundle_id": contract.engine.bundle_id, "target": contract.target.name,
                "precision": contract.precision.weights, "memory_total_bytes": contract.memory.total_bytes}
-    click.echo(json.dumps(summary, indent=2) if as_json else
+    click.echo(json_text(summary) if as_json else
                f"ok: {path} ({contract.target.name}, {contract.precision.weights}) can be hosted here")
 
 
@@ -98,8 +98,25 @@ def load(path, as_json):
     c = engine.contract
     summary = {"ok": True, "bundle_id": c.engine.bundle_id, "load_s": engine.load_seconds,
                "canary_tokens": len(c.canary.expected_token_ids)}
-    click.echo(json.dumps(summary, indent=2) if as_json else
+    click.echo(json_text(summary) if as_json else
                f"bound: {path} ({c.target.name}, {c.precision.weights}); canary passed; loaded in {engine.load_seconds:.2f} s")
+
+
+MAX_TEMPERATURE = 1e4
+
+
+def sampling_problem(temperature: float, top_p: float, seed: int) -> str | None:
+    """Why these sampling options cannot be used, or None. NaN, infinities and subnormals are
+    refused: logits / a subnormal temperature overflow to inf, and inf - inf is NaN."""
+    if not (temperature == 0.0 or (math.isfinite(temperature) and sys.float_info.min <= temperature
+                                   <= MAX_TEMPERATURE)):
+        return (f"--temperature {temperature!r}: expected 0 (greedy) or a normal number in "
+                f"[{sys.float_info.min:.3g}, {MAX_TEMPERATURE:g}]")
+    if not (math.isfinite(top_p) and sys.float_info.min <= top_p <= 1.0):
+        return f"--top-p {top_p!r}: expected a normal number in (0, 1]"
+    if not 0 <= seed < 2**63:
+        return f"--seed {seed}: expected an integer in [0, 2^63)"
+    return None
 
 
 @main.command(short_help="Answer requests (arguments, or one per line from a file or stdin).")
@@ -123,6 +140,10 @@ def run(path, requests, input_file, head, temperature, top_p, seed, as_json):
     from .engine import Engine
 
     texts = read_requests(requests, input_file)
+    problem = sampling_problem(temperature, top_p, seed)
+    if problem:  # before loading: a bad option costs nothing
+        fail(EngineError("usage", f"{problem}. See `runtime run --help`.", temperature=repr(temperature),
+                         top_p=repr(top_p), seed=seed), as_json)
     progress.enable(progress.wanted(as_json))
     try:
         engine = Engine.load(path, head=head)
@@ -135,7 +156,7 @@ def run(path, requests, input_file, head, temperature, top_p, seed, as_json):
         out = [{"request": shorten(r, 10 * ECHO_CHARS),
                 **(res.to_dict() if isinstance(res, Result) else res.to_json())}
                for r, res in zip(texts, results)]
-        click.echo(json.dumps({"results": out, "load_s": engine.load_seconds, "wall_s": wall}, indent=2))
+        click.echo(json_text({"results": out, "load_s": engine.load_seconds, "wall_s": wall}))
     else:
         c = engine.contract
         click.echo(f"bound {path} ({c.target.name}, {c.precision.weights}): loaded and canary passed "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import textwrap
@@ -22,11 +23,28 @@ def exit_code_help(label: str, first: int, last: int, width: int = 96) -> str:
     return textwrap.fill(f"{label}: {codes or 'none'}.", width, subsequent_indent="  ")
 
 
+def json_safe(value):
+    """``value`` with every NaN/Infinity float replaced by None (JSON has neither; e.g. the margin
+    of a step with one allowed candidate is infinite)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def json_text(value) -> str:
+    """Strict JSON (indent 2) of ``value`` after json_safe: what every --json output prints."""
+    return json.dumps(json_safe(value), indent=2, allow_nan=False, default=str)
+
+
 def fail(err: EngineError, as_json: bool) -> None:
     """Prints a typed error (JSON on stdout with --json, else a message on stderr) and exits with its code."""
     progress.abandon()
     if as_json:
-        click.echo(json.dumps(err.to_json(), indent=2))
+        click.echo(json_text(err.to_json()))
     else:
         click.echo(f"error: {err}", err=True)
     sys.exit(err.exit_code)

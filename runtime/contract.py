@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -24,8 +25,11 @@ from common.errors import Refusal
 from .model_config import ModelConfig
 
 FORMAT_NAME = "toolcall-bundle"
-FORMAT_VERSION = 1
-SUPPORTED_FORMAT_VERSIONS = range(1, FORMAT_VERSION + 1)
+# 2: bundle_id covers the contract's own content; the canary records request texts, several
+# prompts and each step's top-k logits. Version 1 bundles (bundle_id over the files alone) are
+# refused: their contract could be edited without breaking any hash.
+FORMAT_VERSION = 2
+SUPPORTED_FORMAT_VERSIONS = range(2, FORMAT_VERSION + 1)
 
 WEIGHT_PRECISIONS = ("fp8_e4m3", "nvfp4", "bf16")
 CPU_TARGET = "cpu"
@@ -57,7 +61,7 @@ class BuildOptions:
 
 @dataclass(frozen=True)
 class EngineSection:
-    bundle_id: str  # compute_bundle_id(files)
+    bundle_id: str  # compute_bundle_id(contract): the canonical contract content, files' hashes included
     builder_version: str
     source_checkpoint_sha256: str
     build_options: BuildOptions
@@ -130,10 +134,42 @@ class GrammarSection:
 
 
 @dataclass(frozen=True)
-class Canary:
+class CanaryStep:
+    """One output step of a canary prompt: the top-k allowed candidates, best first."""
+
+    token_ids: tuple[int, ...]  # (k,) candidate token ids, by logit descending (ties: lower id first)
+    logits: tuple[float, ...]  # (k,) their logits on the CPU reference (float32 values, logit units)
+
+
+@dataclass(frozen=True)
+class CanaryPrompt:
+    request: str  # the request text; the bundle's tokenizer and template must give prompt_token_ids
     prompt_token_ids: tuple[int, ...]
     expected_token_ids: tuple[int, ...]  # greedy output, END included
-    min_margin: float  # smallest top1 - top2 logit gap over the canary's steps
+    min_margin: float | None  # smallest top1 - top2 gap over the steps; None: no step had two candidates
+    steps: tuple[CanaryStep, ...]  # one per expected token
+
+
+@dataclass(frozen=True)
+class Canary:
+    logit_tolerance: float  # most |logit - recorded| any backend may show at a recorded candidate
+    top_k: int  # candidates recorded per step (fewer where fewer are allowed)
+    prompts: tuple[CanaryPrompt, ...]
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        """The first canary prompt's ids (the one benchmarks and GPU checks run)."""
+        return self.prompts[0].prompt_token_ids
+
+    @property
+    def expected_token_ids(self) -> tuple[int, ...]:
+        return self.prompts[0].expected_token_ids
+
+    @property
+    def min_margin(self) -> float | None:
+        """Smallest margin over every prompt's steps; None when no step had two candidates."""
+        found = [p.min_margin for p in self.prompts if p.min_margin is not None]
+        return min(found) if found else None
 
 
 @dataclass(frozen=True)
@@ -171,12 +207,20 @@ class Contract:
         return json.dumps(self.to_dict(), sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 
-def compute_bundle_id(files: Mapping[str, FileEntry]) -> str:
-    """sha256 (hex) of the lines ``"<name> <sha256>\\n"`` sorted by name."""
-    h = hashlib.sha256()
-    for name in sorted(files):
-        h.update(f"{name} {files[name].sha256}\n".encode())
-    return h.hexdigest()
+def canonical_content(contract: "Contract | Mapping") -> bytes:
+    """The bytes ``bundle_id`` hashes: every section (``files`` and its hashes included) but
+    ``engine.bundle_id``, as JSON with sorted keys and no whitespace (UTF-8, no NaN).
+
+    A Contract is encoded through its dataclasses, so a float field written as ``2`` in
+    contract.json hashes as ``2.0``, exactly as the builder wrote it."""
+    d = dict(contract.to_dict() if isinstance(contract, Contract) else Contract.from_dict(contract).to_dict())
+    d["engine"] = {k: v for k, v in d["engine"].items() if k != "bundle_id"}
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def compute_bundle_id(contract: "Contract | Mapping") -> str:
+    """sha256 (lower-case hex) of ``canonical_content(contract)``."""
+    return hashlib.sha256(canonical_content(contract)).hexdigest()
 
 
 @lru_cache(maxsize=1)
@@ -184,8 +228,29 @@ def _validator() -> Draft202012Validator:
     return Draft202012Validator(load_schema("contract"))
 
 
+def _nonfinite_path(value, path: str = "$") -> str | None:
+    """JSON path of the first NaN/Infinity in a parsed document (Python's json reads both), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for k, v in items:
+        found = _nonfinite_path(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}")
+        if found:
+            return found
+    return None
+
+
 def validate_contract_dict(d: object) -> None:
     """Raises Refusal("schema_invalid") naming the first bad JSON path (in path order) and the problem."""
+    bad = _nonfinite_path(d)
+    if bad:
+        raise Refusal("schema_invalid", f"contract holds a non-finite number (NaN or Infinity) at {bad}; JSON has "
+                      "none and no field takes one: rebuild the bundle", path=bad, problem="non-finite number")
     errors = list(_validator().iter_errors(d))
     if errors:
         # Path order: the shallowest/earliest path first; a missing section ("$") before its fields.
@@ -243,4 +308,6 @@ def _decode(tp, value):
         return tp(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(tp)})
     if tp is float:
         return float(value)  # JSON may write 1000000.0 as 1000000
+    if tp is int and isinstance(value, float):
+        return int(value)  # the schema's "integer" admits 2.0; only integral values get here
     return value

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from .bundle_checks import canary_mismatch, check_consistency
 from .bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, check_files, read_contract
 from .contract import CPU_TARGET, Contract
 from .cpu.model import CpuModel
@@ -25,13 +26,14 @@ def check_bundle(path: str | Path, facts: MachineFacts | None = None) -> Contrac
     """Every check that needs no loading, in load order; returns the contract or raises a Refusal."""
     contract = read_contract(path)
     check_files(path, contract)
+    check_consistency(path, contract)
     check_target(contract, facts if facts is not None else facts_for(contract))
     return contract
 
 
 def load_cpu_weights(weights_path: str | Path, cfg: ModelConfig) -> dict:
     """float32 weights under Hugging Face names, dequantized from a bundle's weights file."""
-    with SafetensorsFile(weights_path) as st:
+    with SafetensorsFile(weights_path, error_code="bundle_invalid") as st:
         return load_dequantized(st, list(cfg.tensor_shapes()))
 
 
@@ -73,8 +75,12 @@ class Engine:
         except Exception as e:  # a file that hashes right but does not parse: the builder wrote it wrong
             raise Refusal("bundle_invalid", f"bundle file failed to load: {type(e).__name__}: {e}",
                           reason=type(e).__name__) from None
-        engine = cls(folder, contract, cpu_generator(contract.model, weights, grammar, contract.limits, head),
-                     tokenizer, 0.0)
+        try:
+            generator = cpu_generator(contract.model, weights, grammar, contract.limits, head)
+        except MemoryError:
+            raise Refusal("insufficient_memory", f"the KV pool and step buffers of {contract.limits} do not fit "
+                          "this machine's memory", needed=contract.memory.total_bytes, available=None) from None
+        engine = cls(folder, contract, generator, tokenizer, 0.0)
         del weights
         progress.stage("canary")
         engine.check_canary()
@@ -124,20 +130,47 @@ class Engine:
         return engine
 
     def check_canary(self) -> None:
-        """Refusal("canary_failed") unless the canary prompt gives exactly the recorded ids (on a
-        GPU: through host-driven stepping and through the decode graph, each)."""
+        """Refusal("canary_failed") unless each canary request encodes to its recorded prompt ids
+        (the tokenizer and template are the bundle's own) and answers with exactly the recorded
+        ids, every recorded candidate's logit within the contract's tolerance (on a GPU the
+        decode graph must give the same ids too). NaN/Inf on the way is a refusal as well."""
         canary = self.contract.canary
-        expected = list(canary.expected_token_ids)
-        (result,) = self.generator.generate([Request(tuple(canary.prompt_token_ids))])
-        paths = [("generator", result.token_ids if isinstance(result, Result) else [])]
-        if self.loop is not None:
-            paths.append(("decode graph", self.loop.generate(canary.prompt_token_ids).token_ids))
-        for path, got in paths:
-            if got != expected:
-                where = f" ({path})" if self.loop is not None else ""
-                raise Refusal("canary_failed", f"canary output {got}{where} differs from the recorded "
-                              f"{expected}; this machine computes the model differently: do not serve from it",
-                              expected=expected, got=got, path=path)
+        for k, p in enumerate(canary.prompts):
+            try:
+                ids = tuple(self.encode(p.request))
+            except EngineError as e:
+                ids = e.code
+            if ids != tuple(p.prompt_token_ids):
+                raise Refusal("canary_failed", f"canary request {k} {p.request!r} encodes to {ids} with this "
+                              f"bundle's tokenizer and prompt template, not the recorded {list(p.prompt_token_ids)}: "
+                              "the tokenizer or template was replaced: do not serve from it", prompt=k,
+                              expected=list(p.prompt_token_ids), found=ids if isinstance(ids, str) else list(ids))
+        try:
+            results = self.generator.generate([Request(tuple(p.prompt_token_ids), keep_logits=True)
+                                               for p in canary.prompts])
+            paths = [("generator", results)]
+            if self.loop is not None:
+                paths.append(("decode graph", [self.loop.generate(p.prompt_token_ids) for p in canary.prompts]))
+        except EngineError as e:
+            if e.code not in ("numerics_invalid", "request_invalid", "prompt_too_long", "kv_pages"):
+                raise
+            raise Refusal("canary_failed", f"the canary could not run: {e}; do not serve from this bundle",
+                          reason=e.code, **e.details) from None
+        for path, runs in paths:
+            for k, (p, r) in enumerate(zip(canary.prompts, runs)):
+                if isinstance(r, EngineError):
+                    raise Refusal("canary_failed", f"canary prompt {k} was refused ({r}); do not serve from it",
+                                  prompt=k, reason=r.code, path=path)
+                if getattr(r, "step_logits", None) is not None:
+                    bad = canary_mismatch(p, r.token_ids, r.step_logits, r.step_candidates, canary.logit_tolerance)
+                else:  # the decode graph returns tokens only
+                    bad = canary_mismatch(p, r.token_ids, [], [], 0.0) if r.token_ids != list(
+                        p.expected_token_ids) else None
+                if bad is not None:
+                    where = f" ({path})" if self.loop is not None else ""
+                    raise Refusal("canary_failed", f"canary prompt {k}{where} differs from the record in its "
+                                  f"{bad['what']}: {bad}; this machine or these weights compute another model: "
+                                  "do not serve from it", prompt=k, path=path, **bad)
 
     def close(self) -> None:
         """Frees the device memory of a GPU engine (no-op on the CPU backend)."""

@@ -176,6 +176,11 @@ class Generator:
             logits = np.take_along_axis(self.model.dense_logits(hidden), safe, axis=1)
         else:
             logits = self.model.sparse_logits(hidden, safe)
+        if not (np.isfinite(hidden).all() and np.isfinite(logits[allowed]).all()):  # never a silent argmax
+            raise EngineError("numerics_invalid", "NaN or Inf in the hidden states or logits of this step; the "
+                              "weights or the backend are broken: do not serve from this engine",
+                              nonfinite_hidden=int((~np.isfinite(hidden)).sum()),
+                              nonfinite_logits=int((~np.isfinite(logits[allowed])).sum()))
         gaps = margins(logits, allowed)
         now = time.perf_counter()
         picks = [sample_row(logits[b], allowed[b], s.sampling, s.rng) for b, s in enumerate(seqs)]

@@ -18,6 +18,7 @@ File: one msgpack map (format name + version, sizes, scalars, tool names, arrays
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -178,7 +179,7 @@ class Grammar:
             shape, raw = spec.get("shape"), spec.get("data")
             if (not isinstance(shape, list) or len(shape) != ARRAY_NDIM[name]
                     or not all(isinstance(d, int) and d >= 0 for d in shape)
-                    or not isinstance(raw, bytes) or len(raw) != int(np.prod(shape)) * dtype.itemsize):
+                    or not isinstance(raw, bytes) or len(raw) != math.prod(shape) * dtype.itemsize):  # no wrap
                 raise bad(f"array {name!r}: shape {shape!r} does not match "
                           f"{len(raw) if isinstance(raw, bytes) else None} data bytes", array=name)
             kwargs[name] = np.frombuffer(raw, dtype).reshape(shape)

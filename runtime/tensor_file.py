@@ -8,6 +8,7 @@ padded with spaces to a multiple of 8, then the tensors' bytes back to back.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -17,7 +18,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from common.errors import CheckpointError
+from common.errors import CheckpointError, Refusal
+from .file_kind import require_file
 
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -36,6 +38,25 @@ DTYPE_NAMES: dict[np.dtype, str] = {v: k for k, v in DTYPES.items()}
 MAX_HEADER_BYTES = 100_000_000
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    """json object_pairs_hook: a key named twice is an error (json would keep the last silently)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _is_count(x) -> bool:
+    """A JSON integer >= 0 (not a bool, not 2.0)."""
+    return type(x) is int and x >= 0
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -50,55 +71,109 @@ class TensorInfo:
 
 
 class SafetensorsFile:
-    """Memory-mapped safetensors file; ``get`` returns zero-copy read-only views."""
+    """Memory-mapped safetensors file; ``get`` returns zero-copy read-only views.
 
-    def __init__(self, path: str | os.PathLike):
+    The header is checked whole before any tensor is handed out: a JSON object of entries
+    ``{"dtype", "shape", "data_offsets"}`` with integer shapes and offsets, each tensor's bytes
+    equal to its shape times its dtype's size, and the tensors tiling the data section exactly
+    (sorted by offset: no overlap, no hole, nothing after the last). Only the header is read
+    (at most the file's size); tensor data stays on disk until ``get``.
+
+    ``error_code``: None for a checkpoint file (CheckpointError checkpoint_invalid/tensor_invalid);
+    a code such as "bundle_invalid" for a bundle's file (a Refusal with that code).
+    """
+
+    def __init__(self, path: str | os.PathLike, error_code: str | None = None):
         self.path = Path(path)
+        self._fh = None
+        self._mm = None
+        self._error_code = error_code
+        require_file(self.path, lambda msg, **d: self._error("checkpoint_invalid", msg, **d), "a safetensors file")
         try:
             self._fh = open(self.path, "rb")
+            size = os.fstat(self._fh.fileno()).st_size
+            self._parse(size)
+            self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as e:
-            raise CheckpointError("checkpoint_invalid", f"{self.path}: cannot open tensor file ({e.strerror})",
-                                  file=str(self.path)) from None
-        size = os.fstat(self._fh.fileno()).st_size
-        if size < 8:
             self.close()
-            raise CheckpointError("checkpoint_invalid",
-                                  f"{self.path}: truncated safetensors file: {size} bytes, expected at least 8",
-                                  file=str(self.path), bytes=size)
+            raise self._error("checkpoint_invalid", f"{self.path}: cannot read tensor file ({e.strerror})",
+                              file=str(self.path)) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _error(self, code: str, message: str, **details):
+        if self._error_code is None:
+            return CheckpointError(code, message, **details)
+        return Refusal(self._error_code, message + " (a bundle file: rebuild or copy the bundle again)", **details)
+
+    def _bad(self, what: str, code: str = "checkpoint_invalid", **details):
+        return self._error(code, f"{self.path}: {what}; expected a safetensors file", file=str(self.path), **details)
+
+    def _parse(self, size: int) -> None:
+        if size < 8:
+            raise self._bad(f"truncated: {size} bytes, a safetensors file has at least 8", bytes=size)
         (n,) = struct.unpack("<Q", self._fh.read(8))
         if n > min(MAX_HEADER_BYTES, size - 8):
-            self.close()
-            raise CheckpointError("checkpoint_invalid",
-                                  f"{self.path}: header length {n} exceeds file size {size}: truncated or not safetensors",
-                                  file=str(self.path), header_bytes=n, bytes=size)
+            raise self._bad(f"header length {n} exceeds the file's {size} bytes (or {MAX_HEADER_BYTES}): truncated",
+                            header_bytes=n, bytes=size)
+        raw = self._fh.read(n)
         try:
-            header = json.loads(self._fh.read(n))
+            header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            self.close()
-            raise CheckpointError("checkpoint_invalid", f"{self.path}: header is not valid JSON ({e})",
-                                  file=str(self.path)) from None
-        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+            raise self._bad(f"header is not valid JSON ({e})") from None
+        except RecursionError:
+            raise self._bad("header JSON is nested too deeply") from None
+        except _DuplicateKey as e:
+            raise self._bad(f"header names {e.args[0]!r} twice", tensor=e.args[0]) from None
+        if not isinstance(header, dict):
+            raise self._bad(f"header is a JSON {type(header).__name__}, expected an object of tensors")
+        metadata = header.pop("__metadata__", None)
+        if metadata is None:
+            metadata = {}
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise self._bad("__metadata__ must be an object of strings")
+        self.metadata: dict[str, str] = metadata
         self._data_start = 8 + n
-        data_bytes = size - self._data_start
+        self.data_bytes = size - self._data_start
         self.tensors: dict[str, TensorInfo] = {}
         for name, entry in header.items():
-            dtype = entry.get("dtype")
-            if dtype not in DTYPES:
-                self.close()
-                raise CheckpointError("tensor_invalid", f"{self.path}: tensor {name!r} has dtype {dtype!r}; "
-                                      f"supported: {', '.join(DTYPES)}", file=str(self.path), tensor=name)
-            shape = tuple(int(s) for s in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
-            expected = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype].itemsize
-            if end - begin != expected or end > data_bytes or begin < 0:
-                self.close()
-                raise CheckpointError(
-                    "tensor_invalid",
-                    f"{self.path}: tensor {name!r} {dtype}{list(shape)} needs {expected} bytes at [{begin}, {end}) "
-                    f"but the data section holds {data_bytes} bytes: the file is truncated or corrupt",
-                    file=str(self.path), tensor=name, expected_bytes=expected, data_bytes=data_bytes)
-            self.tensors[name] = TensorInfo(name, dtype, shape, begin, end)
-        self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size > 0 else None
+            self.tensors[name] = self._entry(name, entry)
+        # The tensors must tile the data section: sorted by offset, each begins where the last ended.
+        cursor = 0
+        for info in sorted(self.tensors.values(), key=lambda i: (i.begin, i.end)):
+            if info.begin != cursor:
+                what = "overlaps the tensor before it" if info.begin < cursor else "leaves a hole before it"
+                raise self._bad(f"tensor {info.name!r} at [{info.begin}, {info.end}) {what} (previous end "
+                                f"{cursor}): offsets must tile the data section", "tensor_invalid",
+                                tensor=info.name, expected=cursor, found=info.begin)
+            cursor = info.end
+        if cursor != self.data_bytes:
+            raise self._bad(f"tensors end at byte {cursor} of a {self.data_bytes}-byte data section: "
+                            f"{'truncated' if cursor > self.data_bytes else 'unindexed bytes at the end'}",
+                            "tensor_invalid", expected=cursor, found=self.data_bytes)
+
+    def _entry(self, name: str, entry) -> TensorInfo:
+        def bad(what: str, **details):
+            return self._bad(f"tensor {name!r}: {what}", "tensor_invalid", tensor=name, **details)
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            found = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            raise bad(f"entry must be an object with exactly dtype, shape, data_offsets; found {found}")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise bad(f"dtype {dtype!r}; supported: {', '.join(DTYPES)}", found=repr(dtype)[:40])
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise bad(f"shape {shape!r:.80} must be a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(x) for x in offsets)
+                or offsets[0] > offsets[1]):
+            raise bad(f"data_offsets {offsets!r:.80} must be [begin, end] integers, 0 <= begin <= end")
+        expected = math.prod(shape) * DTYPES[dtype].itemsize  # Python ints: no overflow
+        begin, end = offsets
+        if end - begin != expected or end > self.data_bytes:
+            raise bad(f"{dtype}{shape} needs {expected} bytes at [{begin}, {end}) but the data section holds "
+                      f"{self.data_bytes} bytes: the file is truncated or corrupt", expected_bytes=expected,
+                      data_bytes=self.data_bytes)
+        return TensorInfo(name, dtype, tuple(shape), begin, end)
 
     def names(self) -> list[str]:
         return list(self.tensors)
@@ -106,8 +181,10 @@ class SafetensorsFile:
     def get(self, name: str) -> np.ndarray:
         info = self.tensors.get(name)
         if info is None:
-            raise CheckpointError("tensor_invalid", f"{self.path}: no tensor named {name!r}",
-                                  file=str(self.path), tensor=name)
+            raise self._error("tensor_invalid", f"{self.path}: no tensor named {name!r}", file=str(self.path),
+                              tensor=name)
+        if info.nbytes == 0:
+            return np.zeros(info.shape, DTYPES[info.dtype])
         raw = np.frombuffer(self._mm, dtype=np.uint8, count=info.nbytes, offset=self._data_start + info.begin)
         return raw.view(DTYPES[info.dtype]).reshape(info.shape)
 

@@ -42,10 +42,14 @@ def bundle(tmp_path, tiny_bundle):
 # -- making a bundle wrong ------------------------------------------------------------------------
 
 
-def edit_contract(folder: Path, edit) -> None:
+def edit_contract(folder: Path, edit, rehash: bool = True) -> None:
+    """Edits contract.json as a forger would: bundle_id recomputed over the edited content (unless
+    the edit leaves the schema, where no Contract can be read to hash)."""
     path = folder / CONTRACT_FILE
     d = json.loads(path.read_text())
     edit(d)
+    if rehash:
+        d["engine"]["bundle_id"] = compute_bundle_id(d)
     path.write_text(json.dumps(d, sort_keys=True, indent=2))
 
 
@@ -55,7 +59,6 @@ def fix_hashes(folder: Path, *new_files: str) -> None:
         names = set(d["files"]) | set(new_files)
         entries = {n: file_entry(folder / n) for n in sorted(names)}
         d["files"] = {n: dataclasses.asdict(e) for n, e in entries.items()}
-        d["engine"]["bundle_id"] = compute_bundle_id(entries)
     edit_contract(folder, edit)
 
 
@@ -128,22 +131,49 @@ BROKEN = [
         b, lambda d: d["grammar"].update(edges=d["grammar"]["edges"] + 1)), "bundle_invalid", True),
     ("grammar_number_in_file", grammar_number_in_file, "bundle_invalid", True),
     ("canary_outside_vocab", lambda b: edit_contract(
-        b, lambda d: d["canary"].update(prompt_token_ids=[d["model"]["vocab_size"] + 5])), "bundle_invalid", True),
-    ("canary_off_grammar", lambda b: edit_contract(b, lambda d: d["canary"].update(
-        expected_token_ids=d["canary"]["expected_token_ids"][::-1])), "bundle_invalid", True),
+        b, lambda d: d["canary"]["prompts"][0].update(prompt_token_ids=[d["model"]["vocab_size"] + 5])),
+     "bundle_invalid", True),
+    ("canary_off_grammar", lambda b: edit_contract(b, lambda d: d["canary"]["prompts"][1].update(
+        expected_token_ids=d["canary"]["prompts"][1]["expected_token_ids"][::-1])), "bundle_invalid", True),
+    ("canary_step_missing", lambda b: edit_contract(b, lambda d: d["canary"]["prompts"][0]["steps"].pop()),
+     "bundle_invalid", True),
+    ("canary_logit_nan", lambda b: edit_contract(b, lambda d: d["canary"]["prompts"][0]["steps"][0].update(
+        logits=[float("nan")] * len(d["canary"]["prompts"][0]["steps"][0]["logits"])), rehash=False),
+     "schema_invalid", False),
+    ("tolerance_loosened", lambda b: edit_contract(b, lambda d: d["canary"].update(logit_tolerance=1e3)),
+     "bundle_invalid", True),
+    ("workspace_off", memory_off("workspace_bytes", 4096), "bundle_invalid", True),
+    ("max_sequences_past_pages", lambda b: edit_contract(b, lambda d: d["limits"].update(
+        max_sequences=d["limits"]["num_pages"] + 1, max_tokens_per_step=10**4)), "bundle_invalid", True),
+    ("num_pages_x1000", lambda b: edit_contract(b, lambda d: d["limits"].update(
+        num_pages=d["limits"]["num_pages"] * 1000)), "bundle_invalid", True),
+    ("layer_dropped", lambda b: edit_contract(b, lambda d: d["model"].update(
+        num_layers=d["model"]["num_layers"] - 1)), "bundle_invalid", True),
+    ("steps_x1000", lambda b: edit_contract(b, lambda d: d["limits"].update(
+        max_tokens_per_step=d["limits"]["max_tokens_per_step"] * 1000)), "bundle_invalid", True),
+    ("precision_relabelled", lambda b: edit_contract(b, lambda d: d["precision"].update(weights="nvfp4")),
+     "bundle_invalid", True),
+    ("input_past_positions", lambda b: edit_contract(b, lambda d: d["limits"].update(
+        max_input_tokens=d["model"]["max_position_embeddings"])), "bundle_invalid", True),
+    ("contract_edited_unhashed", lambda b: edit_contract(b, lambda d: d["limits"].update(
+        max_sequences=d["limits"]["max_sequences"] - 1), rehash=False), "hash_mismatch", False),
     ("kernels_on_cpu", lambda b: add_cubin(b, 90), "bundle_invalid", True),
     ("gpu_without_kernels", gpu_target, "bundle_invalid", True),
     ("gpu_with_wrong_arch", lambda b: (gpu_target(b), add_cubin(b, 80)), "bundle_invalid", True),
     ("unlisted_file", lambda b: (b / "notes.txt").write_text("not in the bundle"), "bundle_invalid", True),
-    ("grammar_not_listed", lambda b: ((b / GRAMMAR_FILE).unlink(), edit_contract(
-        b, lambda d: d["files"].pop(GRAMMAR_FILE)), fix_hashes(b)), "bundle_invalid", True),
+    ("grammar_not_listed", lambda b: edit_contract(b, lambda d: d["files"].pop(GRAMMAR_FILE)), "bundle_invalid",
+     False),
+    ("tokenizer_not_listed", lambda b: edit_contract(b, lambda d: d["files"].pop("tokenizer.json")),
+     "bundle_invalid", False),
+    ("weights_not_listed", lambda b: edit_contract(b, lambda d: d["files"].pop(WEIGHTS_FILE)), "bundle_invalid",
+     False),
     ("end_not_eos", lambda b: edit_contract(b, lambda d: d["model"].update(
         eos_token_ids=[d["model"]["eos_token_ids"][0] + 1])), "bundle_invalid", True),
-    ("canary_too_long", lambda b: edit_contract(b, lambda d: d["canary"].update(
+    ("canary_too_long", lambda b: edit_contract(b, lambda d: d["canary"]["prompts"][0].update(
         prompt_token_ids=[1] * (d["limits"]["max_input_tokens"] + 1))), "bundle_invalid", True),
     ("no_contract", lambda b: (b / CONTRACT_FILE).unlink(), "missing_contract", False),
     ("flipped_weight_byte", flipped_weight_byte, "hash_mismatch", False),
-    ("schema_violation", lambda b: edit_contract(b, lambda d: d["limits"].update(page_size="32")),
+    ("schema_violation", lambda b: edit_contract(b, lambda d: d["limits"].update(page_size="32"), rehash=False),
      "schema_invalid", False),
 ]
 
@@ -211,7 +241,7 @@ def test_inspect_table_shows_the_numbers(bundle):
         assert f"{name}" in text and f"{entry['bytes']:,}" in text and entry["sha256"][:12] in text
     for key in ("max_sequences", "num_pages", "page_size", "max_input_tokens", "max_output_tokens"):
         assert str(c["limits"][key]) in text
-    assert f"{c['grammar']['num_tools']} tools" in text and str(c["canary"]["expected_token_ids"]) in text
+    assert f"{c['grammar']['num_tools']} tools" in text and str(c["canary"]["prompts"][0]["expected_token_ids"]) in text
 
 
 # -- plan ------------------------------------------------------------------------------------------

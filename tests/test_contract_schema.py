@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from runtime.contract import (FORMAT_NAME, FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS, WEIGHT_PRECISIONS, BuildOptions,
-                              Canary, Contract, EngineSection, FileEntry, Format, GrammarSection, Limits, Memory,
+                              Canary, CanaryPrompt, CanaryStep, Contract, EngineSection, FileEntry, Format, GrammarSection, Limits, Memory,
                               Precision, Target, compute_bundle_id, parse_contract, validate_contract_dict)
 from common.errors import EXIT_CODES, Refusal
 from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
@@ -35,9 +35,9 @@ def sample_contract(target: str = "cpu", rope_scaling: RopeScaling | None = None
     if gpu:
         files["kernels/decode.cubin"] = FileEntry(4096, hashlib.sha256(b"k").hexdigest())
     reserve = 512 << 20 if gpu else 0
-    return Contract(
+    contract = Contract(
         format=Format(FORMAT_NAME, FORMAT_VERSION),
-        engine=EngineSection(bundle_id=compute_bundle_id(files), builder_version="0.1.0",
+        engine=EngineSection(bundle_id="0" * 64, builder_version="0.1.0",
                              source_checkpoint_sha256=hashlib.sha256(b"ckpt").hexdigest(),
                              build_options=BuildOptions(precision="fp8_e4m3", target=target, max_sequences=8,
                                                         max_input_tokens=1024, max_output_tokens=64, page_size=32,
@@ -54,8 +54,15 @@ def sample_contract(target: str = "cpu", rope_scaling: RopeScaling | None = None
                                  graphs_bytes=(64 << 20) if gpu else 0, context_reserve_bytes=reserve),
         grammar=GrammarSection(num_tools=20, bitset_bits=64, nodes=90, edges=89, max_edges_per_node=12,
                                sep_token_id=198, end_token_id=151645, max_tools=4, allow_empty=False),
-        canary=Canary(prompt_token_ids=(1, 2, 3), expected_token_ids=(7, 198, 9, 151645), min_margin=1.25),
+        canary=Canary(logit_tolerance=0.05, top_k=4, prompts=(
+            CanaryPrompt("Book a flight.", (1, 2, 3), (7, 198, 9, 151645), 1.25, (
+                CanaryStep((7, 8), (4.5, 3.25)), CanaryStep((198, 151645), (2.0, 0.5)),
+                CanaryStep((9,), (1.0,)), CanaryStep((151645,), (3.0,)))),
+            CanaryPrompt("Only one tool.", (1, 4), (7, 151645), None, (
+                CanaryStep((7,), (4.0,)), CanaryStep((151645,), (2.5,)))))),
         files=files)
+    return dataclasses.replace(contract, engine=dataclasses.replace(contract.engine,
+                                                                    bundle_id=compute_bundle_id(contract)))
 
 
 # -- dataclasses <-> schema, field by field ----------------------------------------------------
@@ -91,6 +98,9 @@ def _check_in_step(cls, node: dict, path: str) -> int:
             tp = next(a for a in typing.get_args(tp) if a is not type(None))
         if dataclasses.is_dataclass(tp):
             checked += _check_in_step(tp, node["properties"][name], f"{path}.{name}")
+        elif typing.get_origin(tp) is tuple and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+            checked += _check_in_step(typing.get_args(tp)[0], node["properties"][name]["items"],
+                                      f"{path}.{name}[]")
         elif typing.get_origin(tp) is dict:
             checked += _check_in_step(typing.get_args(tp)[1], node["properties"][name]["additionalProperties"],
                                       f"{path}.{name}.*")
@@ -105,8 +115,9 @@ def test_schema_is_valid_draft_2020_12():
 
 
 def test_dataclasses_and_schema_in_step():
-    # Contract, its 9 dict sections, BuildOptions, RopeScaling and FileEntry: 13 objects compared.
-    assert _check_in_step(Contract, load_schema("contract"), "$") == 13
+    # Contract, its 9 dict sections, BuildOptions, RopeScaling, FileEntry, CanaryPrompt and
+    # CanaryStep: 15 objects compared.
+    assert _check_in_step(Contract, load_schema("contract"), "$") == 15
 
 
 def test_every_property_has_a_description():
@@ -151,22 +162,36 @@ def test_valid_contract_round_trips(target, rope):
     assert list(parsed) == sorted(parsed) and list(parsed["engine"]) == sorted(parsed["engine"])
     assert parse_contract(parsed) == contract  # tuples come back as tuples, floats as floats
     assert isinstance(parse_contract(parsed).canary.prompt_token_ids, tuple)
+    assert parse_contract(parsed).canary.min_margin == 1.25  # None margins (forced steps) are skipped
 
 
 def test_float_fields_accept_json_integers():
     d = sample_contract().to_dict()
     d["model"]["rope_theta"] = 1000000
-    d["canary"]["min_margin"] = 2
+    d["canary"]["prompts"][0]["min_margin"] = 2
+    d["limits"]["num_pages"] = 272.0  # the schema's "integer" admits 272.0: it comes back an int
     c = parse_contract(d)
-    assert type(c.model.rope_theta) is float and type(c.canary.min_margin) is float
+    assert type(c.model.rope_theta) is float and type(c.canary.prompts[0].min_margin) is float
+    assert type(c.limits.num_pages) is int
 
 
-def test_bundle_id_is_sha256_of_sorted_name_hash_lines():
-    files = {"b.bin": FileEntry(1, "b" * 64), "a.bin": FileEntry(2, "a" * 64)}
-    expected = hashlib.sha256(f"a.bin {'a' * 64}\nb.bin {'b' * 64}\n".encode()).hexdigest()
-    assert compute_bundle_id(files) == expected
-    assert compute_bundle_id(dict(reversed(files.items()))) == expected
-    assert compute_bundle_id({"a.bin": FileEntry(2, "c" * 64), "b.bin": files["b.bin"]}) != expected
+def test_bundle_id_is_sha256_of_the_canonical_contract():
+    contract = sample_contract()
+    d = contract.to_dict()
+    del d["engine"]["bundle_id"]
+    canonical = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    assert contract.engine.bundle_id == hashlib.sha256(canonical).hexdigest() == compute_bundle_id(contract)
+    assert compute_bundle_id(contract.to_dict()) == contract.engine.bundle_id  # dict or Contract alike
+    # Every section counts, the files' hashes included; bundle_id itself does not.
+    for edit in (_set("limits/num_pages", 273), _set("model/num_layers", 27), _set("precision/weights", "nvfp4"),
+                 _set("canary/logit_tolerance", 1e9), _set("files/weights.safetensors/sha256", "f" * 64),
+                 _delete("files/tokenizer.json")):
+        d = copy.deepcopy(contract.to_dict())
+        edit(d)
+        assert compute_bundle_id(d) != contract.engine.bundle_id
+    d = contract.to_dict()
+    d["engine"]["bundle_id"] = "e" * 64
+    assert compute_bundle_id(d) == contract.engine.bundle_id
 
 
 # -- invalid contracts -------------------------------------------------------------------------
@@ -176,7 +201,7 @@ def _set(path: str, value):
     def mutate(d):
         *parents, last = path.split("/")
         for p in parents:
-            d = d[p]
+            d = d[int(p)] if isinstance(d, list) else d[p]
         d[last] = value
     return mutate
 
@@ -212,6 +237,12 @@ MUTATIONS = {
     "contract lists itself": (_set("files/contract.json", {"bytes": 1, "sha256": "0" * 64}), "$.files",
                               "should not be valid"),
     "memory total": (_set("memory/total_bytes", 1), "$.memory.total_bytes", "parts sum to 3300"),
+    "NaN logit": (_set("canary/prompts/0/steps/0/logits", [float("nan"), 1.0]),
+                  "$.canary.prompts[0].steps[0].logits[0]", "non-finite"),
+    "infinite tolerance": (_set("canary/logit_tolerance", float("inf")), "$.canary.logit_tolerance", "non-finite"),
+    "NaN eps": (_set("model/rms_norm_eps", float("nan")), "$.model.rms_norm_eps", "non-finite"),
+    "zero tolerance": (_set("canary/logit_tolerance", 0), "$.canary.logit_tolerance", "less than or equal"),
+    "no canary prompts": (_set("canary/prompts", []), "$.canary.prompts", "should be non-empty"),
 }
 
 
@@ -238,10 +269,10 @@ def test_gpu_target_needs_its_architecture():
 def test_first_error_in_path_order_and_not_a_dict():
     d = sample_contract().to_dict()
     d["model"]["vocab_size"] = "big"
-    d["canary"]["min_margin"] = -1.0
+    d["canary"]["top_k"] = 0
     with pytest.raises(Refusal) as info:
         validate_contract_dict(d)
-    assert info.value.details["path"] == "$.canary.min_margin" and info.value.details["errors"] == 2
+    assert info.value.details["path"] == "$.canary.top_k" and info.value.details["errors"] == 2
     with pytest.raises(Refusal, match=r"at \$: \[\] is not of type 'object'"):
         validate_contract_dict([])
 
@@ -256,7 +287,9 @@ def test_unsupported_version_is_schema_valid():
 # -- a provisioner: nothing but jsonschema and the schema file ---------------------------------
 
 PROVISIONER_CONTRACT = json.loads("""{
- "canary": {"expected_token_ids": [7, 198, 9, 151645], "min_margin": 1.25, "prompt_token_ids": [1, 2, 3]},
+ "canary": {"logit_tolerance": 0.05, "top_k": 4, "prompts": [{"request": "Book a flight.",
+  "expected_token_ids": [7, 151645], "min_margin": 1.25, "prompt_token_ids": [1, 2, 3],
+  "steps": [{"token_ids": [7, 8], "logits": [4.5, 3.25]}, {"token_ids": [151645], "logits": [2.0]}]}]},
  "engine": {"builder_version": "0.1.0",
   "bundle_id": "7a1b1ad1c1b4dfa4a8a8ad5ba9d47b5a43f9a3e7c0b2b1a1a0f3e3d2c1b0a9f8",
   "source_checkpoint_sha256": "0000000000000000000000000000000000000000000000000000000000000000",
@@ -266,7 +299,7 @@ PROVISIONER_CONTRACT = json.loads("""{
  "files": {"kernels/decode.cubin":
    {"bytes": 4096, "sha256": "1111111111111111111111111111111111111111111111111111111111111111"},
   "weights.safetensors": {"bytes": 1234, "sha256": "2222222222222222222222222222222222222222222222222222222222222222"}},
- "format": {"name": "toolcall-bundle", "version": 1},
+ "format": {"name": "toolcall-bundle", "version": 2},
  "grammar": {"allow_empty": false, "bitset_bits": 64, "edges": 89, "end_token_id": 151645, "max_edges_per_node": 12,
   "max_tools": 4, "nodes": 90, "num_tools": 20, "sep_token_id": 198},
  "limits": {"max_input_tokens": 1024, "max_output_tokens": 64, "max_sequences": 8, "max_tokens_per_step": 256,

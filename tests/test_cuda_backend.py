@@ -196,12 +196,23 @@ def test_failed_load_frees_what_it_took(small):
 def gpu_bundle(tmp_path, tiny_bundle):
     folder = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, folder)
+    retarget_h200(folder)
+    return folder
+
+
+def retarget_h200(folder: Path) -> None:
+    """Edits a CPU bundle's contract to an h200 target as a forger would: every file (kernels/
+    included) listed and hashed, bundle_id recomputed, so only the later checks can refuse it."""
+    from runtime.bundle import file_entry
+    from runtime.contract import compute_bundle_id
     path = folder / CONTRACT_FILE
     d = json.loads(path.read_text())
     d["target"].update(name="h200", gpu_names=["h200"], compute_capability="9.0", sm_arch="sm_90",
                        min_driver_version=13000)
+    for p in sorted((folder / "kernels").glob("*")) if (folder / "kernels").is_dir() else []:
+        d["files"][f"kernels/{p.name}"] = dataclasses.asdict(file_entry(p))
+    d["engine"]["bundle_id"] = compute_bundle_id(d)
     path.write_text(json.dumps(d))
-    return folder
 
 
 @pytest.mark.skipif(probe_gpu()[0], reason="checks the refusal on a machine without a usable GPU")
@@ -235,11 +246,7 @@ def test_a_shape_the_kernels_cannot_run_is_refused_by_builder_and_runtime(tmp_pa
     assert CliRunner().invoke(builder_cli, ["plan", str(qwen2), "--gpu-memory", "8GiB", "--target", "cpu"]).exit_code == 0
     # A CPU bundle retargeted by hand gets past the builder; the runtime refuses it before the driver.
     compile_bundle(qwen2, "builder/data/tools-64.json", dataclasses.replace(options, target="cpu"), tmp_path / "cpu")
-    path = tmp_path / "cpu" / CONTRACT_FILE
-    d = json.loads(path.read_text())
-    d["target"].update(name="h200", gpu_names=["h200"], compute_capability="9.0", sm_arch="sm_90",
-                       min_driver_version=13000)
-    path.write_text(json.dumps(d))
+    retarget_h200(tmp_path / "cpu")
     with pytest.raises(Refusal) as info:
         Engine.load(tmp_path / "cpu", facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000))
     assert info.value.code == "bundle_invalid" and "head_dim = 16" in info.value.message
@@ -255,13 +262,10 @@ def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monk
                            memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
     folder = tmp_path / "bundle"
     compile_bundle(small["ckpt"], "builder/data/tools-64.json", options, folder)
-    d = json.loads((folder / CONTRACT_FILE).read_text())
-    d["target"].update(name="h200", gpu_names=["h200"], compute_capability="9.0", sm_arch="sm_90",
-                       min_driver_version=13000)
-    (folder / CONTRACT_FILE).write_text(json.dumps(d))
     (folder / "kernels").mkdir()
-    for name in CUBINS:  # unlisted files: the hash check passes; the emulator ignores their bytes
+    for name in CUBINS:  # empty files, listed and hashed: the emulator ignores their bytes
         (folder / "kernels" / f"{name}.cubin").write_bytes(b"")
+    retarget_h200(folder)
     monkeypatch.setattr(runtime.cuda.backend, "Gpu", EmulatedGpu)
     engine = Engine.load(folder, facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000))
     try:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from runtime.bundle import WEIGHTS_FILE
 from runtime.cli import main as runtime_cli
-from runtime.contract import CONTRACT_FILE
+from runtime.contract import CONTRACT_FILE, compute_bundle_id
 from runtime.engine import Engine
 from common.errors import EXIT_CODES, Refusal
 from runtime.machine import MachineFacts
@@ -26,10 +26,13 @@ def bundle(tmp_path, tiny_bundle):
     return folder
 
 
-def edit_contract(folder, edit):
+def edit_contract(folder, edit, rehash=True):
+    """Edits contract.json as a forger would, bundle_id recomputed (unless the edit leaves the schema)."""
     path = folder / CONTRACT_FILE
     d = json.loads(path.read_text())
     edit(d)
+    if rehash:
+        d["engine"]["bundle_id"] = compute_bundle_id(d)
     path.write_text(json.dumps(d))
 
 
@@ -38,11 +41,11 @@ def no_contract(b):
 
 
 def schema_violation(b):
-    edit_contract(b, lambda d: d["limits"].update(page_size="32"))
+    edit_contract(b, lambda d: d["limits"].update(page_size="32"), rehash=False)
 
 
 def future_format(b):
-    edit_contract(b, lambda d: d["format"].update(version=99))
+    edit_contract(b, lambda d: d["format"].update(version=99), rehash=False)
 
 
 def missing_file(b):
@@ -62,13 +65,19 @@ def gpu_target(b):
 
 def huge_memory(b):
     def edit(d):
-        d["memory"]["kv_pool_bytes"] += 1 << 50
+        # the context reserve is an option, not derivable from the files: only the machine check sees it
+        d["memory"]["context_reserve_bytes"] += 1 << 50
+        d["engine"]["build_options"]["context_reserve_bytes"] += 1 << 50
         d["memory"]["total_bytes"] += 1 << 50
     edit_contract(b, edit)
 
 
 def tampered_canary(b):
-    edit_contract(b, lambda d: d["canary"].update(expected_token_ids=d["canary"]["expected_token_ids"][::-1]))
+    """A recorded logit moved by 1.0 (20x the tolerance): consistent in every other respect."""
+    def edit(d):
+        step = d["canary"]["prompts"][0]["steps"][0]
+        step["logits"] = [step["logits"][0] + 1.0] + step["logits"][1:]
+    edit_contract(b, edit)
 
 
 # breaker, refusal code, a detail the refusal must carry
@@ -80,7 +89,7 @@ BROKEN = [
     (flipped_weight_byte, "hash_mismatch", "expected"),
     (gpu_target, "no_gpu", "target"),
     (huge_memory, "insufficient_memory", "needed"),
-    (tampered_canary, "canary_failed", "got"),
+    (tampered_canary, "canary_failed", "found"),
 ]
 
 

@@ -1,0 +1,88 @@
+"""The bundle's layout by formula, shared by the builder's memory plan and the runtime's load
+checks (runtime/bundle_checks.py), so both compute the same numbers from the same shapes:
+weights.safetensors' tensors, the KV pool's bytes and the step workspace's buffers.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels.geometry import attention_max_splits
+from .contract import Limits
+from .model_config import ModelConfig
+from .tensor_file import DTYPES
+
+KV_BYTES = 2  # bf16 cache elements
+F32 = 4  # float32 activations
+NVFP4_BLOCK = 16  # elements per NVFP4 block scale
+_QUANTIZED_SUFFIXES = tuple(f"{s}.weight" for s in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                    "down_proj"))
+
+
+def weight_specs(config: ModelConfig, precision: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """weights.safetensors' layout [(name, safetensors dtype, shape)] in file order, from shapes alone.
+
+    Decoder-layer linear weights take the precision (fp8_e4m3: F8_E4M3 [out, in] + F32 [out]
+    ``_scale``; nvfp4: U8 [out, in/2] + F8_E4M3 [out, in/16] ``_scale`` + F32 [] ``_scale_2``);
+    every other tensor is BF16. builder/quantize.output_specs writes exactly this (tested)."""
+    specs: list[tuple[str, str, tuple[int, ...]]] = []
+    for name, shape in config.tensor_shapes().items():
+        quantized = precision != "bf16" and name.startswith("model.layers.") and name.endswith(_QUANTIZED_SUFFIXES)
+        if not quantized:
+            specs.append((name, "BF16", shape))
+        elif precision == "fp8_e4m3":
+            specs += [(name, "F8_E4M3", shape), (name + "_scale", "F32", (shape[0],))]
+        else:
+            rows, cols = shape
+            specs += [(name, "U8", (rows, cols // 2)), (name + "_scale", "F8_E4M3", (rows, cols // NVFP4_BLOCK)),
+                      (name + "_scale_2", "F32", ())]
+    return specs
+
+
+def weights_bytes(config: ModelConfig, precision: str) -> int:
+    """Tensor data bytes of weights.safetensors."""
+    return sum(int(np.prod(shape, dtype=object)) * DTYPES[dtype].itemsize
+               for _, dtype, shape in weight_specs(config, precision))
+
+
+def kv_bytes_per_token(config: ModelConfig) -> int:
+    """K and V of every layer for one token: num_layers * 2 * num_kv_heads * head_dim * 2 bytes."""
+    return config.num_layers * 2 * config.num_kv_heads * config.head_dim * KV_BYTES
+
+
+def kv_pool_bytes(config: ModelConfig, num_pages: int, page_size: int) -> int:
+    """Bytes of a KV pool of num_pages pages of page_size tokens."""
+    return num_pages * page_size * kv_bytes_per_token(config)
+
+
+def attention_splits(limits: Limits) -> int:
+    """Split-K attention (flash-decoding) splits of the longest context (max_input + max_output
+    tokens), as the kernels cut it; each leaves a partial output (head_dim) plus its running max
+    and sum per row and query head."""
+    return attention_max_splits(limits.max_input_tokens + limits.max_output_tokens)
+
+
+def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None) -> dict[str, int]:
+    """Bytes of each float32 step buffer, by name, for T = max_tokens_per_step rows.
+
+    Only sampled rows reach the head: a step samples at most one token per sequence (a prefill
+    chunk only at its last row), so the head's logits have R = min(T, max_sequences) rows.
+    ``max_edges_per_node`` unknown (no catalog yet): bounded by vocab_size.
+    """
+    t = limits.max_tokens_per_step
+    r = min(t, limits.max_sequences)
+    edges = config.vocab_size if max_edges_per_node is None else max_edges_per_node
+    h, i = config.hidden_size, config.intermediate_size
+    return {
+        "hidden": t * h * F32,  # [T, hidden] residual stream
+        "normed": t * h * F32,  # [T, hidden] RMSNorm output; reused for o_proj/down_proj output
+        "q": t * config.q_dim * F32,  # [T, heads, head_dim]
+        "k": t * config.kv_dim * F32,  # [T, kv_heads, head_dim] before the bf16 cache write
+        "v": t * config.kv_dim * F32,  # [T, kv_heads, head_dim]
+        "attn_out": t * config.q_dim * F32,  # [T, heads, head_dim]
+        "gate": t * i * F32,  # [T, intermediate]; silu(gate) * up written in place
+        "up": t * i * F32,  # [T, intermediate]
+        # [T, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
+        "attn_partials": t * config.num_heads * attention_splits(limits) * (config.head_dim + 2) * F32,
+        "logits_sparse": r * edges * F32,  # [R, max_edges_per_node] allowed edges only
+        "logits_dense": r * config.vocab_size * F32,  # [R, vocab] cross-check head
+    }
