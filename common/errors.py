@@ -40,6 +40,14 @@ EXIT_CODES: dict[str, int] = {
     "grammar_violation": 44,
     # cuda
     "cuda_error": 50,
+    # serving (runtime serve): HTTP-side refusals
+    "queue_full": 80,  # 429: the waiting queue is at its request or prompt-token bound
+    "deadline_exceeded": 81,  # 504: the request's timeout_s passed before it finished
+    "request_aborted": 82,  # the client went away; its sequence was dropped
+    "draining": 83,  # 503: the server is loading or shutting down and admits nothing
+    "unknown_tool": 84,  # 400: a tools subset names a tool outside the catalog
+    "body_too_large": 85,  # 413: the request body is over the server's byte limit
+    "not_found": 86,  # 404/405: no such endpoint or method
 }
 
 
