@@ -93,3 +93,35 @@ def run(path, requests, head, temperature, top_p, seed, as_json):
                 click.echo(f"  refused: {res}")
     if any(not isinstance(res, Result) for res in results):
         sys.exit(max(res.exit_code for res in results if not isinstance(res, Result)))
+
+
+@main.command()
+@click.argument("path", type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port (0: any free one, printed when ready).")
+@click.option("--max-queue-requests", type=int, default=None,
+              help="Waiting-queue bound in requests [default: 32 x the contract's max_sequences].")
+@click.option("--max-queue-tokens", type=int, default=None,
+              help="Waiting-queue bound in prompt tokens [default: requests x max_input_tokens / 4].")
+@click.option("--request-timeout", type=float, default=60.0, show_default=True,
+              help="Deadline of a request without timeout_s, in seconds (past it: 504).")
+@click.option("--max-body-bytes", type=int, default=64 * 1024, show_default=True, help="Largest request body.")
+@click.option("--head", type=click.Choice(HEAD_MODES), default="sparse", show_default=True)
+@click.option("--noop-engine", is_flag=True, hidden=True, help="Benchmarks only: answer every request empty, no model.")
+def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes, head, noop_engine):
+    """Serve the bundle over HTTP (discover, OpenAI chat completions, health, metrics) until SIGTERM.
+
+    Loads and canary-gates the bundle while /health answers 503, then prints one `ready:` line.
+    SIGTERM drains: no new requests (503), every admitted one answered, exit 0.
+    """
+    from .serve.server import main as serve_main
+    from .serve.state import ServeConfig
+
+    for name, value in (("--max-queue-requests", max_queue_requests), ("--max-queue-tokens", max_queue_tokens),
+                        ("--max-body-bytes", max_body_bytes)):
+        if value is not None and value < 1:
+            raise click.BadParameter(f"needs a positive number, got {value}", param_hint=name)
+    if request_timeout <= 0:
+        raise click.BadParameter(f"needs seconds > 0, got {request_timeout}", param_hint="--request-timeout")
+    serve_main(path, host, port, ServeConfig(max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes),
+               head=head, noop=noop_engine)

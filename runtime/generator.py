@@ -75,6 +75,15 @@ class Generator:
             raise RequestError("request_invalid", "sampling needs temperature >= 0 and 0 < top_p <= 1",
                                temperature=request.sampling.temperature, top_p=request.sampling.top_p)
 
+    def check(self, request: Request) -> None:
+        """``validate`` plus the pool check: RequestError("kv_pages") for a request needing more
+        pages than the pool has in all. Reads only the limits (safe from any thread)."""
+        self.validate(request)
+        need = self.kv.pages_for(len(request.prompt_ids) + self.max_output_tokens)
+        if need > self.kv.num_pages:
+            raise RequestError("kv_pages", f"the request needs {need} KV pages; the pool has "
+                               f"{self.kv.num_pages} in all", needed=need, free=self.kv.num_pages)
+
     def submit(self, request: Request, queue: bool = True) -> int:
         """Validates and enqueues a request; returns its handle. Raises RequestError for a request
         that can never run under these limits (prompt, vocabulary, sampling, pages in the pool).
@@ -82,11 +91,7 @@ class Generator:
         ``queue``: a request that does not fit now (slots or KV pages busy) waits for a sequence
         to finish; without it, it is refused with ``too_many_sequences``/``kv_pages`` at admission.
         """
-        self.validate(request)
-        need = self.kv.pages_for(len(request.prompt_ids) + self.max_output_tokens)
-        if need > self.kv.num_pages:
-            raise RequestError("kv_pages", f"the request needs {need} KV pages; the pool has "
-                               f"{self.kv.num_pages} in all", needed=need, free=self.kv.num_pages)
+        self.check(request)
         handle = next(self._handles)
         self.scheduler.enqueue(handle, request, queue)
         return handle
@@ -95,6 +100,11 @@ class Generator:
     def busy(self) -> bool:
         """Requests are waiting or running."""
         return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def counts(self) -> tuple[int, int, int]:
+        """(waiting requests, their prompt tokens, running sequences)."""
+        s = self.scheduler
+        return len(s.waiting), s.waiting_tokens, len(s.running)
 
     def step(self) -> list[tuple[int, Result | RequestError]]:
         """Admits what fits, runs one step, retires finished sequences (pages freed); returns the
@@ -116,6 +126,9 @@ class Generator:
         """Drops a waiting or running request, freeing its slot and pages now; False if not known
         (already finished or never submitted)."""
         return self.scheduler.abort(handle)
+
+    def abort_all(self) -> None:
+        self.scheduler.abort_all()
 
     def generate(self, requests: list[Request], queue: bool = True) -> list[Result | RequestError]:
         """Every request's Result, or the RequestError that refused it (others are unaffected).
