@@ -66,6 +66,7 @@ class EngineLoop:
         self.waiting, self.waiting_tokens, self.running = 0, 0, 0
         self.free_pages = generator.kv.free_pages
         self.heartbeat = time.monotonic()
+        self.turns = 0  # loop turns taken (a test checks the idle thread does not spin)
         self.rate = 0.0  # requests finished per second, smoothed over steps
         self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -136,9 +137,11 @@ class EngineLoop:
         gen = self.generator
         while True:
             with self._cond:
+                self.turns += 1
                 self.heartbeat = time.monotonic()
                 while not (self._inbox or self._aborts or gen.busy or self._stopping):
                     self._cond.wait(self.beat_s)
+                    self.turns += 1
                     self.heartbeat = time.monotonic()
                 if self._stopping and not (self._inbox or self._aborts or gen.busy):
                     return

@@ -20,6 +20,26 @@ from ..rope import apply_rope, cos_sin, inv_freq
 # thread and 1,560 ms with two (bench/RESULTS.md). None leaves the process's setting alone.
 DEFAULT_BLAS_THREADS = 1
 
+# Rows go through every matmul in tiles of exactly ROW_TILE rows (the last tile zero-padded): BLAS
+# picks its kernel and summation order from the matrix shape (one row: gemv; small shapes: other
+# kernels), so without tiles a row's bits depend on how many rows share its step. Same tile shape,
+# same bits: a request's logits are bit-identical alone or in any batch (measured on this machine:
+# up to ~2x slower than one plain matmul at 64 rows, ~5x at one row; tests/test_generator_incremental.py).
+ROW_TILE = 16
+
+
+def matmul_rows(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """x (T, in) @ weight (out, in).T -> (T, out) float32, each row computed as one of ROW_TILE rows."""
+    t = len(x)
+    pad = -t % ROW_TILE
+    if pad:
+        x = np.concatenate([x, np.zeros((pad, x.shape[1]), x.dtype)])
+    out = np.empty((t + pad, weight.shape[0]), np.result_type(x, weight))
+    wt = weight.T  # (in, out) view: BLAS reads it transposed, no copy
+    for start in range(0, t + pad, ROW_TILE):
+        np.matmul(x[start:start + ROW_TILE], wt, out=out[start:start + ROW_TILE])
+    return out[:t]
+
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x (..., d) float32 normalized over the last axis, times weight (d,)."""
@@ -45,7 +65,7 @@ class CpuModel:
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        y = x @ self.w[name + ".weight"].T  # weight (out, in): BLAS reads it transposed, no copy
+        y = matmul_rows(x, self.w[name + ".weight"])
         bias = self.w.get(name + ".bias")
         return y + bias if bias is not None else y
 
@@ -101,7 +121,7 @@ class CpuModel:
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
         """(T, vocab) float32: every row of the head."""
-        return hidden @ self.head.T
+        return matmul_rows(hidden, self.head)
 
     def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """(T, K) float32 logits of candidate token ids (T, K) only; padded entries may hold any valid id."""
