@@ -18,8 +18,8 @@ import numpy as np
 
 from common.errors import EngineError, RequestError
 from .grammar import Grammar
-from .grammar_stepper import GrammarStepper, decode_tools
-from .sampling import margins, sample_row
+from .grammar_stepper import GrammarStepper
+from .sampling import greedy, margins, sample_row
 from .scheduler import Request, Scheduler, Sequence
 
 HEAD_MODES = ("sparse", "dense", "check")  # check: sparse picks, dense must agree
@@ -180,7 +180,7 @@ class Generator:
 
     def _pick(self, seqs: list[Sequence], hidden: np.ndarray) -> None:
         states = np.stack([s.state for s in seqs])
-        cand, _, allowed = self.stepper.allowed_mask_batch(states)  # (B, M) token ids, -1 padded
+        cand, edges, allowed = self.stepper.allowed_mask_batch(states)  # (B, M) token ids / edge ids, -1 padded
         safe = np.maximum(cand, 0)
         if self.head == "dense":
             logits = np.take_along_axis(self.model.dense_logits(hidden), safe, axis=1)
@@ -188,7 +188,9 @@ class Generator:
             logits = self.model.sparse_logits(hidden, safe)
         gaps = margins(logits, allowed)
         now = time.perf_counter()
-        picks = [sample_row(logits[b], allowed[b], s.sampling, s.rng) for b, s in enumerate(seqs)]
+        best = greedy(logits, allowed)  # (B,) the greedy rows' picks, one vectorized argmax
+        picks = [int(best[b]) if s.sampling.temperature <= 0 else sample_row(logits[b], allowed[b], s.sampling, s.rng)
+                 for b, s in enumerate(seqs)]
         if self.head == "check":
             dense = np.take_along_axis(self.model.dense_logits(hidden), safe, axis=1)
             dense_picks = [sample_row(dense[b], allowed[b], s.sampling, np.random.default_rng(0))
@@ -197,10 +199,17 @@ class Generator:
                 raise EngineError("internal", f"sparse and dense heads disagree: {picks} vs {dense_picks}",
                                   sparse=[int(cand[b, p]) for b, p in enumerate(picks)],
                                   dense=[int(cand[b, p]) for b, p in enumerate(dense_picks)])
+        rows = np.arange(len(seqs))
+        assert allowed[rows, picks].all(), "a pick outside the allowed candidates"
+        taken = edges[rows, picks]  # (B,) grammar edge of each pick
+        new_states = self.stepper.take_edges(states, taken)
+        closed = self.grammar.edge_tool[taken]  # (B,) tool index closed by the edge, -1 if none
         for b, seq in enumerate(seqs):
             token = int(cand[b, picks[b]])
-            seq.state = self.stepper.advance(seq.state, token)
+            seq.state = new_states[b]
             seq.output.append(token)
+            if closed[b] >= 0:
+                seq.tools.append(self.grammar.tool_names[closed[b]])
             seq.min_margin = min(seq.min_margin, float(gaps[b]))
             if seq.step_logits is not None:
                 seq.step_logits.append(logits[b].copy())
@@ -210,7 +219,6 @@ class Generator:
 
     def _result(self, seq: Sequence) -> Result:
         done = self.stepper.done(seq.state)
-        tools = decode_tools(self.grammar, seq.output, require_done=False)
-        return Result(list(seq.output), tools, "done" if done else "length", seq.min_margin,
+        return Result(list(seq.output), list(seq.tools), "done" if done else "length", seq.min_margin,
                       seq.first_token_at - seq.start, time.perf_counter() - seq.start,
                       seq.step_logits, seq.step_candidates)

@@ -102,6 +102,18 @@ class GrammarStepper:
         new["count"][rows] += 1
         return new, taken
 
+    def take_edges(self, states: np.ndarray, edges: np.ndarray) -> np.ndarray:
+        """New states after each row takes its edge ``edges`` int[B] (global ids from
+        ``allowed_mask_batch``, each allowed for its row: not rechecked)."""
+        g = self.grammar
+        edges = np.asarray(edges, np.int64)
+        new = states.copy()
+        new["node"] = g.edge_child[edges]
+        rows = np.flatnonzero((g.edge_kind[edges] == EDGE_SEP) | (g.edge_kind[edges] == EDGE_END))
+        new["used"][rows] |= g.edge_bits[edges[rows]]
+        new["count"][rows] += 1
+        return new
+
     def advance_batch(self, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """New states after one token each; ``RequestError("grammar_violation")`` if any is
         not allowed (naming the first such row)."""

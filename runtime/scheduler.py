@@ -38,6 +38,7 @@ class Sequence:
     state: np.ndarray  # 0-d grammar state
     prefilled: int = 0  # prompt tokens whose K/V are in the slot's pages
     output: list[int] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)  # names closed so far, in order
     min_margin: float = float("inf")
     start: float = 0.0  # admission time (perf_counter)
     first_token_at: float = 0.0
