@@ -48,8 +48,12 @@ class EngineLoop:
     """The step loop of one generator on its own thread, with a bounded waiting queue."""
 
     def __init__(self, generator: Generator, *, max_waiting_requests: int, max_waiting_tokens: int,
-                 on_step: Callable[[float, list[Ticket]], None] | None = None, beat_s: float = 1.0):
+                 on_step: Callable[[float, list[Ticket]], None] | None = None, beat_s: float = 1.0,
+                 on_start: Callable[[], None] | None = None, on_stop: Callable[[], None] | None = None):
+        """``on_start``/``on_stop`` run on the engine thread before its first and after its last
+        step (a GPU engine makes its context current there, and frees its memory from there)."""
         self.generator = generator
+        self.on_start, self.on_stop = on_start, on_stop
         self.max_waiting_requests, self.max_waiting_tokens = max_waiting_requests, max_waiting_tokens
         self.on_step, self.beat_s = on_step, beat_s
         self._cond = threading.Condition()
@@ -134,6 +138,24 @@ class EngineLoop:
 
     # ---- engine thread ----
     def _run(self) -> None:
+        try:
+            if self.on_start is not None:
+                self.on_start()
+            self._loop()
+        except BaseException as e:  # the thread is gone: refuse new work, answer what is held
+            log.error("engine thread stopped: %s: %s", type(e).__name__, e)
+            with self._cond:
+                self.failure, self.admitting = e, False
+                held = self._inbox + list(self._live.values())
+                self._inbox = []
+            for t in held:
+                self._finish(t, RequestError("draining", f"the engine thread stopped ({type(e).__name__}); "
+                                             "this replica serves no more requests"))
+        finally:
+            if self.on_stop is not None:
+                self.on_stop()
+
+    def _loop(self) -> None:
         gen = self.generator
         while True:
             with self._cond:

@@ -155,3 +155,37 @@ def test_engine_loop_bounds_its_queue_and_expires_deadlines(parts):
     assert late == [t] and t.result.code == "deadline_exceeded"
     loop.close(10)
     assert gen.kv.free_pages == gen.kv.num_pages and loop.in_flight == 0
+
+
+def test_engine_loop_hooks_run_on_its_thread_and_a_failed_step_answers_everyone(parts, solo):
+    gen = make(parts, max_sequences=4)
+    seen = []
+    real_step = gen.step
+    calls = {"n": 0}
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom")
+        return real_step()
+
+    gen.step = flaky_step
+    loop = EngineLoop(gen, max_waiting_requests=8, max_waiting_tokens=10**6,
+                      on_start=lambda: seen.append(("start", threading.current_thread().name)),
+                      on_stop=lambda: seen.append(("stop", threading.current_thread().name)))
+    got = []
+    for p in parts[3][:3]:
+        loop.submit(Request(p), got.append)
+    loop.start()
+    wait = time.monotonic() + 30
+    while len(got) < 3 and time.monotonic() < wait:
+        time.sleep(0.01)
+    assert [t.result.code for t in got] == ["internal"] * 3  # the failed step's sequences, typed
+    assert gen.kv.free_pages == gen.kv.num_pages
+    after = []
+    loop.submit(Request(parts[3][0]), after.append)  # and the loop keeps serving
+    while not after and time.monotonic() < wait:
+        time.sleep(0.01)
+    assert after[0].result.token_ids == solo[0].token_ids
+    loop.close(10)
+    assert seen == [("start", "engine-loop"), ("stop", "engine-loop")]

@@ -79,3 +79,12 @@ def test_sigterm_finishes_every_admitted_request_then_exits_0(tiny_bundle):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_a_bundle_that_fails_to_load_ends_serve_with_its_refusal_code(tmp_path):
+    from common.errors import EXIT_CODES
+
+    out = subprocess.run([sys.executable, "-c", "from runtime.cli import main; main()", "serve", str(tmp_path / "none"),
+                          "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == EXIT_CODES["missing_contract"], out.stderr
+    assert "[missing_contract]" in out.stderr and "Traceback" not in out.stderr and not out.stdout

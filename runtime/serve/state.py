@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from common.errors import EngineError, RequestError
+from common.errors import CudaError, EngineError, RequestError
 from ..engine_loop import EngineLoop, Ticket
 from ..sampling import Sampling
 from .metrics import ServeMetrics
@@ -37,6 +37,19 @@ def queue_bounds(limits, config: ServeConfig) -> tuple[int, int]:
     requests = config.max_waiting_requests or 32 * limits.max_sequences
     tokens = config.max_waiting_tokens or max(limits.max_input_tokens, requests * limits.max_input_tokens // 4)
     return requests, tokens
+
+
+def bind_device_thread(engine) -> None:
+    """GPU engines: makes the device's primary context current on the calling (engine) thread;
+    the load ran on another thread. CPU engines: nothing to do."""
+    context = getattr(getattr(engine.model, "gpu", None), "context", None)
+    if context is None:
+        return
+    from cuda.bindings import driver
+
+    (err,) = driver.cuCtxSetCurrent(context)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CudaError("cuda_error", f"cuCtxSetCurrent on the engine thread failed: {err}", call="cuCtxSetCurrent")
 
 
 async def _disconnected(receive) -> None:
@@ -68,7 +81,8 @@ class ServeState:
         requests, tokens = queue_bounds(engine.contract.limits, self.config)
         self.engine = engine
         self.loop = EngineLoop(engine.generator, max_waiting_requests=requests, max_waiting_tokens=tokens,
-                               on_step=self._on_step).start()
+                               on_step=self._on_step, on_start=lambda: bind_device_thread(engine),
+                               on_stop=engine.close).start()
         with self._lock:
             if self.phase == "loading":
                 self.phase = "ready"
@@ -91,10 +105,9 @@ class ServeState:
         return self.phase == "ready" and self.loop is not None and self.loop.alive(self.config.stale_s)
 
     def close(self) -> None:
+        """Ends the engine thread (which closes the engine on its way out)."""
         if self.loop is not None:
-            self.loop.close(timeout=10)
-        if self.engine is not None:
-            self.engine.close()
+            self.loop.close(timeout=30)
 
     def not_admitting(self) -> RequestError:
         what = {"loading": "is still loading the bundle", "draining": "is shutting down",
