@@ -65,8 +65,9 @@ def rss_bytes(pid: int) -> int:
 class Server:
     """`runtime serve` in a subprocess on 127.0.0.1, port read from its ready line."""
 
-    def __init__(self, bundle: str, noop: bool):
-        cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "serve", bundle, "--port", "0"]
+    def __init__(self, bundle: str, noop: bool, request_timeout_s: float):
+        cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "serve", bundle, "--port", "0",
+               "--request-timeout", str(request_timeout_s)]
         self.proc = subprocess.Popen(cmd + (["--noop-engine"] if noop else []), cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         line = []
@@ -151,7 +152,7 @@ def summarize(records: list[dict], wall: float, solo: list[list[int]] | None) ->
 def run_one(bundle: str, noop: bool, bodies, solo, clients: int, timeout_s: float) -> dict:
     import urllib.request
 
-    server = Server(bundle, noop)
+    server = Server(bundle, noop, timeout_s)
     try:
         warm, _ = asyncio.run(burst(server.url, bodies, min(64, clients), timeout_s))  # first-call costs
         rss_before = rss_bytes(server.proc.pid)
@@ -176,9 +177,15 @@ def main() -> None:
     ap.add_argument("bundle")
     ap.add_argument("--clients", type=int, default=2048)
     ap.add_argument("--distinct", type=int, default=256, help="Distinct request bodies, cycled over the clients.")
-    ap.add_argument("--timeout", type=float, default=600.0, help="Per-client total timeout, seconds.")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="Per-client total timeout, and the server's --request-timeout, seconds.")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
+    from runtime.serve.server import raise_open_files
+
+    soft, _ = raise_open_files()  # this process holds one socket per client
+    if soft < args.clients + 64:
+        raise SystemExit(f"open-files limit {soft} is below {args.clients} clients; raise `ulimit -n`")
 
     from runtime.bundle import read_contract
 
