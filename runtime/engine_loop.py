@@ -216,6 +216,9 @@ class EngineLoop:
             heapq.heappush(self._deadlines, (t.deadline, next(self._order), t))
 
     def _expire(self) -> None:
+        if len(self._deadlines) > 2 * len(self._live) + 64:  # drop answered tickets: memory stays flat
+            self._deadlines = [d for d in self._deadlines if d[2].result is None]
+            heapq.heapify(self._deadlines)
         now = time.perf_counter()
         while self._deadlines and self._deadlines[0][0] <= now:
             _, _, t = heapq.heappop(self._deadlines)

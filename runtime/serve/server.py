@@ -6,6 +6,9 @@ the uvicorn way. A bundle that fails to load ends the process with its refusal's
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import logging
 import resource
 import signal
@@ -18,6 +21,17 @@ from .app import create_app
 from .state import ServeConfig, ServeState
 
 BACKLOG = 4096
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()  # glibc: malloc_trim; None elsewhere (musl, macOS)
 log = logging.getLogger("runtime.serve")
 
 
@@ -39,6 +53,7 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServeState, announce=None):
         super().__init__(config)
         self.state, self.announce, self._announced = state, announce, False
+        self._trimmed_at = 0
 
     def handle_exit(self, sig, frame) -> None:
         if sig == signal.SIGTERM and self.state.phase in ("ready", "loading") and not self.should_exit:
@@ -49,12 +64,24 @@ class DrainingServer(uvicorn.Server):
             return
         super().handle_exit(sig, frame)
 
+    def _trim_when_idle(self) -> None:
+        """Once idle after traffic, hands freed heap memory back to the OS (glibc keeps it otherwise:
+        a burst of thousands of connections would leave the RSS at its high-water mark)."""
+        served = self.server_state.total_requests
+        if served != self._trimmed_at and not self.server_state.connections and self.state.drained:
+            self._trimmed_at = served
+            gc.collect()  # request objects caught in reference cycles, before the trim
+            if _LIBC is not None:
+                _LIBC.malloc_trim(0)
+
     @property
     def port(self) -> int:
         return self.servers[0].sockets[0].getsockname()[1]
 
     async def on_tick(self, counter: int) -> bool:
         state = self.state
+        if counter % 10 == 0:
+            self._trim_when_idle()
         if state.phase == "failed":
             self.should_exit = True
         elif state.phase == "draining" and state.drained:
