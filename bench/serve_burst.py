@@ -157,7 +157,7 @@ def run_one(bundle: str, noop: bool, bodies, solo, clients: int, timeout_s: floa
         warm, _ = asyncio.run(burst(server.url, bodies, min(64, clients), timeout_s))  # first-call costs
         rss_before = rss_bytes(server.proc.pid)
         records, wall = asyncio.run(burst(server.url, bodies, clients, timeout_s))
-        time.sleep(0.5)
+        time.sleep(2.5)  # the server trims its heap once idle (ticks of 1 s)
         text = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
         rss_after = rss_bytes(server.proc.pid)
         models = json.loads(urllib.request.urlopen(server.url + "/v1/models", timeout=30).read())
