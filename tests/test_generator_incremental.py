@@ -55,6 +55,30 @@ def test_requests_joining_mid_flight_get_their_solo_answers(parts, solo, max_seq
     assert gen.kv.free_pages == gen.kv.num_pages and gen.kv.free_slots == gen.kv.max_seqs
 
 
+def test_the_cpu_backend_gives_a_row_the_same_bits_however_its_prompt_is_chunked(parts):
+    from runtime.cpu.kv_pool import PagedKVPool
+
+    gen = make(parts)
+    model, prompt = gen.model, np.asarray(parts[3][1], np.int64)
+    n = len(prompt)
+
+    def prefill(chunks, neighbours):
+        kv = PagedKVPool(model.cfg, 16, 16, 4, 96)
+        slot, other = kv.admit(n + 30), kv.admit(n + 30)
+        start, hidden = 0, []
+        for c in chunks:  # each chunk beside `neighbours` rows of another sequence
+            rows = np.r_[prompt[start:start + c], prompt[:neighbours]]
+            slots = np.r_[np.full(c, slot), np.full(neighbours, other)]
+            pos = np.r_[np.arange(start, start + c), np.arange(neighbours)]
+            hidden.append(model.forward(rows, slots, pos, kv)[:c])
+            start += c
+        return np.concatenate(hidden)
+
+    alone = prefill([n], 0)
+    for chunks, neighbours in [([1] * n, 0), ([5, 5, n - 10], 3), ([8, n - 8], 7), ([n - 1, 1], 1)]:
+        assert bits(prefill(chunks, neighbours)) == bits(alone), chunks
+
+
 def test_abort_frees_pages_at_once_and_spares_the_others(parts, solo):
     gen = make(parts, max_sequences=2)
     prompts = parts[3]

@@ -20,25 +20,19 @@ from ..rope import apply_rope, cos_sin, inv_freq
 # thread and 1,560 ms with two (bench/RESULTS.md). None leaves the process's setting alone.
 DEFAULT_BLAS_THREADS = 1
 
-# Rows go through every matmul in tiles of exactly ROW_TILE rows (the last tile zero-padded): BLAS
-# picks its kernel and summation order from the matrix shape (one row: gemv; small shapes: other
-# kernels), so without tiles a row's bits depend on how many rows share its step. Same tile shape,
-# same bits: a request's logits are bit-identical alone or in any batch (measured on this machine:
-# up to ~2x slower than one plain matmul at 64 rows, ~5x at one row; tests/test_generator_incremental.py).
-ROW_TILE = 16
-
-
+# Every matmul computes each row on its own, as the matrix-vector product it would be alone: BLAS
+# picks its kernel and summation order from the matrix shape (one row: gemv; several: gemm, with
+# other kernels for small shapes), so a row's bits would otherwise depend on how many rows share its
+# step. A row's logits are bit-identical alone or in any batch (tests/test_generator_incremental.py).
+# Cost: one row as before; many rows read the weights once per row (at 64 rows of a 3072x1024 weight,
+# measured about 4.5x one matrix-matrix product on this machine).
 def matmul_rows(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """x (T, in) @ weight (out, in).T -> (T, out) float32, each row computed as one of ROW_TILE rows."""
-    t = len(x)
-    pad = -t % ROW_TILE
-    if pad:
-        x = np.concatenate([x, np.zeros((pad, x.shape[1]), x.dtype)])
-    out = np.empty((t + pad, weight.shape[0]), np.result_type(x, weight))
+    """x (T, in) @ weight (out, in).T -> (T, out), each row as its own matrix-vector product."""
     wt = weight.T  # (in, out) view: BLAS reads it transposed, no copy
-    for start in range(0, t + pad, ROW_TILE):
-        np.matmul(x[start:start + ROW_TILE], wt, out=out[start:start + ROW_TILE])
-    return out[:t]
+    out = np.empty((len(x), weight.shape[0]), np.result_type(x, weight))
+    for i in range(len(x)):  # a vector times a matrix: always the same BLAS gemv call
+        np.matmul(x[i], wt, out=out[i])
+    return out
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -109,7 +103,10 @@ class CpuModel:
         for slot in np.unique(slots):
             rows = np.nonzero(slots == slot)[0]
             pos = positions[rows]
-            keys, values = kv.gather(layer, int(slot), int(pos.max()) + 1)  # (S, kv_heads, head_dim)
+            # S = the slot's whole reservation, not this step's last position: every row of a sequence
+            # then reduces over the same S (the future masked to exact zeros), so its bits do not
+            # depend on how its prompt was chunked or what else shares the step.
+            keys, values = kv.gather(layer, int(slot), int(kv.reserved_tokens[slot]))  # (S, kv_heads, head_dim)
             qs = q[rows].reshape(len(rows), cfg.num_kv_heads, group, cfg.head_dim)
             scores = np.einsum("tkgd,skd->tkgs", qs, keys) * self.scale  # (rows, kv_heads, group, S)
             future = np.arange(keys.shape[0])[None, :] > pos[:, None]  # (rows, S)
