@@ -163,6 +163,12 @@ def test_bad_requests_are_typed_4xx_never_500(engine, caplog):
         for body, status, code in cases:
             got, _, reply = srv.call("POST", "/v1/discover", body)
             assert_error(got, reply, status, code)
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)  # no Content-Length: chunked
+        conn.request("POST", "/v1/discover", body=iter([b'{"request": "', b"x" * 40000, b"y" * 40000, b'"}']),
+                     headers={"Content-Type": "application/json"}, encode_chunked=True)
+        resp = conn.getresponse()
+        assert_error(resp.status, json.loads(resp.read()), 413, "body_too_large")
+        conn.close()
         got, _, reply = srv.call("POST", "/v1/chat/completions", b"\x00\x01")
         assert_error(got, reply, 400, "request_invalid")
         got, _, reply = srv.call("POST", "/v1/chat/completions", {"model": "x", "messages": []})

@@ -32,7 +32,6 @@ def _libc():
 
 
 _LIBC = _libc()  # glibc: malloc_trim; None elsewhere (musl, macOS)
-log = logging.getLogger("runtime.serve")
 
 
 def raise_open_files() -> tuple[int, int]:
