@@ -46,6 +46,14 @@ EXIT_CODES: dict[str, int] = {
     "numerics_invalid": 60,  # NaN/Inf in hidden states or logits: never a silent argmax
     "output_unsafe": 61,  # --out equal to, inside or containing an input (checkpoint, catalog)
     "output_unwritable": 62,  # --out cannot be written: permissions, read-only or full disk
+    # serving (runtime serve): HTTP-side refusals
+    "queue_full": 80,  # 429: the waiting queue is at its request or prompt-token bound
+    "deadline_exceeded": 81,  # 504: the request's timeout_s passed before it finished
+    "request_aborted": 82,  # the client went away; its sequence was dropped
+    "draining": 83,  # 503: the server is loading or shutting down and admits nothing
+    "unknown_tool": 84,  # 400: a tools subset names a tool outside the catalog
+    "body_too_large": 85,  # 413: the request body is over the server's byte limit
+    "not_found": 86,  # 404/405: no such endpoint or method
     # placement (builder manifest)
     "unplaceable": 100,
 }

@@ -1,7 +1,6 @@
 """`runtime`: check a bundle against this machine, load it behind the canary gate, answer requests."""
 from __future__ import annotations
 
-import math
 import sys
 import time
 
@@ -12,7 +11,7 @@ from common.errors import EngineError
 from . import progress
 from .cli_errors import TypedErrorGroup, exit_code_help, fail, json_text
 from .generator import HEAD_MODES, Result
-from .sampling import Sampling
+from .sampling import Sampling, sampling_problem
 
 # Requests longer than this are shown shortened in plain output (a refusal never echoes a whole document).
 ECHO_CHARS = 160
@@ -102,23 +101,6 @@ def load(path, as_json):
                f"bound: {path} ({c.target.name}, {c.precision.weights}); canary passed; loaded in {engine.load_seconds:.2f} s")
 
 
-MAX_TEMPERATURE = 1e4
-
-
-def sampling_problem(temperature: float, top_p: float, seed: int) -> str | None:
-    """Why these sampling options cannot be used, or None. NaN, infinities and subnormals are
-    refused: logits / a subnormal temperature overflow to inf, and inf - inf is NaN."""
-    if not (temperature == 0.0 or (math.isfinite(temperature) and sys.float_info.min <= temperature
-                                   <= MAX_TEMPERATURE)):
-        return (f"--temperature {temperature!r}: expected 0 (greedy) or a normal number in "
-                f"[{sys.float_info.min:.3g}, {MAX_TEMPERATURE:g}]")
-    if not (math.isfinite(top_p) and sys.float_info.min <= top_p <= 1.0):
-        return f"--top-p {top_p!r}: expected a normal number in (0, 1]"
-    if not 0 <= seed < 2**63:
-        return f"--seed {seed}: expected an integer in [0, 2^63)"
-    return None
-
-
 @main.command(short_help="Answer requests (arguments, or one per line from a file or stdin).")
 @click.argument("path", type=click.Path())
 @click.argument("requests", nargs=-1)
@@ -174,3 +156,39 @@ def run(path, requests, input_file, head, temperature, top_p, seed, as_json):
                 click.echo(f"  refused: {res}")
     if any(not isinstance(res, Result) for res in results):
         sys.exit(max(res.exit_code for res in results if not isinstance(res, Result)))
+
+
+@main.command(short_help="Serve the bundle over HTTP (needs the serve extra).")
+@click.argument("path", type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port (0: any free one, printed when ready).")
+@click.option("--max-queue-requests", type=int, default=None,
+              help="Waiting-queue bound in requests [default: 32 x the contract's max_sequences].")
+@click.option("--max-queue-tokens", type=int, default=None,
+              help="Waiting-queue bound in prompt tokens [default: requests x max_input_tokens / 4].")
+@click.option("--request-timeout", type=float, default=60.0, show_default=True,
+              help="Deadline of a request without timeout_s, in seconds (past it: 504).")
+@click.option("--max-body-bytes", type=int, default=64 * 1024, show_default=True, help="Largest request body.")
+@click.option("--head", type=click.Choice(HEAD_MODES), default="sparse", show_default=True)
+@click.option("--noop-engine", is_flag=True, hidden=True, help="Benchmarks only: answer every request empty, no model.")
+def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes, head, noop_engine):
+    """Serve the bundle over HTTP (discover, OpenAI chat completions, health, metrics) until SIGTERM.
+
+    Loads and canary-gates the bundle while /health answers 503, then prints one `ready:` line.
+    SIGTERM drains: no new requests (503), every admitted one answered, exit 0.
+    """
+    try:
+        from .serve.server import main as serve_main
+        from .serve.state import ServeConfig
+    except ImportError as e:
+        raise click.UsageError(f"`runtime serve` needs the serve extra ({e.name} is not installed): "
+                               "pip install 'toolcall-engine[serve]'") from None
+
+    for name, value in (("--max-queue-requests", max_queue_requests), ("--max-queue-tokens", max_queue_tokens),
+                        ("--max-body-bytes", max_body_bytes)):
+        if value is not None and value < 1:
+            raise click.BadParameter(f"needs a positive number, got {value}", param_hint=name)
+    if request_timeout <= 0:
+        raise click.BadParameter(f"needs seconds > 0, got {request_timeout}", param_hint="--request-timeout")
+    serve_main(path, host, port, ServeConfig(max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes),
+               head=head, noop=noop_engine)

@@ -11,7 +11,7 @@ from .bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, check_files, rea
 from .contract import CPU_TARGET, Contract
 from .cpu.model import CpuModel
 from .cpu.dequant import load_dequantized
-from common.errors import CudaError, EngineError, Refusal
+from common.errors import CudaError, EngineError, Refusal, RequestError
 from . import progress
 from .generator import Generator, Request, Result
 from .grammar import Grammar
@@ -180,6 +180,25 @@ class Engine:
 
     def encode(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(self.grammar.render_prompt(text)).ids)
+
+    def request(self, text: str, sampling: Sampling = Sampling(), tools: list[str] | None = None) -> Request:
+        """The Request for a text (wrapped in the prompt template); ``tools``, catalog names, restricts
+        the answer to those (RequestError("unknown_tool") naming any name outside the catalog)."""
+        subset = None
+        if tools is not None:
+            index = {name: i for i, name in enumerate(self.grammar.tool_names)}
+            unknown = [t for t in tools if t not in index]
+            if unknown or not tools:
+                raise RequestError("unknown_tool", f"tools {unknown[:8]} are not in the bundle's catalog of "
+                                   f"{len(index)} tools; name tools from GET /v1/models" if unknown else
+                                   "the tools subset is empty; name at least one catalog tool or leave it out",
+                                   unknown=unknown[:8], num_tools=len(index))
+            subset = tuple(sorted({index[t] for t in tools}))
+        return Request(self.encode(text), sampling, tools=subset)
+
+    def submit(self, text: str, sampling: Sampling = Sampling(), tools: list[str] | None = None) -> int:
+        """Enqueues one request text on the generator (the caller owns the step loop); its handle."""
+        return self.generator.submit(self.request(text, sampling, tools))
 
     def run(self, texts: list[str], sampling: Sampling = Sampling()) -> list[Result | EngineError]:
         """Each request text wrapped in the catalog's prompt template, answered (or refused)."""

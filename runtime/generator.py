@@ -1,30 +1,28 @@
-"""The decode loop: admission, mixed prefill/decode steps, grammar-bounded heads, sampling.
+"""The decode loop: mixed prefill/decode steps, grammar-bounded heads, sampling.
 
-Each step is a set of rows (token, slot, position): one decode row for every sequence
-that is answering, then prefill chunks of waiting prompts up to ``max_tokens_per_step``,
-so a long prompt never blocks short ones. A sequence's tokens depend only on its own
-rows, grammar state and sampling seed, never on what else shares the step.
+Incremental: ``submit`` a request at any time (a handle back), ``step`` (admit what fits,
+run one step, return the requests that finished), ``abort`` a handle (its pages freed at
+once). New requests join between steps. Each step is a set of rows (token, slot,
+position): one decode row for every sequence that is answering, then prefill chunks of
+admitted prompts up to ``max_tokens_per_step``, so a long prompt never blocks short ones.
+A sequence's tokens depend only on its own rows, grammar state and sampling seed, never
+on what else shares the step. ``generate(list)`` is a loop over the same core.
 """
 from __future__ import annotations
 
+import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from common.errors import EngineError, RequestError
 from .grammar import Grammar
-from .grammar_stepper import GrammarStepper, decode_tools
-from .sampling import Sampling, margins, sample_row
+from .grammar_stepper import GrammarStepper
+from .sampling import greedy, margins, sample_row, sampling_problem
+from .scheduler import Request, Scheduler, Sequence
 
 HEAD_MODES = ("sparse", "dense", "check")  # check: sparse picks, dense must agree
-
-
-@dataclass(frozen=True)
-class Request:
-    prompt_ids: tuple[int, ...]
-    sampling: Sampling = Sampling()
-    keep_logits: bool = False  # Result.step_logits/step_candidates filled (canary, parity and bit tests)
 
 
 @dataclass
@@ -45,23 +43,6 @@ class Result:
                 "min_margin": self.min_margin, "ttft_ms": 1e3 * self.ttft_s, "total_ms": 1e3 * self.total_s}
 
 
-@dataclass
-class _Sequence:
-    index: int
-    slot: int
-    prompt: np.ndarray  # (P,) int64 token ids
-    sampling: Sampling
-    rng: np.random.Generator
-    state: np.ndarray  # 0-d grammar state
-    prefilled: int = 0
-    output: list[int] = field(default_factory=list)
-    min_margin: float = float("inf")
-    start: float = 0.0
-    first_token_at: float = 0.0
-    step_logits: list[np.ndarray] | None = None  # kept only for Request.keep_logits
-    step_candidates: list[np.ndarray] | None = None
-
-
 class Generator:
     """Runs requests to completion on a model (CpuModel interface) over a paged KV pool."""
 
@@ -72,6 +53,8 @@ class Generator:
         self.stepper = GrammarStepper(grammar)
         self.max_input_tokens, self.max_output_tokens = max_input_tokens, max_output_tokens
         self.max_tokens_per_step, self.prefill_chunk = max_tokens_per_step, prefill_chunk
+        self.scheduler = Scheduler(kv, self.stepper, max_output_tokens)
+        self._handles = itertools.count()
 
     def validate(self, request: Request) -> None:
         """Raises RequestError for a request that can never run under these limits."""
@@ -86,65 +69,93 @@ class Generator:
         if bad:
             raise RequestError("request_invalid", f"prompt token ids {bad[:8]} are outside the vocabulary "
                                f"[0, {vocab})", vocab_size=vocab, bad_ids=bad[:8])
-        if request.sampling.temperature < 0 or not 0 < request.sampling.top_p <= 1:
-            raise RequestError("request_invalid", "sampling needs temperature >= 0 and 0 < top_p <= 1",
-                               temperature=request.sampling.temperature, top_p=request.sampling.top_p)
+        if request.tools is not None:
+            self.stepper.check_subset(request.tools)
+        problem = sampling_problem(request.sampling.temperature, request.sampling.top_p, request.sampling.seed)
+        if problem:
+            raise RequestError("request_invalid", f"sampling: {problem}", temperature=repr(request.sampling.temperature),
+                               top_p=repr(request.sampling.top_p), seed=request.sampling.seed)
+
+    def check(self, request: Request) -> None:
+        """``validate`` plus the pool check: RequestError("kv_pages") for a request needing more
+        pages than the pool has in all. Reads only the limits (safe from any thread)."""
+        self.validate(request)
+        need = self.kv.pages_for(len(request.prompt_ids) + self.max_output_tokens)
+        if need > self.kv.num_pages:
+            raise RequestError("kv_pages", f"the request needs {need} KV pages; the pool has "
+                               f"{self.kv.num_pages} in all", needed=need, free=self.kv.num_pages)
+
+    def submit(self, request: Request, queue: bool = True) -> int:
+        """Validates and enqueues a request; returns its handle. Raises RequestError for a request
+        that can never run under these limits (prompt, vocabulary, sampling, pages in the pool).
+
+        ``queue``: a request that does not fit now (slots or KV pages busy) waits for a sequence
+        to finish; without it, it is refused with ``too_many_sequences``/``kv_pages`` at admission.
+        """
+        self.check(request)
+        handle = next(self._handles)
+        self.scheduler.enqueue(handle, request, queue)
+        return handle
+
+    @property
+    def busy(self) -> bool:
+        """Requests are waiting or running."""
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def counts(self) -> tuple[int, int, int]:
+        """(waiting requests, their prompt tokens, running sequences)."""
+        s = self.scheduler
+        return len(s.waiting), s.waiting_tokens, len(s.running)
+
+    def step(self) -> list[tuple[int, Result | RequestError]]:
+        """Admits what fits, runs one step, retires finished sequences (pages freed); returns the
+        (handle, Result) of each request that finished and the (handle, RequestError) of each refused."""
+        finished: list[tuple[int, Result | RequestError]] = list(self.scheduler.admit())
+        running = self.scheduler.running
+        if running:
+            try:
+                self._step(running)
+            except BaseException:  # a failed step leaves half-written rows: nothing running survives it
+                self.scheduler.abort_all()
+                raise
+        for seq in [s for s in running if self._finished(s)]:
+            self.scheduler.retire(seq)
+            finished.append((seq.handle, self._result(seq)))
+        return finished
+
+    def abort(self, handle: int) -> bool:
+        """Drops a waiting or running request, freeing its slot and pages now; False if not known
+        (already finished or never submitted)."""
+        return self.scheduler.abort(handle)
+
+    def abort_all(self) -> None:
+        self.scheduler.abort_all()
 
     def generate(self, requests: list[Request], queue: bool = True) -> list[Result | RequestError]:
         """Every request's Result, or the RequestError that refused it (others are unaffected).
 
-        ``queue``: a request that does not fit now (slots or KV pages busy) waits for a
-        sequence to finish; without it, it is refused with ``too_many_sequences``/``kv_pages``.
+        ``queue``: as for ``submit``.
         """
         results: list[Result | RequestError | None] = [None] * len(requests)
-        pending: list[int] = []
+        index: dict[int, int] = {}
         for i, req in enumerate(requests):
             try:
-                self.validate(req)
-                need = self.kv.pages_for(len(req.prompt_ids) + self.max_output_tokens)
-                if need > self.kv.num_pages:
-                    raise RequestError("kv_pages", f"the request needs {need} KV pages; the pool has "
-                                       f"{self.kv.num_pages} in all", needed=need, free=self.kv.num_pages)
-                pending.append(i)
+                index[self.submit(req, queue)] = i
             except RequestError as e:
                 results[i] = e
-        active: list[_Sequence] = []
         try:
-            while pending or active:
-                pending = self._admit(requests, pending, active, results, queue)
-                if active:
-                    self._step(active)
-                for seq in [s for s in active if self._finished(s)]:
-                    active.remove(seq)
-                    self.kv.release(seq.slot)
-                    results[seq.index] = self._result(seq)
+            while self.busy:
+                for handle, res in self.step():
+                    results[index[handle]] = res
         finally:
-            for seq in active:  # an exception mid-loop must not leak pages
-                self.kv.release(seq.slot)
+            for handle in index:  # an exception mid-loop must not leak pages
+                self.scheduler.abort(handle)
         return results  # type: ignore[return-value]
 
-    def _admit(self, requests, pending, active, results, queue) -> list[int]:
-        waiting = []
-        for i in pending:
-            req = requests[i]
-            try:
-                slot = self.kv.admit(len(req.prompt_ids) + self.max_output_tokens)
-            except RequestError as e:
-                if queue and e.code in ("too_many_sequences", "kv_pages"):
-                    waiting.append(i)
-                    continue
-                results[i] = e
-                continue
-            active.append(_Sequence(i, slot, np.asarray(req.prompt_ids, np.int64), req.sampling,
-                                    np.random.default_rng(req.sampling.seed), self.stepper.initial_state(),
-                                    start=time.perf_counter(), step_logits=[] if req.keep_logits else None,
-                                    step_candidates=[] if req.keep_logits else None))
-        return waiting
-
-    def _finished(self, seq: _Sequence) -> bool:
+    def _finished(self, seq: Sequence) -> bool:
         return self.stepper.done(seq.state) or len(seq.output) >= self.max_output_tokens
 
-    def _step(self, active: list[_Sequence]) -> None:
+    def _step(self, active: list[Sequence]) -> None:
         tokens, slots, positions, samplers = [], [], [], []  # samplers: (sequence, row) pairs picking a token
         for seq in active:
             if seq.prefilled == len(seq.prompt):
@@ -168,9 +179,9 @@ class Generator:
         if samplers:
             self._pick([s for s, _ in samplers], hidden[[r for _, r in samplers]])
 
-    def _pick(self, seqs: list[_Sequence], hidden: np.ndarray) -> None:
+    def _pick(self, seqs: list[Sequence], hidden: np.ndarray) -> None:
         states = np.stack([s.state for s in seqs])
-        cand, _, allowed = self.stepper.allowed_mask_batch(states)  # (B, M) token ids, -1 padded
+        cand, edges, allowed = self.stepper.allowed_mask_batch(states)  # (B, M) token ids / edge ids, -1 padded
         safe = np.maximum(cand, 0)
         if self.head == "dense":
             logits = np.take_along_axis(self.model.dense_logits(hidden), safe, axis=1)
@@ -183,7 +194,9 @@ class Generator:
                               nonfinite_logits=int((~np.isfinite(logits[allowed])).sum()))
         gaps = margins(logits, allowed)
         now = time.perf_counter()
-        picks = [sample_row(logits[b], allowed[b], s.sampling, s.rng) for b, s in enumerate(seqs)]
+        best = greedy(logits, allowed)  # (B,) the greedy rows' picks, one vectorized argmax
+        picks = [int(best[b]) if s.sampling.temperature <= 0 else sample_row(logits[b], allowed[b], s.sampling, s.rng)
+                 for b, s in enumerate(seqs)]
         if self.head == "check":
             dense = np.take_along_axis(self.model.dense_logits(hidden), safe, axis=1)
             dense_picks = [sample_row(dense[b], allowed[b], s.sampling, np.random.default_rng(0))
@@ -192,10 +205,17 @@ class Generator:
                 raise EngineError("internal", f"sparse and dense heads disagree: {picks} vs {dense_picks}",
                                   sparse=[int(cand[b, p]) for b, p in enumerate(picks)],
                                   dense=[int(cand[b, p]) for b, p in enumerate(dense_picks)])
+        rows = np.arange(len(seqs))
+        assert allowed[rows, picks].all(), "a pick outside the allowed candidates"
+        taken = edges[rows, picks]  # (B,) grammar edge of each pick
+        new_states = self.stepper.take_edges(states, taken)
+        closed = self.grammar.edge_tool[taken]  # (B,) tool index closed by the edge, -1 if none
         for b, seq in enumerate(seqs):
             token = int(cand[b, picks[b]])
-            seq.state = self.stepper.advance(seq.state, token)
+            seq.state = new_states[b]
             seq.output.append(token)
+            if closed[b] >= 0:
+                seq.tools.append(self.grammar.tool_names[closed[b]])
             seq.min_margin = min(seq.min_margin, float(gaps[b]))
             if seq.step_logits is not None:
                 seq.step_logits.append(logits[b].copy())
@@ -203,9 +223,8 @@ class Generator:
             if len(seq.output) == 1:
                 seq.first_token_at = now
 
-    def _result(self, seq: _Sequence) -> Result:
+    def _result(self, seq: Sequence) -> Result:
         done = self.stepper.done(seq.state)
-        tools = decode_tools(self.grammar, seq.output, require_done=False)
-        return Result(list(seq.output), tools, "done" if done else "length", seq.min_margin,
+        return Result(list(seq.output), list(seq.tools), "done" if done else "length", seq.min_margin,
                       seq.first_token_at - seq.start, time.perf_counter() - seq.start,
                       seq.step_logits, seq.step_candidates)

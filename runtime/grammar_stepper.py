@@ -6,11 +6,13 @@ Per-sequence state is fixed-size, a numpy structured record (``state_dtype``):
 
 An edge out of the current node is allowed iff
 - kind 0/1/2: its bitset holds a tool not yet used (``edge_bits & ~used != 0``), and for
-  kind 1 (SEP) also ``count + 1 < min(max_tools, num_tools)``: after closing this tool
-  another tool must still fit and be unused (``used`` always has exactly ``count`` bits),
-  so a separator never leads to a dead end;
+  kind 1 (SEP) also ``count + 1 < max_tools`` and ``popcount(used) + 1 < num_tools``: after
+  closing this tool another tool must still fit and be unused, so a separator never leads
+  to a dead end;
 - kind 3 (END of an empty answer): ``count == 0`` and ``allow_empty``.
-Taking a kind 1/2 edge sets the closed tool's bit and adds 1 to ``count``.
+Taking a kind 1/2 edge sets the closed tool's bit and adds 1 to ``count``. A fresh state has
+``used`` empty (any tool may be named); a state restricted to a subset of the catalog starts
+with every other tool's bit set, so ``used`` holds ``count`` bits plus those.
 
 The batch calls are vectorized over B states; the scalar calls wrap them.
 """
@@ -35,7 +37,7 @@ class GrammarStepper:
         self.dtype = state_dtype(grammar.bitset_words)
         self.max_edges = grammar.max_edges_per_node
         self._start = grammar.node_edge_start.astype(np.int64)
-        self._sep_limit = min(grammar.max_tools, grammar.num_tools)  # SEP needs count+1 < this
+        self._max_tools, self._num_tools = grammar.max_tools, grammar.num_tools
 
     # ---- batch API ----
     def initial_states(self, batch: int) -> np.ndarray:
@@ -68,9 +70,12 @@ class GrammarStepper:
         e = edges[rows, cols]
         kind = g.edge_kind[e]
         count = states["count"][rows].astype(np.int64)
-        has_unused = ((g.edge_bits[e] & ~states["used"][rows]) != 0).any(axis=1)
+        used = states["used"][rows]  # (R, W)
+        has_unused = ((g.edge_bits[e] & ~used) != 0).any(axis=1)
+        used_bits = np.bitwise_count(used).sum(axis=1, dtype=np.int64)
+        sep_ok = (count + 1 < self._max_tools) & (used_bits + 1 < self._num_tools)
         ok = np.where(kind == EDGE_EMPTY_END, (count == 0) & g.allow_empty,
-                      has_unused & ((kind != EDGE_SEP) | (count + 1 < self._sep_limit)))
+                      has_unused & ((kind != EDGE_SEP) | sep_ok))
         allowed = np.zeros(valid.shape, bool)
         allowed[rows, cols] = ok
         return tokens, edges.astype(np.int32), allowed
@@ -97,6 +102,18 @@ class GrammarStepper:
         new["count"][rows] += 1
         return new, taken
 
+    def take_edges(self, states: np.ndarray, edges: np.ndarray) -> np.ndarray:
+        """New states after each row takes its edge ``edges`` int[B] (global ids from
+        ``allowed_mask_batch``, each allowed for its row: not rechecked)."""
+        g = self.grammar
+        edges = np.asarray(edges, np.int64)
+        new = states.copy()
+        new["node"] = g.edge_child[edges]
+        rows = np.flatnonzero((g.edge_kind[edges] == EDGE_SEP) | (g.edge_kind[edges] == EDGE_END))
+        new["used"][rows] |= g.edge_bits[edges[rows]]
+        new["count"][rows] += 1
+        return new
+
     def advance_batch(self, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """New states after one token each; ``RequestError("grammar_violation")`` if any is
         not allowed (naming the first such row)."""
@@ -112,8 +129,26 @@ class GrammarStepper:
         return states["node"] == self.grammar.terminal
 
     # ---- scalar API (one state: a 0-d structured array) ----
-    def initial_state(self) -> np.ndarray:
-        return self.initial_states(1).reshape(())
+    def initial_state(self, tools=None) -> np.ndarray:
+        """A fresh state; ``tools`` (catalog indices, see ``check_subset``) restricts the answer
+        to those tools by starting with every other tool marked used."""
+        state = self.initial_states(1)
+        if tools is not None:
+            keep = np.zeros(self.grammar.bitset_words * 64, bool)
+            keep[list(tools)] = True
+            keep[self._num_tools:] = True  # bits past the catalog stay clear
+            state["used"][0] = np.packbits(~keep, bitorder="little").view("<u8")
+        return state.reshape(())
+
+    def check_subset(self, tools) -> None:
+        """RequestError("request_invalid") unless ``tools`` is a non-empty set of catalog indices."""
+        tools = list(tools)
+        bad = [t for t in tools if not (isinstance(t, (int, np.integer)) and 0 <= t < self._num_tools)]
+        if not tools or bad or len(set(tools)) != len(tools):
+            raise RequestError("request_invalid", f"a tools subset needs distinct catalog indices in "
+                               f"[0, {self._num_tools}), at least one; got {tools[:8]}",
+                               tools=[int(t) if isinstance(t, (int, np.integer)) else str(t) for t in tools[:8]],
+                               num_tools=self._num_tools)
 
     def allowed(self, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Allowed tokens int32[k] and their edge indices int32[k], in edge (token) order."""

@@ -1,6 +1,8 @@
 """Choosing the next token among a row's allowed candidates: greedy, or seeded temperature/top-p."""
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +15,23 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+
+
+MAX_TEMPERATURE = 1e4
+
+
+def sampling_problem(temperature: float, top_p: float, seed: int) -> str | None:
+    """Why these sampling options cannot be used, or None. NaN, infinities and subnormals are
+    refused: logits / a subnormal temperature overflow to inf, and inf - inf is NaN."""
+    if not (temperature == 0.0 or (math.isfinite(temperature) and sys.float_info.min <= temperature
+                                   <= MAX_TEMPERATURE)):
+        return (f"temperature {temperature!r}: expected 0 (greedy) or a normal number in "
+                f"[{sys.float_info.min:.3g}, {MAX_TEMPERATURE:g}]")
+    if not (math.isfinite(top_p) and sys.float_info.min <= top_p <= 1.0):
+        return f"top_p {top_p!r}: expected a normal number in (0, 1]"
+    if not 0 <= seed < 2**63:
+        return f"seed {seed}: expected an integer in [0, 2^63)"
+    return None
 
 
 def greedy(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:

@@ -106,3 +106,11 @@ def test_keep_logits_records_each_steps_candidates(parts):
         assert logits.dtype == np.float32 and logits.shape == cand.shape
         allowed = cand >= 0
         assert cand[np.argmax(np.where(allowed, logits, -np.inf))] == token  # greedy picked from these
+
+
+@pytest.mark.parametrize("sampling", [Sampling(1e-320), Sampling(float("nan")), Sampling(float("inf")),
+                                      Sampling(0.5, top_p=0.0), Sampling(0.5, top_p=float("nan")), Sampling(seed=-1)])
+def test_every_request_path_refuses_bad_sampling(parts, sampling):
+    """The CLI's rule (runtime run) holds for any caller of the generator, the server included."""
+    (res,) = make(parts).generate([Request(parts[3][0], sampling)])
+    assert isinstance(res, RequestError) and res.code == "request_invalid" and "sampling" in res.message

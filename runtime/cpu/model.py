@@ -20,6 +20,20 @@ from ..rope import apply_rope, cos_sin, inv_freq
 # thread and 1,560 ms with two (bench/RESULTS.md). None leaves the process's setting alone.
 DEFAULT_BLAS_THREADS = 1
 
+# Every matmul computes each row on its own, as the matrix-vector product it would be alone: BLAS
+# picks its kernel and summation order from the matrix shape (one row: gemv; several: gemm, with
+# other kernels for small shapes), so a row's bits would otherwise depend on how many rows share its
+# step. A row's logits are bit-identical alone or in any batch (tests/test_generator_incremental.py).
+# Cost: one row as before; many rows read the weights once per row (at 64 rows of a 3072x1024 weight,
+# measured about 4.5x one matrix-matrix product on this machine).
+def matmul_rows(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """x (T, in) @ weight (out, in).T -> (T, out), each row as its own matrix-vector product."""
+    wt = weight.T  # (in, out) view: BLAS reads it transposed, no copy
+    out = np.empty((len(x), weight.shape[0]), np.result_type(x, weight))
+    for i in range(len(x)):  # a vector times a matrix: always the same BLAS gemv call
+        np.matmul(x[i], wt, out=out[i])
+    return out
+
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x (..., d) float32 normalized over the last axis, times weight (d,)."""
@@ -45,7 +59,7 @@ class CpuModel:
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        y = x @ self.w[name + ".weight"].T  # weight (out, in): BLAS reads it transposed, no copy
+        y = matmul_rows(x, self.w[name + ".weight"])
         bias = self.w.get(name + ".bias")
         return y + bias if bias is not None else y
 
@@ -89,7 +103,10 @@ class CpuModel:
         for slot in np.unique(slots):
             rows = np.nonzero(slots == slot)[0]
             pos = positions[rows]
-            keys, values = kv.gather(layer, int(slot), int(pos.max()) + 1)  # (S, kv_heads, head_dim)
+            # S = the slot's whole reservation, not this step's last position: every row of a sequence
+            # then reduces over the same S (the future masked to exact zeros), so its bits do not
+            # depend on how its prompt was chunked or what else shares the step.
+            keys, values = kv.gather(layer, int(slot), int(kv.reserved_tokens[slot]))  # (S, kv_heads, head_dim)
             qs = q[rows].reshape(len(rows), cfg.num_kv_heads, group, cfg.head_dim)
             scores = np.einsum("tkgd,skd->tkgs", qs, keys) * self.scale  # (rows, kv_heads, group, S)
             future = np.arange(keys.shape[0])[None, :] > pos[:, None]  # (rows, S)
@@ -101,7 +118,7 @@ class CpuModel:
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
         """(T, vocab) float32: every row of the head."""
-        return hidden @ self.head.T
+        return matmul_rows(hidden, self.head)
 
     def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """(T, K) float32 logits of candidate token ids (T, K) only; padded entries may hold any valid id."""

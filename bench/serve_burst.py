@@ -1,0 +1,221 @@
+"""Burst benchmark of `runtime serve`: N concurrent callers against one bundle on loopback.
+
+    python3 bench/serve_burst.py BUNDLE [--clients 2048] [--distinct 256] [--json out.json]
+
+Starts `runtime serve BUNDLE --port 0` (a subprocess on 127.0.0.1), fires N concurrent aiohttp
+clients (connection limits lifted) with varied tool-discovery requests (the tool model's test
+split; a quarter sampled with a seed), and reports requests/s, p50/p99 latency, TTFT, refusals
+by reason and lost (= requests with neither an answer nor a typed refusal). Every answer is
+compared with the same request run alone on the CPU reference. Then the same burst against
+the same server with a no-op engine (`--noop-engine`): our rate as a share of the HTTP stack's
+own ceiling on this machine. Also: KV pages in use after the burst (must be 0) and the server's
+RSS before and after. One summary line on stdout; JSON with the machine recorded.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def requests_for(distinct: int) -> list[dict]:
+    """``distinct`` request bodies: test-split texts; every fourth sampled (temperature 0.8, its own seed)."""
+    from models.toolcall.data import make_split
+
+    texts = [e.request for e in make_split("test", size=max(distinct, 1))][:distinct]
+    return [{"request": t, **({"temperature": 0.8, "top_p": 0.95, "seed": i} if i % 4 == 3 else {})}
+            for i, t in enumerate(texts)]
+
+
+def solo_answers(bundle: str, bodies: list[dict]) -> list[list[int]]:
+    """Each body's token ids, run alone (one request at a time) on the bundle's CPU engine."""
+    from runtime.engine import Engine
+    from runtime.sampling import Sampling
+
+    engine = Engine.load(bundle)
+    out = []
+    for b in bodies:
+        s = Sampling(b.get("temperature", 0.0), b.get("top_p", 1.0), b.get("seed", 0))
+        (res,) = engine.generator.generate([engine.request(b["request"], s)])
+        out.append(res.token_ids)
+    return out
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class Server:
+    """`runtime serve` in a subprocess on 127.0.0.1, port read from its ready line."""
+
+    def __init__(self, bundle: str, noop: bool, request_timeout_s: float):
+        cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "serve", bundle, "--port", "0",
+               "--request-timeout", str(request_timeout_s)]
+        self.proc = subprocess.Popen(cmd + (["--noop-engine"] if noop else []), cwd=ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        line = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(120)
+        if not line or not line[0].startswith("ready: "):
+            self.proc.kill()
+            raise SystemExit(f"server did not get ready: {line} {self.proc.stderr.read()[-2000:]}")
+        self.port = int(re.search(r"127\.0\.0\.1:(\d+)", line[0]).group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return -9
+
+
+def metric_values(text: str, name: str) -> float:
+    return sum(float(v) for v in re.findall(rf"^toolcall:{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+async def burst(url: str, bodies: list[dict], clients: int, timeout_s: float) -> list[dict]:
+    """``clients`` concurrent POST /v1/discover (body i % len(bodies)); one record per client."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    records: list[dict] = [{} for _ in range(clients)]
+    start_gate = asyncio.Event()
+
+    async def one(session, i):
+        await start_gate.wait()
+        t0 = time.perf_counter()
+        rec = records[i]
+        rec["body"] = i % len(bodies)
+        try:
+            async with session.post(url + "/v1/discover", json=bodies[i % len(bodies)]) as resp:
+                data = await resp.json(content_type=None)
+                rec["status"] = resp.status
+                rec["data"] = data
+        except Exception as e:  # no answer: counted as lost unless a typed refusal came back
+            rec["exception"] = f"{type(e).__name__}: {e}"
+        rec["latency_s"] = time.perf_counter() - t0
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        tasks = [asyncio.create_task(one(session, i)) for i in range(clients)]
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        start_gate.set()
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
+    return records, wall
+
+
+def summarize(records: list[dict], wall: float, solo: list[list[int]] | None) -> dict:
+    ok = [r for r in records if r.get("status") == 200]
+    refused: dict[str, int] = {}
+    lost = 0
+    for r in records:
+        if r.get("status") == 200:
+            continue
+        err = (r.get("data") or {}).get("error") if isinstance(r.get("data"), dict) else None
+        if err and "code" in err:
+            refused[err["code"]] = refused.get(err["code"], 0) + 1
+        else:
+            lost += 1
+    different = sum(1 for r in ok if solo is not None and r["data"]["token_ids"] != solo[r["body"]])
+    lat = np.array([r["latency_s"] for r in ok]) if ok else np.zeros(1)
+    ttft = np.array([r["data"]["ttft_ms"] for r in ok]) if ok else np.zeros(1)
+    return {"clients": len(records), "answered": len(ok), "refused": refused, "lost": lost,
+            "different_from_solo": different if solo is not None else None, "wall_s": wall,
+            "requests_per_s": len(ok) / wall, "p50_ms": 1e3 * float(np.percentile(lat, 50)),
+            "p99_ms": 1e3 * float(np.percentile(lat, 99)), "ttft_p50_ms": float(np.percentile(ttft, 50)),
+            "ttft_p99_ms": float(np.percentile(ttft, 99)),
+            "examples_lost": [r.get("exception") for r in records if "exception" in r][:5]}
+
+
+def run_one(bundle: str, noop: bool, bodies, solo, clients: int, timeout_s: float) -> dict:
+    import urllib.request
+
+    server = Server(bundle, noop, timeout_s)
+    try:
+        warm, _ = asyncio.run(burst(server.url, bodies, min(64, clients), timeout_s))  # first-call costs
+        rss_before = rss_bytes(server.proc.pid)
+        records, wall = asyncio.run(burst(server.url, bodies, clients, timeout_s))
+        time.sleep(2.5)  # the server trims its heap once idle (ticks of 1 s)
+        text = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
+        rss_after = rss_bytes(server.proc.pid)
+        models = json.loads(urllib.request.urlopen(server.url + "/v1/models", timeout=30).read())
+    finally:
+        code = server.stop()
+    out = summarize(records, wall, None if noop else solo)
+    out.update({"engine": "noop" if noop else "bundle", "rss_before_bytes": rss_before, "rss_after_bytes": rss_after,
+                "rss_change": rss_after / max(1, rss_before) - 1.0, "kv_pages_free_after": metric_values(text, "kv_pages_free"),
+                "requests_running_after": metric_values(text, "num_requests_running"),
+                "requests_waiting_after": metric_values(text, "num_requests_waiting"), "exit_code": code,
+                "model": models["data"][0]["id"]})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bundle")
+    ap.add_argument("--clients", type=int, default=2048)
+    ap.add_argument("--distinct", type=int, default=256, help="Distinct request bodies, cycled over the clients.")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="Per-client total timeout, and the server's --request-timeout, seconds.")
+    ap.add_argument("--json", dest="json_out", default=None)
+    args = ap.parse_args()
+    from runtime.serve.server import raise_open_files
+
+    soft, _ = raise_open_files()  # this process holds one socket per client
+    if soft < args.clients + 64:
+        raise SystemExit(f"open-files limit {soft} is below {args.clients} clients; raise `ulimit -n`")
+
+    from runtime.bundle import read_contract
+
+    contract = read_contract(args.bundle)
+    bodies = requests_for(args.distinct)
+    t0 = time.perf_counter()
+    solo = solo_answers(args.bundle, bodies)
+    solo_s = time.perf_counter() - t0
+    ours = run_one(args.bundle, False, bodies, solo, args.clients, args.timeout)
+    noop = run_one(args.bundle, True, bodies, None, args.clients, args.timeout)
+    kv_total = contract.limits.num_pages
+    report = {
+        "bench": "serve_burst", "bundle": str(args.bundle), "clients": args.clients, "distinct": args.distinct,
+        "limits": {"max_sequences": contract.limits.max_sequences, "num_pages": kv_total},
+        "solo_reference_s": solo_s, "engine": ours, "noop": noop,
+        "share_of_noop_rate": ours["requests_per_s"] / max(1e-9, noop["requests_per_s"]),
+        "kv_pages_in_use_after": kv_total - ours["kv_pages_free_after"],
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_avg": os.getloadavg()},
+    }
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(report, indent=2))
+    print(f"serve_burst: {args.clients} clients, {ours['answered']} answered, refused {ours['refused']}, "
+          f"lost {ours['lost']}, {ours['different_from_solo']} differ from solo; {ours['requests_per_s']:.0f} req/s "
+          f"(no-op engine {noop['requests_per_s']:.0f} req/s, share {report['share_of_noop_rate']:.0%}); "
+          f"p50 {ours['p50_ms']:.0f} ms p99 {ours['p99_ms']:.0f} ms, TTFT p50 {ours['ttft_p50_ms']:.0f} ms "
+          f"p99 {ours['ttft_p99_ms']:.0f} ms; kv pages in use after {report['kv_pages_in_use_after']:.0f}; "
+          f"RSS {ours['rss_before_bytes'] / 2**20:.0f} -> {ours['rss_after_bytes'] / 2**20:.0f} MiB "
+          f"({ours['rss_change']:+.1%}); load avg {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

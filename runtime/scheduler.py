@@ -1,0 +1,116 @@
+"""Admission and queues: requests waiting for a slot, running sequences, and the KV pages they hold.
+
+A submitted request waits (FIFO) until a sequence slot and the KV pages for its whole
+lifetime (prompt plus maximum answer) are free; it is then admitted as a running sequence.
+Every waiting request is tried at each admission pass, in arrival order, so a small
+request is not held behind one that does not fit yet. A finished or aborted sequence
+gives its slot and pages back at once.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from common.errors import RequestError
+from .grammar_stepper import GrammarStepper
+from .sampling import Sampling
+
+SHORTAGE_CODES = ("too_many_sequences", "kv_pages")  # refusals a queueing request waits out
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: tuple[int, ...]
+    sampling: Sampling = Sampling()
+    keep_logits: bool = False  # Result.step_logits/step_candidates filled (canary, parity and bit tests)
+    tools: tuple[int, ...] | None = None  # catalog indices the answer may name (None: every tool)
+
+
+@dataclass
+class Sequence:
+    handle: int
+    slot: int
+    prompt: np.ndarray  # (P,) int64 token ids
+    sampling: Sampling
+    rng: np.random.Generator
+    state: np.ndarray  # 0-d grammar state
+    prefilled: int = 0  # prompt tokens whose K/V are in the slot's pages
+    output: list[int] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)  # names closed so far, in order
+    min_margin: float = float("inf")
+    start: float = 0.0  # admission time (perf_counter)
+    first_token_at: float = 0.0
+    step_logits: list[np.ndarray] | None = None  # kept only for Request.keep_logits
+    step_candidates: list[np.ndarray] | None = None
+
+
+@dataclass
+class _Waiting:
+    request: Request
+    queue: bool  # False: refuse instead of waiting when slots or pages are short
+
+
+class Scheduler:
+    """Waiting requests by handle (arrival order) and running sequences over a paged KV pool."""
+
+    def __init__(self, kv, stepper: GrammarStepper, max_output_tokens: int):
+        self.kv, self.stepper, self.max_output_tokens = kv, stepper, max_output_tokens
+        self.waiting: dict[int, _Waiting] = {}  # insertion order = arrival order
+        self.running: list[Sequence] = []
+        self.waiting_tokens = 0  # prompt tokens of the waiting requests
+
+    def enqueue(self, handle: int, request: Request, queue: bool = True) -> None:
+        assert handle not in self.waiting
+        self.waiting[handle] = _Waiting(request, queue)
+        self.waiting_tokens += len(request.prompt_ids)
+
+    def admit(self) -> list[tuple[int, RequestError]]:
+        """Admits every waiting request that fits now; returns the (handle, error) of those refused."""
+        refused = []
+        for handle, w in list(self.waiting.items()):
+            try:
+                slot = self.kv.admit(len(w.request.prompt_ids) + self.max_output_tokens)
+            except RequestError as e:
+                if w.queue and e.code in SHORTAGE_CODES:
+                    continue
+                self._unqueue(handle)
+                refused.append((handle, e))
+                continue
+            self._unqueue(handle)
+            self.running.append(self.start(handle, w.request, slot))
+        return refused
+
+    def start(self, handle: int, request: Request, slot: int) -> Sequence:
+        """The running sequence of an admitted request, its prompt not yet prefilled."""
+        keep = [] if request.keep_logits else None
+        return Sequence(handle, slot, np.asarray(request.prompt_ids, np.int64), request.sampling,
+                        np.random.default_rng(request.sampling.seed), self.stepper.initial_state(request.tools),
+                        start=time.perf_counter(), step_logits=keep, step_candidates=None if keep is None else [])
+
+    def retire(self, seq: Sequence) -> None:
+        """Removes a running sequence and frees its slot and pages."""
+        self.running.remove(seq)
+        self.kv.release(seq.slot)
+
+    def abort(self, handle: int) -> bool:
+        """Drops a waiting request or a running sequence (pages freed now); False if unknown."""
+        if handle in self.waiting:
+            self._unqueue(handle)
+            return True
+        for seq in self.running:
+            if seq.handle == handle:
+                self.retire(seq)
+                return True
+        return False
+
+    def abort_all(self) -> None:
+        for seq in list(self.running):
+            self.retire(seq)
+        for handle in list(self.waiting):
+            self._unqueue(handle)
+
+    def _unqueue(self, handle: int) -> None:
+        w = self.waiting.pop(handle)
+        self.waiting_tokens -= len(w.request.prompt_ids)

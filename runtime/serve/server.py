@@ -1,0 +1,127 @@
+"""The uvicorn server: open-files limit raised, a deep listen backlog, and a SIGTERM drain.
+
+SIGTERM: stop admitting (/health and new requests answer 503), let every admitted request
+finish and its response go out, then exit 0. A second SIGTERM, or SIGINT, stops at once
+the uvicorn way. A bundle that fails to load ends the process with its refusal's exit code.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import logging
+import resource
+import signal
+import sys
+
+import prometheus_client
+import uvicorn
+
+from .app import create_app
+from .state import ServeConfig, ServeState
+
+BACKLOG = 4096
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()  # glibc: malloc_trim; None elsewhere (musl, macOS)
+
+
+def raise_open_files() -> tuple[int, int]:
+    """Raises the soft RLIMIT_NOFILE to the hard limit; returns (soft, hard) after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose first SIGTERM drains the engine before the usual graceful shutdown."""
+
+    def __init__(self, config: uvicorn.Config, state: ServeState, announce=None):
+        super().__init__(config)
+        self.state, self.announce, self._announced = state, announce, False
+        self._trimmed_at = 0
+
+    def handle_exit(self, sig, frame) -> None:
+        if sig == signal.SIGTERM and self.state.phase in ("ready", "loading") and not self.should_exit:
+            if self.state.phase == "loading":
+                self.should_exit = True  # nothing admitted yet: leave now, still exit 0
+                return
+            self.state.begin_drain()
+            return
+        super().handle_exit(sig, frame)
+
+    def _trim_when_idle(self) -> None:
+        """Once idle after traffic, hands freed heap memory back to the OS (glibc keeps it otherwise:
+        a burst of thousands of connections would leave the RSS at its high-water mark)."""
+        served = self.server_state.total_requests
+        if served != self._trimmed_at and not self.server_state.connections and self.state.drained:
+            self._trimmed_at = served
+            gc.collect()  # request objects caught in reference cycles, before the trim
+            if _LIBC is not None:
+                _LIBC.malloc_trim(0)
+
+    @property
+    def port(self) -> int:
+        return self.servers[0].sockets[0].getsockname()[1]
+
+    async def on_tick(self, counter: int) -> bool:
+        state = self.state
+        if counter % 10 == 0:
+            self._trim_when_idle()
+        if state.phase == "failed":
+            self.should_exit = True
+        elif state.phase == "draining" and state.drained:
+            self.should_exit = True
+        elif state.phase == "ready" and not self._announced and self.started:
+            self._announced = True
+            if self.announce is not None:
+                self.announce(self)
+        return await super().on_tick(counter)
+
+
+def serve(load, host: str, port: int, config: ServeConfig, announce=None) -> ServeState:
+    """Serves until SIGTERM/SIGINT; the state at the end (``failure``: the load's refusal)."""
+    raise_open_files()
+    prometheus_client.disable_created_metrics()  # process-wide: no *_created series (vLLM has none)
+    state = ServeState(load, config)
+    uv = uvicorn.Config(create_app(state), host=host, port=port, backlog=BACKLOG, loop="uvloop", http="httptools",
+                        lifespan="on", log_level="warning", access_log=False, timeout_keep_alive=30)
+    server = DrainingServer(uv, state, announce)
+    server.run()
+    return state
+
+
+def main(path: str, host: str, port: int, config: ServeConfig, head: str = "sparse", noop: bool = False) -> None:
+    """`runtime serve`: prints one ready line on stdout once bound, errors as one line on stderr."""
+    from ..engine import Engine
+    from .noop import load_noop
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    def load():
+        return load_noop(path) if noop else Engine.load(path, head=head)
+
+    def announce(server: DrainingServer) -> None:
+        e = server.state.engine
+        print(f"ready: http://{host}:{server.port} serving {e.folder.name} ({e.contract.target.name}, "
+              f"{e.contract.precision.weights}{', no-op engine' if noop else ''}); loaded in {e.load_seconds:.2f} s",
+              flush=True)
+
+    state = serve(load, host, port, config, announce)
+    if state.failure is not None:
+        print(f"error: {state.failure}", file=sys.stderr, flush=True)
+        sys.exit(state.failure.exit_code)
+    sys.exit(0)

@@ -1,0 +1,157 @@
+"""The serving state: the bound engine, its engine loop, the phase (loading/ready/draining), answers.
+
+``answer`` is the one path every endpoint takes: build the Request, submit it to the
+engine loop, await its ticket while watching for the client going away (then the request
+is aborted and its pages freed), and return the Result or raise its typed error.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from common.errors import CudaError, EngineError, RequestError
+from ..engine_loop import EngineLoop, Ticket
+from ..sampling import Sampling
+from .metrics import ServeMetrics
+
+log = logging.getLogger("runtime.serve")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Server limits; None: sized from the contract (see ``queue_bounds``)."""
+
+    max_waiting_requests: int | None = None
+    max_waiting_tokens: int | None = None
+    request_timeout_s: float = 60.0
+    max_body_bytes: int = 64 * 1024
+    stale_s: float = 30.0  # engine heartbeat older than this: not ready
+
+
+def queue_bounds(limits, config: ServeConfig) -> tuple[int, int]:
+    """Waiting-queue bounds: 32 requests per sequence slot, and a quarter of each queued
+    request's max_input_tokens on average, unless the config gives them."""
+    requests = config.max_waiting_requests or 32 * limits.max_sequences
+    tokens = config.max_waiting_tokens or max(limits.max_input_tokens, requests * limits.max_input_tokens // 4)
+    return requests, tokens
+
+
+def bind_device_thread(engine) -> None:
+    """GPU engines: makes the device's primary context current on the calling (engine) thread;
+    the load ran on another thread. CPU engines: nothing to do."""
+    context = getattr(getattr(engine.model, "gpu", None), "context", None)
+    if context is None:
+        return
+    from cuda.bindings import driver
+
+    (err,) = driver.cuCtxSetCurrent(context)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CudaError("cuda_error", f"cuCtxSetCurrent on the engine thread failed: {err}", call="cuCtxSetCurrent")
+
+
+async def _disconnected(receive) -> None:
+    """Returns when the client goes away (the request body is already read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class ServeState:
+    """Owns the engine once loaded; ``phase`` is loading -> ready -> draining (or failed)."""
+
+    def __init__(self, load: Callable[[], object], config: ServeConfig = ServeConfig()):
+        self.load_fn, self.config = load, config
+        self.engine = None
+        self.loop: EngineLoop | None = None
+        self.phase = "loading"
+        self.failure: EngineError | None = None
+        self.metrics = ServeMetrics(lambda: self.loop)
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Loads (and canary-gates) the engine and starts its loop; on a typed failure ``phase``
+        becomes failed and ``failure`` holds the error."""
+        try:
+            engine = self.load_fn()
+        except EngineError as e:
+            self.failure, self.phase = e, "failed"
+            return
+        requests, tokens = queue_bounds(engine.contract.limits, self.config)
+        self.engine = engine
+        self.loop = EngineLoop(engine.generator, max_waiting_requests=requests, max_waiting_tokens=tokens,
+                               on_step=self._on_step, on_start=lambda: bind_device_thread(engine),
+                               on_stop=engine.close).start()
+        with self._lock:
+            if self.phase == "loading":
+                self.phase = "ready"
+
+    def _on_step(self, seconds: float, finished: list[Ticket]) -> None:
+        self.metrics.step.observe(seconds)
+
+    def begin_drain(self) -> None:
+        """Stops admitting (503 on /health and on new requests); admitted requests finish."""
+        with self._lock:
+            self.phase = "draining"
+        if self.loop is not None:
+            self.loop.stop_admitting()
+
+    @property
+    def drained(self) -> bool:
+        return self.loop is None or self.loop.in_flight == 0
+
+    def ready(self) -> bool:
+        return self.phase == "ready" and self.loop is not None and self.loop.alive(self.config.stale_s)
+
+    def close(self) -> None:
+        """Ends the engine thread (which closes the engine on its way out)."""
+        if self.loop is not None:
+            self.loop.close(timeout=30)
+
+    def not_admitting(self) -> RequestError:
+        what = {"loading": "is still loading the bundle", "draining": "is shutting down",
+                "failed": "failed to load its bundle"}.get(self.phase, "is not ready")
+        return RequestError("draining", f"the server {what} and admits no requests; retry shortly or on "
+                            "another replica", phase=self.phase, retry_after_s=1)
+
+    async def answer(self, http_request, text: str, sampling: Sampling, tools: list[str] | None,
+                     timeout_s: float | None) -> tuple[Ticket, object]:
+        """(ticket, Result) for one request, or raises its RequestError."""
+        if self.phase != "ready" or self.loop is None:
+            raise self.not_admitting()
+        timeout = timeout_s if timeout_s is not None else self.config.request_timeout_s
+        try:
+            request = self.engine.request(text, sampling, tools)
+            aio = asyncio.get_running_loop()
+            future = aio.create_future()
+            
+            def done(t: Ticket) -> None:  # engine thread
+                self.metrics.finished(t)
+                aio.call_soon_threadsafe(_resolve, future, t)
+
+            ticket = self.loop.submit(request, done, timeout)
+        except RequestError as e:
+            self.metrics.rejected.labels(e.code).inc()
+            raise
+        gone = asyncio.ensure_future(_disconnected(http_request.receive))
+        try:
+            # the engine answers every ticket (deadline included); the extra seconds only guard its thread
+            await asyncio.wait({future, gone}, timeout=timeout + 30, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not future.done():
+            self.loop.abort(ticket, None if gone.done() else RequestError(
+                "deadline_exceeded", f"no answer within {timeout:.3g} s", timeout_s=timeout))
+            if not gone.done():
+                await asyncio.wait({future}, timeout=5)
+            if not future.done():
+                raise RequestError("request_aborted", "the client went away; the request was dropped")
+        if isinstance(ticket.result, RequestError):
+            raise ticket.result
+        return ticket, ticket.result
+
+
+def _resolve(future: asyncio.Future, ticket: Ticket) -> None:
+    if not future.done():
+        future.set_result(ticket)
