@@ -14,6 +14,7 @@ from runtime.engine import cpu_generator, load_cpu_weights
 from common.errors import BuildError
 from runtime.generator import Request, Result
 from runtime.grammar import Grammar
+from runtime.prompt import PromptEncoder
 
 CANARY_REQUESTS = (
     "What is the weather in Paris tomorrow?",
@@ -32,7 +33,8 @@ CLEAR_MARGIN = 0.05  # the first candidate at least this clear is taken without 
 def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits, tokenizer) -> Canary:
     """Runs the candidates in order on the written weights; returns the first clear one (else the clearest)."""
     generator = cpu_generator(cfg, load_cpu_weights(weights_path, cfg), grammar, limits)
-    prompts = [tuple(tokenizer.encode(grammar.render_prompt(r)).ids) for r in CANARY_REQUESTS]
+    encoder = PromptEncoder.create(tokenizer, grammar.prompt_template)  # as Engine.encode does
+    prompts = [encoder.encode(r) for r in CANARY_REQUESTS]
     prompts = [p for p in prompts if len(p) <= limits.max_input_tokens] or [prompts[0][-limits.max_input_tokens:]]
     best: tuple[float, tuple[int, ...], Result] | None = None
     for prompt in prompts:  # one at a time: a decode step costs the same for 1 or 8 rows on a CPU

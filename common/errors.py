@@ -40,6 +40,9 @@ EXIT_CODES: dict[str, int] = {
     "grammar_violation": 44,
     # cuda
     "cuda_error": 50,
+    # prompt templates and the shared prefix (90-94)
+    "template_invalid": 90,  # a catalog's prompt_template or tool_format is malformed
+    "prompt_mismatch": 91,  # the bundle's tokenizer and template do not give the contract's prefix ids
 }
 
 

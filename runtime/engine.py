@@ -10,10 +10,12 @@ from .bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, check_files, rea
 from .contract import CPU_TARGET, Contract
 from .cpu.model import CpuModel
 from .cpu.dequant import load_dequantized
-from common.errors import CudaError, EngineError, Refusal
+from common.errors import CudaError, EngineError, Refusal, RequestError
 from .generator import Generator, Request, Result
 from .grammar import Grammar
 from .cpu.kv_pool import PagedKVPool
+from .prefix_cache import prefill_prefix
+from .prompt import PromptEncoder
 from .machine import MachineFacts, check_target, facts_for
 from .model_config import ModelConfig
 from .sampling import Sampling
@@ -50,18 +52,24 @@ class Engine:
                  load_seconds: float):
         self.folder, self.contract, self.generator, self.tokenizer = folder, contract, generator, tokenizer
         self.grammar = generator.grammar
+        self.prompt = PromptEncoder.create(tokenizer, self.grammar.prompt_template)
         self.load_seconds = load_seconds
         self.model = generator.model
         self.loop = None  # GPU bundles: the single-request decode graph (runtime/cuda/graph.py)
 
     @classmethod
-    def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse") -> "Engine":
-        """Checks, loads and canary-gates the bundle at ``path``; a Refusal names the first failed check."""
+    def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse",
+             prefix_cache: bool = True) -> "Engine":
+        """Checks, loads and canary-gates the bundle at ``path``; a Refusal names the first failed check.
+
+        ``prefix_cache``: the template's fixed prefix is prefilled once into pinned KV pages every
+        sequence shares, and finished prompts' full pages stay reusable; False computes every
+        prompt in full (the cross-check: same answers)."""
         start = time.perf_counter()
         folder = Path(path)
         contract = check_bundle(folder, facts)
         if contract.target.name != CPU_TARGET:
-            return cls._load_gpu(folder, contract, head, start)
+            return cls._load_gpu(folder, contract, head, start, prefix_cache)
         try:
             tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
             grammar = Grammar.read(folder / GRAMMAR_FILE)
@@ -74,12 +82,14 @@ class Engine:
         engine = cls(folder, contract, cpu_generator(contract.model, weights, grammar, contract.limits, head),
                      tokenizer, 0.0)
         del weights
+        engine.share_prefix(prefix_cache)
         engine.check_canary()
         engine.load_seconds = time.perf_counter() - start
         return engine
 
     @classmethod
-    def _load_gpu(cls, folder: Path, contract: Contract, head: str, start: float) -> "Engine":
+    def _load_gpu(cls, folder: Path, contract: Contract, head: str, start: float,
+                  prefix_cache: bool = True) -> "Engine":
         """GPU bundle, after the target check: load the CUDA backend, canary-gate both decode paths."""
         from .cuda.backend import load_cuda_model
         from .cuda.graph import CudaDecodeLoop
@@ -105,6 +115,7 @@ class Engine:
                                   prefill_chunk=lim.prefill_chunk, head=head)
             engine = cls(folder, contract, generator, tokenizer, 0.0)
             engine.loop = CudaDecodeLoop(model)
+            engine.share_prefix(prefix_cache)
             engine.check_canary()
         except CudaError as e:
             if "timeout_s" not in e.details:  # a loop that never ended leaves the device busy: closing would block
@@ -115,6 +126,23 @@ class Engine:
             raise
         engine.load_seconds = time.perf_counter() - start
         return engine
+
+    def share_prefix(self, enabled: bool) -> None:
+        """Checks the tokenizer gives the contract's prefix ids; if ``enabled``, turns on the KV pool's
+        prefix cache and prefills the fixed prefix into its pinned pages (before the canary, which
+        then runs through them)."""
+        recorded = self.contract.prompt
+        if self.prompt.prefix_ids != tuple(recorded.prefix_token_ids) or \
+                self.prompt.suffix_ids != tuple(recorded.suffix_token_ids):
+            raise Refusal("prompt_mismatch", f"the bundle's tokenizer and template give a prompt prefix of "
+                          f"{len(self.prompt.prefix_ids)} and suffix of {len(self.prompt.suffix_ids)} tokens, not the "
+                          f"contract's {recorded.prefix_tokens} and {len(recorded.suffix_token_ids)} (or other ids); "
+                          "the bundle was altered: rebuild it", expected_prefix_tokens=recorded.prefix_tokens,
+                          found_prefix_tokens=len(self.prompt.prefix_ids))
+        if enabled:
+            kv = self.generator.kv
+            kv.enable_prefix_cache(self.contract.engine.bundle_id)
+            prefill_prefix(self.model, kv, self.prompt.prefix_ids, self.contract.limits.prefill_chunk)
 
     def check_canary(self) -> None:
         """Refusal("canary_failed") unless the canary prompt gives exactly the recorded ids (on a
@@ -139,8 +167,21 @@ class Engine:
             close()
 
     def encode(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.encode(self.grammar.render_prompt(text)).ids)
+        """Prompt ids of a request text (runtime/prompt.py: fixed prefix, the text as plain text,
+        suffix); RequestError("request_invalid") for empty, blank or malformed text."""
+        return self.prompt.encode(text)
 
     def run(self, texts: list[str], sampling: Sampling = Sampling()) -> list[Result | EngineError]:
-        """Each request text wrapped in the catalog's prompt template, answered (or refused)."""
-        return self.generator.generate([Request(self.encode(t), sampling) for t in texts])
+        """Each request text wrapped in the catalog's prompt template, answered (or refused: a bad
+        text refuses that request only)."""
+        results: list[Result | EngineError | None] = [None] * len(texts)
+        requests, where = [], []
+        for i, text in enumerate(texts):
+            try:
+                requests.append(Request(self.encode(text), sampling))
+                where.append(i)
+            except RequestError as e:
+                results[i] = e
+        for i, res in zip(where, self.generator.generate(requests)):
+            results[i] = res
+        return results  # type: ignore[return-value]

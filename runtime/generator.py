@@ -39,10 +39,13 @@ class Result:
     # token ids (K,) (-1 padded, the grammar's allowed edges in token order), exactly as sampled from.
     step_logits: list[np.ndarray] | None = None
     step_candidates: list[np.ndarray] | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    cached_prompt_tokens: int = 0  # prompt tokens taken from shared or cached KV pages, not prefilled
 
     def to_dict(self) -> dict:
         return {"tools": self.tools, "token_ids": self.token_ids, "finish": self.finish,
-                "min_margin": self.min_margin, "ttft_ms": 1e3 * self.ttft_s, "total_ms": 1e3 * self.total_s}
+                "min_margin": self.min_margin, "ttft_ms": 1e3 * self.ttft_s, "total_ms": 1e3 * self.total_s,
+                "prompt_token_ids": self.prompt_token_ids, "cached_prompt_tokens": self.cached_prompt_tokens}
 
 
 @dataclass
@@ -60,6 +63,7 @@ class _Sequence:
     first_token_at: float = 0.0
     step_logits: list[np.ndarray] | None = None  # kept only for Request.keep_logits
     step_candidates: list[np.ndarray] | None = None
+    cached: int = 0  # prompt tokens the KV pool shared or copied at admission
 
 
 class Generator:
@@ -101,10 +105,7 @@ class Generator:
         for i, req in enumerate(requests):
             try:
                 self.validate(req)
-                need = self.kv.pages_for(len(req.prompt_ids) + self.max_output_tokens)
-                if need > self.kv.num_pages:
-                    raise RequestError("kv_pages", f"the request needs {need} KV pages; the pool has "
-                                       f"{self.kv.num_pages} in all", needed=need, free=self.kv.num_pages)
+                self.kv.check_fits(len(req.prompt_ids) + self.max_output_tokens, req.prompt_ids)
                 pending.append(i)
             except RequestError as e:
                 results[i] = e
@@ -119,8 +120,8 @@ class Generator:
                     self.kv.release(seq.slot)
                     results[seq.index] = self._result(seq)
         finally:
-            for seq in active:  # an exception mid-loop must not leak pages
-                self.kv.release(seq.slot)
+            for seq in active:  # an exception mid-loop must not leak pages (nor cache half-written ones)
+                self.kv.release(seq.slot, cache=False)
         return results  # type: ignore[return-value]
 
     def _admit(self, requests, pending, active, results, queue) -> list[int]:
@@ -128,7 +129,7 @@ class Generator:
         for i in pending:
             req = requests[i]
             try:
-                slot = self.kv.admit(len(req.prompt_ids) + self.max_output_tokens)
+                slot = self.kv.admit(len(req.prompt_ids) + self.max_output_tokens, req.prompt_ids)
             except RequestError as e:
                 if queue and e.code in ("too_many_sequences", "kv_pages"):
                     waiting.append(i)
@@ -138,7 +139,9 @@ class Generator:
             active.append(_Sequence(i, slot, np.asarray(req.prompt_ids, np.int64), req.sampling,
                                     np.random.default_rng(req.sampling.seed), self.stepper.initial_state(),
                                     start=time.perf_counter(), step_logits=[] if req.keep_logits else None,
-                                    step_candidates=[] if req.keep_logits else None))
+                                    step_candidates=[] if req.keep_logits else None,
+                                    prefilled=int(self.kv.cached_tokens[slot]),  # shared/copied prefix
+                                    cached=int(self.kv.cached_tokens[slot])))
         return waiting
 
     def _finished(self, seq: _Sequence) -> bool:
@@ -203,4 +206,4 @@ class Generator:
         tools = decode_tools(self.grammar, seq.output, require_done=False)
         return Result(list(seq.output), tools, "done" if done else "length", seq.min_margin,
                       seq.first_token_at - seq.start, time.perf_counter() - seq.start,
-                      seq.step_logits, seq.step_candidates)
+                      seq.step_logits, seq.step_candidates, seq.prompt.tolist(), seq.cached)

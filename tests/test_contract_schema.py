@@ -14,7 +14,8 @@ import pytest
 
 from runtime.contract import (FORMAT_NAME, FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS, WEIGHT_PRECISIONS, BuildOptions,
                               Canary, Contract, EngineSection, FileEntry, Format, GrammarSection, Limits, Memory,
-                              Precision, Target, compute_bundle_id, parse_contract, validate_contract_dict)
+                              Precision, PromptSection, Target, compute_bundle_id, parse_contract,
+                              validate_contract_dict)
 from common.errors import EXIT_CODES, Refusal
 from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
 from schemas import load_schema
@@ -55,6 +56,8 @@ def sample_contract(target: str = "cpu", rope_scaling: RopeScaling | None = None
         grammar=GrammarSection(num_tools=20, bitset_bits=64, nodes=90, edges=89, max_edges_per_node=12,
                                sep_token_id=198, end_token_id=151645, max_tools=4, allow_empty=False),
         canary=Canary(prompt_token_ids=(1, 2, 3), expected_token_ids=(7, 198, 9, 151645), min_margin=1.25),
+        prompt=PromptSection(tokenization="parts-apart/v1", prefix_tokens=2, prefix_token_ids=(1, 2),
+                             suffix_token_ids=(151645, 198), shared_pages=0, prefix_pages=1),
         files=files)
 
 

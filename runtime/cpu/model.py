@@ -19,12 +19,26 @@ from ..rope import apply_rope, cos_sin, inv_freq
 # processes; measured on this 2-core machine under load, a 0.6B decode step took 125 ms with one
 # thread and 1,560 ms with two (bench/RESULTS.md). None leaves the process's setting alone.
 DEFAULT_BLAS_THREADS = 1
+# Rows per matmul call. BLAS rounds a row differently with the number of rows beside it (1-2
+# rows take a gemv path, small blocks other kernels), so a row's bits would depend on the batch
+# and on how its prompt was chunked; fixed blocks of GEMM_ROWS rows (zero-padded) make every
+# row's result independent of both: the same answers, bit for bit, with or without a shared prefix.
+GEMM_ROWS = 16
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x (..., d) float32 normalized over the last axis, times weight (d,)."""
     var = np.mean(x * x, axis=-1, keepdims=True)
     return (x / np.sqrt(var + np.float32(eps))) * weight
+
+
+def blocked_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x (T, in) @ w (out, in).T as (T, out), computed GEMM_ROWS rows at a time (see GEMM_ROWS)."""
+    t = len(x)
+    pad = -t % GEMM_ROWS
+    if pad:
+        x = np.concatenate([x, np.zeros((pad, x.shape[1]), x.dtype)])
+    return np.concatenate([x[i:i + GEMM_ROWS] @ w.T for i in range(0, len(x), GEMM_ROWS)])[:t]
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -45,7 +59,7 @@ class CpuModel:
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        y = x @ self.w[name + ".weight"].T  # weight (out, in): BLAS reads it transposed, no copy
+        y = blocked_matmul(x, self.w[name + ".weight"])  # weight (out, in): BLAS reads it transposed, no copy
         bias = self.w.get(name + ".bias")
         return y + bias if bias is not None else y
 
@@ -89,7 +103,9 @@ class CpuModel:
         for slot in np.unique(slots):
             rows = np.nonzero(slots == slot)[0]
             pos = positions[rows]
-            keys, values = kv.gather(layer, int(slot), int(pos.max()) + 1)  # (S, kv_heads, head_dim)
+            # (S, kv_heads, head_dim), S fixed by the pool (not by the chunk), rows past the chunk zero:
+            # every reduction has the same length however the prompt was chunked (see GEMM_ROWS)
+            keys, values = kv.gather(layer, int(slot), int(pos.max()) + 1)
             qs = q[rows].reshape(len(rows), cfg.num_kv_heads, group, cfg.head_dim)
             scores = np.einsum("tkgd,skd->tkgs", qs, keys) * self.scale  # (rows, kv_heads, group, S)
             future = np.arange(keys.shape[0])[None, :] > pos[:, None]  # (rows, S)
@@ -101,7 +117,7 @@ class CpuModel:
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
         """(T, vocab) float32: every row of the head."""
-        return hidden @ self.head.T
+        return blocked_matmul(hidden, self.head)
 
     def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """(T, K) float32 logits of candidate token ids (T, K) only; padded entries may hold any valid id."""
