@@ -94,10 +94,9 @@ def prompt_section(tokenizer, template: str, options: BuildOptions) -> PromptSec
                          f"{{request}}, {len(encoder.suffix_ids)} after); --max-input-tokens {options.max_input_tokens} "
                          "leaves no room for a request: raise it", template_tokens=fixed,
                          max_input_tokens=options.max_input_tokens)
-    n = len(encoder.prefix_ids)
+    n, page = len(encoder.prefix_ids), max(options.page_size, 1)  # page_size < 1: plan_limits refuses it
     return PromptSection(tokenization=TOKENIZATION, prefix_tokens=n, prefix_token_ids=encoder.prefix_ids,
-                         suffix_token_ids=encoder.suffix_ids, shared_pages=n // options.page_size,
-                         prefix_pages=prefix_pages(n, options.page_size))
+                         suffix_token_ids=encoder.suffix_ids, shared_pages=n // page, prefix_pages=prefix_pages(n, page))
 
 
 def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: BuildOptions, out_dir: str | Path,

@@ -39,15 +39,20 @@ def check(path, as_json):
                f"ok: {path} ({contract.target.name}, {contract.precision.weights}) can be hosted here")
 
 
+NO_PREFIX_CACHE_HELP = ("Compute every prompt in full: no shared pinned prefix pages, no reuse of finished "
+                        "prompts' pages (the cross-check: answers are the same).")
+
+
 @main.command()
 @click.argument("path", type=click.Path())
+@click.option("--no-prefix-cache", is_flag=True, help=NO_PREFIX_CACHE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
-def load(path, as_json):
+def load(path, no_prefix_cache, as_json):
     """Check, load and canary-gate a bundle; exit 0 only when it is bound and ready."""
     from .engine import Engine
 
     try:
-        engine = Engine.load(path)
+        engine = Engine.load(path, prefix_cache=not no_prefix_cache)
     except EngineError as e:
         fail(e, as_json)
     c = engine.contract
@@ -65,13 +70,15 @@ def load(path, as_json):
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (same seed, same answer).")
-@click.option("--json", "as_json", is_flag=True, help="Tool names, token ids and timings as JSON.")
-def run(path, requests, head, temperature, top_p, seed, as_json):
+@click.option("--no-prefix-cache", is_flag=True, help=NO_PREFIX_CACHE_HELP)
+@click.option("--json", "as_json", is_flag=True,
+              help="Tool names, token ids (prompt_token_ids, cached_prompt_tokens too) and timings as JSON.")
+def run(path, requests, head, temperature, top_p, seed, no_prefix_cache, as_json):
     """Answer each REQUEST text with the bundle's tools, ranked in the order the model names them."""
     from .engine import Engine
 
     try:
-        engine = Engine.load(path, head=head)
+        engine = Engine.load(path, head=head, prefix_cache=not no_prefix_cache)
         start = time.perf_counter()
         results = engine.run(list(requests), Sampling(temperature, top_p, seed))
         wall = time.perf_counter() - start

@@ -108,8 +108,8 @@ def test_schema_is_valid_draft_2020_12():
 
 
 def test_dataclasses_and_schema_in_step():
-    # Contract, its 9 dict sections, BuildOptions, RopeScaling and FileEntry: 13 objects compared.
-    assert _check_in_step(Contract, load_schema("contract"), "$") == 13
+    # Contract, its 10 dict sections, BuildOptions, RopeScaling and FileEntry: 14 objects compared.
+    assert _check_in_step(Contract, load_schema("contract"), "$") == 14
 
 
 def test_every_property_has_a_description():
@@ -260,6 +260,8 @@ def test_unsupported_version_is_schema_valid():
 
 PROVISIONER_CONTRACT = json.loads("""{
  "canary": {"expected_token_ids": [7, 198, 9, 151645], "min_margin": 1.25, "prompt_token_ids": [1, 2, 3]},
+ "prompt": {"tokenization": "parts-apart/v1", "prefix_tokens": 2, "prefix_token_ids": [1, 2],
+  "suffix_token_ids": [151645, 198], "shared_pages": 0, "prefix_pages": 1},
  "engine": {"builder_version": "0.1.0",
   "bundle_id": "7a1b1ad1c1b4dfa4a8a8ad5ba9d47b5a43f9a3e7c0b2b1a1a0f3e3d2c1b0a9f8",
   "source_checkpoint_sha256": "0000000000000000000000000000000000000000000000000000000000000000",

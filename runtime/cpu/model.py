@@ -38,7 +38,8 @@ def blocked_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     pad = -t % GEMM_ROWS
     if pad:
         x = np.concatenate([x, np.zeros((pad, x.shape[1]), x.dtype)])
-    return np.concatenate([x[i:i + GEMM_ROWS] @ w.T for i in range(0, len(x), GEMM_ROWS)])[:t]
+    # (blocks, GEMM_ROWS, in) @ (in, out): numpy calls one gemm of GEMM_ROWS rows per block
+    return (x.reshape(-1, GEMM_ROWS, x.shape[1]) @ w.T).reshape(-1, w.shape[0])[:t]
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -98,21 +99,24 @@ class CpuModel:
                    kv: PagedKVPool) -> np.ndarray:
         """Causal grouped-query attention of each row over its own sequence's cached positions."""
         cfg = self.cfg
-        group = cfg.num_heads // cfg.num_kv_heads
-        out = np.empty((len(q), cfg.num_heads * cfg.head_dim), np.float32)
+        group, d = cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+        out = np.empty((len(q), cfg.num_heads * d), np.float32)
         for slot in np.unique(slots):
             rows = np.nonzero(slots == slot)[0]
             pos = positions[rows]
             # (S, kv_heads, head_dim), S fixed by the pool (not by the chunk), rows past the chunk zero:
             # every reduction has the same length however the prompt was chunked (see GEMM_ROWS)
             keys, values = kv.gather(layer, int(slot), int(pos.max()) + 1)
-            qs = q[rows].reshape(len(rows), cfg.num_kv_heads, group, cfg.head_dim)
-            scores = np.einsum("tkgd,skd->tkgs", qs, keys) * self.scale  # (rows, kv_heads, group, S)
-            future = np.arange(keys.shape[0])[None, :] > pos[:, None]  # (rows, S)
-            scores = np.where(future[:, None, None, :], -np.inf, scores)
-            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            scores /= scores.sum(axis=-1, keepdims=True)
-            out[rows] = np.einsum("tkgs,skd->tkgd", scores, values).reshape(len(rows), -1)
+            future = np.arange(keys.shape[0])[None, None, :] > pos[:, None, None]  # (rows, 1, S)
+            qs = q[rows].reshape(len(rows), cfg.num_kv_heads, group * d)
+            for h in range(cfg.num_kv_heads):
+                qh = qs[:, h].reshape(len(rows) * group, d)  # rows of (row, query head of this kv head)
+                scores = blocked_matmul(qh, keys[:, h]).reshape(len(rows), group, -1) * self.scale  # (rows, group, S)
+                scores = np.where(future, -np.inf, scores)
+                scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+                scores /= scores.sum(axis=-1, keepdims=True)
+                o = blocked_matmul(scores.reshape(len(rows) * group, -1), values[:, h].T)  # (rows*group, d)
+                out[rows, h * group * d:(h + 1) * group * d] = o.reshape(len(rows), group * d)
         return out
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
