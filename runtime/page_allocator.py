@@ -40,7 +40,7 @@ class PageAllocator:
         self.read_only = np.zeros(num_pages, bool)  # pinned or cached: never written again
         self._free_pages = list(range(num_pages - 1, -1, -1))  # a stack popping the lowest id first
         self._free_slots = list(range(max_seqs - 1, -1, -1))
-        self._prompts: list[tuple[int, ...] | None] = [None] * max_seqs  # caching only: to register at release
+        self._hashes: list[list[bytes] | None] = [None] * max_seqs  # caching only: full prompt pages' keys
         self.cache: PrefixCache | None = None
         self.prefix_ids: tuple[int, ...] = ()  # the pinned prefix (enable_prefix_cache + pin_prefix)
         self.prefix_pages: list[int] = []  # its full pages, then the partial one (if any)
@@ -125,9 +125,9 @@ class PageAllocator:
             raise RequestError("too_many_sequences", f"all {self.max_seqs} sequence slots are busy; "
                                "retry when a sequence finishes", limit=self.max_seqs)
         use_cache = self.cache is not None and prompt is not None
-        shared, copy = ([], 0)
+        hashes, shared, copy = [], [], 0
         if use_cache:
-            _, shared, copy = self._share_plan(prompt)
+            hashes, shared, copy = self._share_plan(prompt)
         idle_shared = sum(1 for p in shared if self.refs[p] == 0)  # idle now, so not takeable as fresh pages
         fresh = need - len(shared)
         if fresh > self.free_pages - idle_shared:
@@ -148,7 +148,7 @@ class PageAllocator:
         self.reserved_tokens[slot] = need * self.page_size
         self.cached_tokens[slot] = len(shared) * self.page_size + copy
         if use_cache:
-            self._prompts[slot] = tuple(int(t) for t in prompt)
+            self._hashes[slot] = hashes
             self.cache.query_tokens += len(prompt)
             self.cache.hit_tokens += int(self.cached_tokens[slot])
         self.version += 1
@@ -171,9 +171,8 @@ class PageAllocator:
         the sequence finished) stay cached for later prompts instead of going back to the free list."""
         row = self.block_table[slot]
         pages = [int(p) for p in row[row >= 0]]
-        prompt = self._prompts[slot]
-        if cache and self.cache is not None and prompt is not None:
-            hashes = chain_hashes(self.cache.salt, prompt, self.page_size, len(prompt) // self.page_size)
+        hashes = self._hashes[slot]
+        if cache and self.cache is not None and hashes is not None:
             for depth, (page, h) in enumerate(zip(pages, hashes)):
                 if not self.cache.contains(page) and h not in self.cache.page_of:
                     self.cache.insert(page, h, depth)
@@ -196,7 +195,7 @@ class PageAllocator:
         self.block_table[slot] = -1
         self.reserved_tokens[slot] = 0
         self.cached_tokens[slot] = 0
-        self._prompts[slot] = None
+        self._hashes[slot] = None
         self._free_slots.append(slot)
         self._free_slots.sort(reverse=True)
         self.version += 1

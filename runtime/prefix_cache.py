@@ -73,16 +73,9 @@ class PrefixCache:
         """A sequence references the page: it is no longer evictable."""
         self._idle.pop(page, None)
 
-    def idle(self, page: int) -> None:
-        """The page's last reference went away: evictable from now (pinned pages never are)."""
-        if page in self.pinned:
-            return
-        self._tick += 1
-        self._idle[page] = self._tick
-        heapq.heappush(self._heap, (self._tick, -self.key_of[page][1], page))
-
     def idle_batch(self, pages: Sequence[int]) -> None:
-        """Pages of one sequence going idle together: one tick, so deeper pages go first."""
+        """Pages of one sequence whose last reference went away, evictable from now (pinned pages never
+        are); one tick for all of them, so the deeper ones go first."""
         self._tick += 1
         for page in pages:
             if page not in self.pinned:

@@ -43,15 +43,8 @@ class PagedKVPool(PageAllocator):
         self.v[layer][pages, offsets] = v.astype(self.dtype)
 
     def gather(self, layer: int, slot: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """(max_pages_per_seq * page_size, kv_heads, head_dim) float32 K and V of a slot: positions
-        0..length-1, zeros after.
-
-        The row count is the pool's, not ``length``: a reduction over it has the same length (so
-        the same rounding) whatever chunk a row was computed in; callers mask positions >= length.
-        """
-        pages = self.block_table[slot]  # -1 past the reservation: any page, zeroed below
-        k = self.k[layer][pages].reshape(-1, *self.k[layer].shape[2:]).astype(np.float32)
-        v = self.v[layer][pages].reshape(-1, *self.v[layer].shape[2:]).astype(np.float32)
-        k[length:] = 0
-        v[length:] = 0
-        return k, v
+        """(length, kv_heads, head_dim) float32 K and V of positions 0..length-1 of a slot."""
+        pages = self.block_table[slot, : self.pages_for(length)]
+        k = self.k[layer][pages].reshape(-1, *self.k[layer].shape[2:])[:length]
+        v = self.v[layer][pages].reshape(-1, *self.v[layer].shape[2:])[:length]
+        return k.astype(np.float32), v.astype(np.float32)

@@ -24,6 +24,7 @@ DEFAULT_BLAS_THREADS = 1
 # and on how its prompt was chunked; fixed blocks of GEMM_ROWS rows (zero-padded) make every
 # row's result independent of both: the same answers, bit for bit, with or without a shared prefix.
 GEMM_ROWS = 16
+KEY_BLOCK = 256  # keys per attention matmul (zero-padded), for the same reason
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -97,26 +98,42 @@ class CpuModel:
 
     def _attention(self, layer: int, q: np.ndarray, slots: np.ndarray, positions: np.ndarray,
                    kv: PagedKVPool) -> np.ndarray:
-        """Causal grouped-query attention of each row over its own sequence's cached positions."""
+        """Causal grouped-query attention of each row over its own sequence's cached positions.
+
+        Keys are taken KEY_BLOCK at a time (zero-padded), each block through a matmul of fixed
+        shape, and block results are added in order: a row's result has the same bits whatever
+        chunk it was computed in (masked and padded keys add exact zeros), see GEMM_ROWS.
+        """
         cfg = self.cfg
-        group, d = cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+        group, d, kvh = cfg.num_heads // cfg.num_kv_heads, cfg.head_dim, cfg.num_kv_heads
         out = np.empty((len(q), cfg.num_heads * d), np.float32)
         for slot in np.unique(slots):
             rows = np.nonzero(slots == slot)[0]
             pos = positions[rows]
-            # (S, kv_heads, head_dim), S fixed by the pool (not by the chunk), rows past the chunk zero:
-            # every reduction has the same length however the prompt was chunked (see GEMM_ROWS)
-            keys, values = kv.gather(layer, int(slot), int(pos.max()) + 1)
-            future = np.arange(keys.shape[0])[None, None, :] > pos[:, None, None]  # (rows, 1, S)
-            qs = q[rows].reshape(len(rows), cfg.num_kv_heads, group * d)
-            for h in range(cfg.num_kv_heads):
-                qh = qs[:, h].reshape(len(rows) * group, d)  # rows of (row, query head of this kv head)
-                scores = blocked_matmul(qh, keys[:, h]).reshape(len(rows), group, -1) * self.scale  # (rows, group, S)
-                scores = np.where(future, -np.inf, scores)
-                scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-                scores /= scores.sum(axis=-1, keepdims=True)
-                o = blocked_matmul(scores.reshape(len(rows) * group, -1), values[:, h].T)  # (rows*group, d)
-                out[rows, h * group * d:(h + 1) * group * d] = o.reshape(len(rows), group * d)
+            length = int(pos.max()) + 1
+            keys, values = kv.gather(layer, int(slot), length)  # (length, kv_heads, head_dim)
+            nb = -(-length // KEY_BLOCK)
+            pad = ((0, nb * KEY_BLOCK - length), (0, 0), (0, 0))
+            # (kv_heads, blocks, KEY_BLOCK, head_dim) and its transpose (kv_heads, blocks, head_dim, KEY_BLOCK)
+            vb = np.ascontiguousarray(np.pad(values, pad).reshape(nb, KEY_BLOCK, kvh, d).transpose(2, 0, 1, 3))
+            kb = np.ascontiguousarray(np.pad(keys, pad).reshape(nb, KEY_BLOCK, kvh, d).transpose(2, 0, 3, 1))
+            r = len(rows) * group
+            qb = -(-r // GEMM_ROWS) * GEMM_ROWS
+            future = (np.arange(nb * KEY_BLOCK)[None, :] > pos[:, None]).repeat(group, axis=0)  # (r, S)
+            qs = q[rows].reshape(len(rows), kvh, group, d).transpose(1, 0, 2, 3).reshape(kvh, r, d)
+            qs = np.ascontiguousarray(np.pad(qs, ((0, 0), (0, qb - r), (0, 0)))).reshape(kvh, qb // GEMM_ROWS, 1,
+                                                                                          GEMM_ROWS, d)
+            # (kv_heads, row blocks, key blocks, GEMM_ROWS, KEY_BLOCK): one fixed-shape gemm per pair
+            scores = (qs @ kb[:, None]).transpose(0, 1, 3, 2, 4).reshape(kvh, qb, nb * KEY_BLOCK)[:, :r] * self.scale
+            scores = np.where(future[None], -np.inf, scores)
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            # sums: fixed-length within a block, then blocks in order (cumsum is sequential)
+            total = np.cumsum(scores.reshape(kvh, r, nb, KEY_BLOCK).sum(axis=-1), axis=-1)[..., -1:]
+            p = np.ascontiguousarray(np.pad(scores / total, ((0, 0), (0, qb - r), (0, 0))))
+            p = p.reshape(kvh, qb // GEMM_ROWS, GEMM_ROWS, nb, KEY_BLOCK).transpose(0, 1, 3, 2, 4)
+            o = np.cumsum(np.ascontiguousarray(p) @ vb[:, None], axis=2)[:, :, -1]  # (kv_heads, row blocks, GEMM_ROWS, d)
+            o = o.reshape(kvh, qb, d)[:, :r].reshape(kvh, len(rows), group, d).transpose(1, 0, 2, 3)
+            out[rows] = o.reshape(len(rows), -1)
         return out
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
