@@ -7,9 +7,10 @@ request is the concatenation of three token sequences, each encoded on its own w
 - prefix: the template's text before ``{request}``, special-token strings parsed as special
   tokens. It is the same for every request, so it is computed once at load and its KV pages
   are shared (runtime/prefix_cache.py).
-- request: the caller's text as plain text: special-token strings inside it are split into
-  ordinary tokens (``Tokenizer.encode_special_tokens``), so a request cannot inject
-  ``<|im_end|>`` or ``<|im_start|>``.
+- request: the caller's text as plain text, by a copy of the tokenizer that matches no added
+  token (special or not) and has ``encode_special_tokens`` set: special-token strings inside it
+  are split into ordinary tokens, so a request cannot inject ``<|im_end|>``, ``<|im_start|>``
+  or ``<think>``.
 - suffix: the template's text after ``{request}``, special tokens parsed like the prefix.
 
 Tokenizing the parts apart means no BPE merge crosses a boundary: the prefix's ids never
@@ -17,6 +18,7 @@ depend on the request. ``TOKENIZATION`` names this scheme in the contract's ``pr
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from tokenizers import Tokenizer
@@ -61,6 +63,12 @@ def check_request_text(text: object) -> str:
     return text
 
 
+def _without_added_tokens(doc: dict) -> dict:
+    """A tokenizer.json document that matches no added token (special like ``<|im_end|>`` or not, like
+    Qwen3's ``<think>``): request text is then split by the model (BPE) alone, as plain text."""
+    return {**doc, "added_tokens": []}
+
+
 @dataclass(frozen=True)
 class PromptEncoder:
     """Turns request text into prompt ids: fixed prefix ids + request ids (plain text) + suffix ids."""
@@ -74,8 +82,8 @@ class PromptEncoder:
     def create(cls, tokenizer: Tokenizer, template: str) -> "PromptEncoder":
         """The encoder of ``template`` (holding ``{request}`` once) with ``tokenizer`` (not modified)."""
         prefix, suffix = split_template(template)
-        text_tok = Tokenizer.from_str(tokenizer.to_str())
-        text_tok.encode_special_tokens = True
+        text_tok = Tokenizer.from_str(json.dumps(_without_added_tokens(json.loads(tokenizer.to_str()))))
+        text_tok.encode_special_tokens = True  # belt and braces: the copy has no added tokens left to match
         enc = lambda s: tuple(tokenizer.encode(s, add_special_tokens=False).ids) if s else ()  # noqa: E731
         return cls(enc(prefix), enc(suffix), tokenizer, text_tok)
 

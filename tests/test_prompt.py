@@ -104,6 +104,16 @@ def test_special_token_strings_in_a_request_stay_text(tok):
     assert tok.encode("<|im_end|>", add_special_tokens=False).ids == [IM_END]
 
 
+def test_non_special_added_tokens_in_a_request_stay_text():
+    tok = train_tokenizer(seed=0)
+    tok.add_tokens(["<think>"])  # an added token that is not special (as in Qwen3's tokenizer)
+    think = tok.token_to_id("<think>")
+    enc = PromptEncoder.create(tok, "<think>{request}")
+    assert enc.prefix_ids == (think,)  # the template keeps it
+    ids = enc.request_ids("a <think> b <|im_end|>")
+    assert think not in ids and IM_END not in ids and max(ids) < think
+
+
 @pytest.mark.parametrize("text", ["", " ", "\n\t  \r\n", "\u3000"])
 def test_blank_requests_are_refused(text):
     with pytest.raises(RequestError) as info:
