@@ -142,7 +142,12 @@ class Engine:
         if enabled:
             kv = self.generator.kv
             kv.enable_prefix_cache(self.contract.engine.bundle_id)
-            prefill_prefix(self.model, kv, self.prompt.prefix_ids, self.contract.limits.prefill_chunk)
+            try:
+                prefill_prefix(self.model, kv, self.prompt.prefix_ids, self.contract.limits.prefill_chunk)
+            except RequestError as e:  # the builder sized the pool and the limits for it: the contract was edited
+                raise Refusal("bundle_invalid", f"the prompt prefix of {len(self.prompt.prefix_ids)} tokens does not "
+                              f"fit the contract's KV pool or limits ({e.message}); rebuild the bundle",
+                              prefix_tokens=len(self.prompt.prefix_ids), reason=e.code) from None
 
     def check_canary(self) -> None:
         """Refusal("canary_failed") unless the canary prompt gives exactly the recorded ids (on a

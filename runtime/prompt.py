@@ -82,7 +82,11 @@ class PromptEncoder:
     def create(cls, tokenizer: Tokenizer, template: str) -> "PromptEncoder":
         """The encoder of ``template`` (holding ``{request}`` once) with ``tokenizer`` (not modified)."""
         prefix, suffix = split_template(template)
-        text_tok = Tokenizer.from_str(json.dumps(_without_added_tokens(json.loads(tokenizer.to_str()))))
+        try:
+            text_tok = Tokenizer.from_str(json.dumps(_without_added_tokens(json.loads(tokenizer.to_str()))))
+        except Exception as e:  # a tokenizer that loads but cannot be rebuilt without its added tokens
+            raise Refusal("bundle_invalid", f"the tokenizer cannot be copied for plain-text requests: "
+                          f"{type(e).__name__}: {e}", reason=type(e).__name__) from None
         text_tok.encode_special_tokens = True  # belt and braces: the copy has no added tokens left to match
         enc = lambda s: tuple(tokenizer.encode(s, add_special_tokens=False).ids) if s else ()  # noqa: E731
         return cls(enc(prefix), enc(suffix), tokenizer, text_tok)

@@ -198,3 +198,10 @@ def test_engine_run_json_and_no_prefix_cache(tmp_path, tiny_checkpoint):
     (bundle / "contract.json").write_text(json.dumps(edited))
     out = CliRunner().invoke(main, ["load", str(bundle), "--json"])
     assert json.loads(out.stdout)["error"] == "prompt_mismatch" and out.exit_code == 91
+    edited["prompt"]["prefix_token_ids"][0] -= 1
+    edited["limits"]["num_pages"] = p.shared_pages  # fewer pages than the prefix takes
+    (bundle / "contract.json").write_text(json.dumps(edited))
+    out = CliRunner().invoke(main, ["load", str(bundle), "--json"])
+    assert json.loads(out.stdout)["error"] == "bundle_invalid", out.output
+    out = CliRunner().invoke(main, ["load", str(bundle), "--json", "--no-prefix-cache"])
+    assert json.loads(out.stdout)["error"] == "canary_failed"  # no prefix to place: the canary finds no pages
