@@ -57,7 +57,9 @@ def load(path, no_prefix_cache, as_json):
         fail(e, as_json)
     c = engine.contract
     summary = {"ok": True, "bundle_id": c.engine.bundle_id, "load_s": engine.load_seconds,
-               "canary_tokens": len(c.canary.expected_token_ids)}
+               "canary_tokens": len(c.canary.expected_token_ids),
+               "prefix_cache": not no_prefix_cache, "prefix_tokens": c.prompt.prefix_tokens,
+               "pinned_pages": engine.generator.kv.pinned_pages}
     click.echo(json.dumps(summary, indent=2) if as_json else
                f"bound: {path} ({c.target.name}, {c.precision.weights}); canary passed; loaded in {engine.load_seconds:.2f} s")
 

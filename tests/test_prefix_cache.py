@@ -193,6 +193,10 @@ def test_engine_run_json_and_no_prefix_cache(tmp_path, tiny_checkpoint):
         assert out.exit_code == 0, out.output
         (res,) = json.loads(out.stdout)["results"]
         assert res["prompt_token_ids"] == list(on.encode(texts[0])) and res["cached_prompt_tokens"] == cached
+    for flag, pinned in ((), p.prefix_pages), (("--no-prefix-cache",), 0):
+        out = CliRunner().invoke(main, ["load", str(bundle), "--json", *flag])
+        summary = json.loads(out.stdout)
+        assert summary["prefix_tokens"] == p.prefix_tokens and summary["pinned_pages"] == pinned
     edited = json.loads((bundle / "contract.json").read_text())
     edited["prompt"]["prefix_token_ids"][0] += 1
     (bundle / "contract.json").write_text(json.dumps(edited))
