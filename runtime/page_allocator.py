@@ -26,6 +26,9 @@ from common.errors import RequestError
 from .prefix_cache import PrefixCache, chain_hashes
 
 
+NO_PROMPT = np.iinfo(np.int64).max  # prompt_tokens of a slot admitted without its prompt
+
+
 class PageAllocator:
     """Slots and pages of a pool of ``num_pages`` pages of ``page_size`` tokens."""
 
@@ -36,6 +39,9 @@ class PageAllocator:
         self.block_table = np.full((max_seqs, self.max_pages_per_seq), -1, np.int32)  # (slots, pages/seq) page ids
         self.reserved_tokens = np.zeros(max_seqs, np.int64)
         self.cached_tokens = np.zeros(max_seqs, np.int64)  # prompt tokens a slot starts with (shared or copied)
+        # prompt length of a slot admitted with its prompt (else NO_PROMPT): rows at or past it are the
+        # answer's (runtime/cpu/model.py computes those one by one, see GEMM_ROWS there)
+        self.prompt_tokens = np.full(max_seqs, NO_PROMPT, np.int64)
         self.refs = np.zeros(num_pages, np.int32)  # block tables holding the page, + 1 if pinned
         self.read_only = np.zeros(num_pages, bool)  # pinned or cached: never written again
         self._free_pages = list(range(num_pages - 1, -1, -1))  # a stack popping the lowest id first
@@ -147,6 +153,7 @@ class PageAllocator:
             self.copy_rows(self.prefix_pages[len(shared)], int(self.block_table[slot, len(shared)]), copy)
         self.reserved_tokens[slot] = need * self.page_size
         self.cached_tokens[slot] = len(shared) * self.page_size + copy
+        self.prompt_tokens[slot] = len(prompt) if prompt is not None else NO_PROMPT
         if use_cache:
             self._hashes[slot] = hashes
             self.cache.query_tokens += len(prompt)
@@ -195,6 +202,7 @@ class PageAllocator:
         self.block_table[slot] = -1
         self.reserved_tokens[slot] = 0
         self.cached_tokens[slot] = 0
+        self.prompt_tokens[slot] = NO_PROMPT
         self._hashes[slot] = None
         self._free_slots.append(slot)
         self._free_slots.sort(reverse=True)
