@@ -53,7 +53,7 @@ def main() -> None:
 
     def ours(head: str):
         pool = PagedKVPool(cfg, -(-total // 32), 32, 1, total, "bf16")
-        slot = pool.admit(total)
+        slot = pool.admit(total, tuple(int(t) for t in prompt))  # the prompt: decode rows are answer rows
         model.forward(prompt, np.full(len(prompt), slot), np.arange(len(prompt)), pool)
 
         def step(i):

@@ -165,7 +165,7 @@ def run_one(bundle: str, noop: bool, bodies, solo, clients: int, timeout_s: floa
         code = server.stop()
     out = summarize(records, wall, None if noop else solo)
     out.update({"engine": "noop" if noop else "bundle", "rss_before_bytes": rss_before, "rss_after_bytes": rss_after,
-                "rss_change": rss_after / max(1, rss_before) - 1.0, "kv_pages_free_after": metric_values(text, "kv_pages_free"),
+                "rss_change": rss_after / max(1, rss_before) - 1.0, "kv_pages_in_use_after": metric_values(text, "kv_pages_in_use"),
                 "requests_running_after": metric_values(text, "num_requests_running"),
                 "requests_waiting_after": metric_values(text, "num_requests_waiting"), "exit_code": code,
                 "model": models["data"][0]["id"]})
@@ -202,7 +202,7 @@ def main() -> None:
         "limits": {"max_sequences": contract.limits.max_sequences, "num_pages": kv_total},
         "solo_reference_s": solo_s, "engine": ours, "noop": noop,
         "share_of_noop_rate": ours["requests_per_s"] / max(1e-9, noop["requests_per_s"]),
-        "kv_pages_in_use_after": kv_total - ours["kv_pages_free_after"],
+        "kv_pages_in_use_after": ours["kv_pages_in_use_after"],
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                     "load_avg": os.getloadavg()},
     }

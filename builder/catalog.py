@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,12 @@ DEFAULT_SEPARATOR = "\n"
 DEFAULT_MAX_TOOLS = 4
 DEFAULT_PROMPT_TEMPLATE = "<|im_start|>user\n{request}<|im_end|>\n<|im_start|>assistant\n"
 REQUEST_PLACEHOLDER = "{request}"
+TOOLS_PLACEHOLDER = "{tools}"
+# One line per tool, in catalog order, lines joined by "\n" (no trailing newline). In the line
+# format, {name} is the tool's name and {description} its description (empty text when it has
+# none); trailing whitespace of a line is dropped. No other braces are interpreted.
+DEFAULT_TOOL_FORMAT = "- {name}: {description}"
+_TOOL_FIELD = re.compile(r"\{(name|description)\}")
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,8 @@ class Catalog:
 
     tools: tuple[Tool, ...]
     answer: AnswerFormat = AnswerFormat()
-    prompt_template: str = DEFAULT_PROMPT_TEMPLATE
+    prompt_template: str = DEFAULT_PROMPT_TEMPLATE  # rendered: {tools} replaced, {request} left once
+    tool_format: str = DEFAULT_TOOL_FORMAT
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -87,6 +95,7 @@ def load_catalog(source: str | os.PathLike | Mapping) -> Catalog:
                            f"catalog has {len(tools_doc)} tools, at most {MAX_CATALOG_TOOLS} are "
                            "supported (largest grammar bitset); split the catalog",
                            tools=len(tools_doc), max_tools_supported=MAX_CATALOG_TOOLS)
+    _check_template_text(doc)
     _check_schema(doc)
 
     answer_doc = doc.get("answer", {})
@@ -114,8 +123,55 @@ def load_catalog(source: str | os.PathLike | Mapping) -> Catalog:
                                f"tool {i} {tool.name!r} contains the answer separator "
                                f"{answer.separator!r}; expected names without it",
                                index=i, name=tool.name, separator=answer.separator)
-    return Catalog(tools=tools, answer=answer,
-                   prompt_template=doc.get("prompt_template", DEFAULT_PROMPT_TEMPLATE))
+    tool_format = doc.get("tool_format", DEFAULT_TOOL_FORMAT)
+    template = render_template(doc.get("prompt_template", DEFAULT_PROMPT_TEMPLATE), tools, tool_format)
+    return Catalog(tools=tools, answer=answer, prompt_template=template, tool_format=tool_format)
+
+
+def render_tools(tools: tuple[Tool, ...], tool_format: str = DEFAULT_TOOL_FORMAT) -> str:
+    """The ``{tools}`` text: one ``tool_format`` line per tool, catalog order, joined by newlines."""
+    def line(tool: Tool) -> str:
+        fields = {"name": tool.name, "description": tool.description or ""}
+        return _TOOL_FIELD.sub(lambda m: fields[m.group(1)], tool_format).rstrip()
+    return "\n".join(line(t) for t in tools)
+
+
+def render_template(template: str, tools: tuple[Tool, ...], tool_format: str = DEFAULT_TOOL_FORMAT) -> str:
+    """The template a bundle stores: ``{tools}`` (if present) replaced by ``render_tools``; ``{request}``
+    left in place, exactly once (CatalogError("template_invalid") if a tool's text would add another)."""
+    _check_placeholders(template, tool_format)
+    if TOOLS_PLACEHOLDER not in template:
+        return template
+    for i, tool in enumerate(tools):
+        for what, text in (("name", tool.name), ("description", tool.description or "")):
+            if REQUEST_PLACEHOLDER in text:
+                raise CatalogError("template_invalid", f"tool {i} {tool.name!r}: its {what} holds "
+                                   f"{REQUEST_PLACEHOLDER}, which would put a second request slot into the "
+                                   "prompt; reword it", index=i, name=tool.name, field=what)
+    before, after = template.split(TOOLS_PLACEHOLDER)
+    return before + render_tools(tools, tool_format) + after
+
+
+def _check_placeholders(template: str, tool_format: str) -> None:
+    requests, tools = template.count(REQUEST_PLACEHOLDER), template.count(TOOLS_PLACEHOLDER)
+    if requests != 1:
+        raise CatalogError("template_invalid", f"prompt_template holds {REQUEST_PLACEHOLDER} {requests} times, "
+                           f"expected exactly once (where the request text goes); found in {template[:80]!r}...",
+                           placeholder=REQUEST_PLACEHOLDER, expected=1, found=requests)
+    if tools > 1:
+        raise CatalogError("template_invalid", f"prompt_template holds {TOOLS_PLACEHOLDER} {tools} times, expected "
+                           "at most once (where the tool list goes)", placeholder=TOOLS_PLACEHOLDER,
+                           expected="0 or 1", found=tools)
+    if "{name}" not in tool_format:
+        raise CatalogError("template_invalid", f"tool_format {tool_format!r} has no {{name}}; expected a line "
+                           "format like '- {name}: {description}'", tool_format=tool_format)
+
+
+def _check_template_text(doc: Mapping) -> None:
+    """Typed template errors before the schema's generic ones (the schema states the same rules)."""
+    template, tool_format = doc.get("prompt_template"), doc.get("tool_format", DEFAULT_TOOL_FORMAT)
+    if isinstance(template, str) and isinstance(tool_format, str):
+        _check_placeholders(template, tool_format)
 
 
 def tokenize_catalog(catalog: Catalog, tokenizer: tokenizers.Tokenizer,

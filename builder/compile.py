@@ -20,7 +20,8 @@ from runtime.progress import done as stage_done
 from runtime.progress import stage
 from runtime.bundle import GRAMMAR_FILE, KERNELS_DIR, REPORT_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry
 from runtime.contract import (CONTRACT_FILE, FORMAT_NAME, FORMAT_VERSION, BuildOptions, Contract, EngineSection,
-                              Format, GrammarSection, Limits, Precision, compute_bundle_id)
+                              Format, GrammarSection, Limits, Precision, PromptSection, compute_bundle_id)
+from runtime.prompt import TOKENIZATION, PromptEncoder
 from common.errors import BuildError, CatalogError
 from runtime.file_kind import require_file
 
@@ -28,7 +29,7 @@ from .canary import record_canary
 from .catalog import load_catalog
 from .checkpoint import open_checkpoint
 from .kernel_build import check_kernel_shapes, compile_kernels, contract_target
-from .memory_plan import default_context_reserve, plan_memory, size_pool_for_budget
+from .memory_plan import default_context_reserve, plan_memory, prefix_pages, size_pool_for_budget
 from .quantize import quantize_checkpoint
 from .trie import build_grammar
 
@@ -58,8 +59,9 @@ def resolve_defaults(options: BuildOptions, grammar) -> BuildOptions:
     return dataclasses.replace(options, **changes)
 
 
-def plan_limits(options: BuildOptions, cfg, grammar) -> Limits:
-    """Limits from the options, the KV pool sized for max_sequences or fitted to the memory budget."""
+def plan_limits(options: BuildOptions, cfg, grammar, pinned_pages: int = 0) -> Limits:
+    """Limits from the options, the KV pool sized for max_sequences (plus the prompt prefix's
+    ``pinned_pages``) or fitted to the memory budget."""
     for name in ("max_sequences", "max_input_tokens", "max_output_tokens", "page_size", "max_tokens_per_step",
                  "prefill_chunk"):
         if getattr(options, name) < 1:
@@ -78,11 +80,25 @@ def plan_limits(options: BuildOptions, cfg, grammar) -> Limits:
                     prefill_chunk=min(options.prefill_chunk, options.max_tokens_per_step),
                     max_input_tokens=options.max_input_tokens, max_output_tokens=options.max_output_tokens)
     if options.memory_budget_bytes is None:
-        pages = options.max_sequences * limits.pages_per_sequence
+        pages = options.max_sequences * limits.pages_per_sequence + pinned_pages
     else:
         pages = size_pool_for_budget(cfg, options.precision, limits, options.memory_budget_bytes, options.target,
-                                     options.context_reserve_bytes, grammar.max_edges_per_node)
+                                     options.context_reserve_bytes, grammar.max_edges_per_node, pinned_pages)
     return dataclasses.replace(limits, num_pages=pages)
+
+
+def prompt_section(tokenizer, template: str, options: BuildOptions) -> PromptSection:
+    """The contract's prompt section: the template's fixed prefix and suffix ids and the prefix's pages."""
+    encoder = PromptEncoder.create(tokenizer, template)
+    fixed = len(encoder.prefix_ids) + len(encoder.suffix_ids)
+    if fixed >= options.max_input_tokens:
+        raise BuildError("usage", f"the prompt template alone is {fixed} tokens ({len(encoder.prefix_ids)} before "
+                         f"{{request}}, {len(encoder.suffix_ids)} after); --max-input-tokens {options.max_input_tokens} "
+                         "leaves no room for a request: raise it", template_tokens=fixed,
+                         max_input_tokens=options.max_input_tokens)
+    n, page = len(encoder.prefix_ids), max(options.page_size, 1)  # page_size < 1: plan_limits refuses it
+    return PromptSection(tokenization=TOKENIZATION, prefix_tokens=n, prefix_token_ids=encoder.prefix_ids,
+                         suffix_token_ids=encoder.suffix_ids, shared_pages=n // page, prefix_pages=prefix_pages(n, page))
 
 
 def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: BuildOptions, out_dir: str | Path,
@@ -110,7 +126,8 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
     target = contract_target(options.target)
     check_kernel_shapes(target, cfg, options.precision)
     options = resolve_defaults(options, grammar)
-    limits = plan_limits(options, cfg, grammar)
+    prompt = prompt_section(tokenizer, grammar.prompt_template, options)
+    limits = plan_limits(options, cfg, grammar, prompt.prefix_pages)
     memory = plan_memory(cfg, options.precision, limits, options.target, options.context_reserve_bytes,
                          grammar.max_edges_per_node)
     lap("plan")
@@ -142,9 +159,9 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         kernels = compile_kernels(target, tmp / KERNELS_DIR)
         lap("kernels")
         stage("recording the canary")
-        # Engine.encode's formula (runtime/engine.py): the load re-encodes each canary request with it.
+        # Engine.encode's encoder (runtime/prompt.py): the load re-encodes each canary request with it.
         canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits,
-                               lambda text: tuple(tokenizer.encode(grammar.render_prompt(text)).ids))
+                               PromptEncoder.create(tokenizer, grammar.prompt_template).encode)
         stage_done()
         lap("canary")
         quant_report = quant.to_dict()
@@ -165,7 +182,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
                                    edges=s["num_edges"], max_edges_per_node=s["max_edges_per_node"],
                                    sep_token_id=s["sep_token_id"], end_token_id=s["end_token_id"],
                                    max_tools=s["max_tools"], allow_empty=s["allow_empty"]),
-            canary=canary, files=files)
+            canary=canary, prompt=prompt, files=files)
         contract = dataclasses.replace(contract, engine=dataclasses.replace(
             contract.engine, bundle_id=compute_bundle_id(contract)))
         (tmp / CONTRACT_FILE).write_text(contract.to_json())

@@ -2,7 +2,8 @@
 
 Terms (all bytes):
 - weights: tensor data of weights.safetensors, from ``quantize.output_specs``.
-- KV pool: num_pages * page_size * num_layers * 2 (K and V) * num_kv_heads * head_dim * 2 (bf16).
+- KV pool: num_pages * page_size * num_layers * 2 (K and V) * num_kv_heads * head_dim * 2 (bf16);
+  num_pages includes the prompt prefix's pinned pages (``prefix_pages``), shared by all sequences.
 - workspace: float32 buffers for one step of max_tokens_per_step rows; ``workspace_breakdown``
   lists them one by one, so the backends' allocations can be checked against it.
 - graphs: captured CUDA graphs, a fixed estimate (GRAPHS_BYTES_GPU; 0 on cpu).
@@ -83,6 +84,11 @@ def weights_bytes(config: ModelConfig, precision: str) -> int:
     return total
 
 
+def prefix_pages(prefix_tokens: int, page_size: int) -> int:
+    """Pinned KV pages of a fixed prompt prefix: its whole pages (shared) plus a partial last one (copied)."""
+    return -(-prefix_tokens // page_size)
+
+
 def graphs_bytes(target_name: str) -> int:
     return 0 if target_name == CPU_TARGET else GRAPHS_BYTES_GPU
 
@@ -108,10 +114,12 @@ def plan_memory(config: ModelConfig, precision: str, limits: Limits, target_name
 
 
 def size_pool_for_budget(config: ModelConfig, precision: str, limits: Limits, budget_bytes: int, target_name: str,
-                         context_reserve_bytes: int | None = None, max_edges_per_node: int | None = None) -> int:
+                         context_reserve_bytes: int | None = None, max_edges_per_node: int | None = None,
+                         pinned_pages: int = 0) -> int:
     """KV pages that fit ``budget_bytes`` beside everything else (``limits.num_pages`` is ignored).
 
-    Never more than max_sequences full-length sequences need. Raises BuildError("budget_too_small")
+    Never more than max_sequences full-length sequences need, plus ``pinned_pages`` (the prompt
+    prefix's, see ``prefix_pages``), which the pool always holds. Raises BuildError("budget_too_small")
     with the numbers when not even one max_input + max_output sequence fits.
     """
     fixed = plan_memory(config, precision, dataclasses.replace(limits, num_pages=0), target_name,
@@ -120,16 +128,16 @@ def size_pool_for_budget(config: ModelConfig, precision: str, limits: Limits, bu
     per_sequence = limits.pages_per_sequence
     available = budget_bytes - fixed.total_bytes
     pages = max(available, 0) // page_bytes
-    if pages < per_sequence:
-        needed = fixed.total_bytes + per_sequence * page_bytes
+    if pages < per_sequence + pinned_pages:
+        needed = fixed.total_bytes + (per_sequence + pinned_pages) * page_bytes
         raise BuildError(
             "budget_too_small",
             f"memory budget {budget_bytes} bytes ({budget_bytes / GIB:.2f} GiB) is too small: weights "
             f"{fixed.weights_bytes}, workspace {fixed.workspace_bytes}, graphs {fixed.graphs_bytes} and context "
             f"reserve {fixed.context_reserve_bytes} bytes leave {available} bytes, but one sequence of "
             f"{limits.max_input_tokens}+{limits.max_output_tokens} tokens needs {per_sequence} pages of {page_bytes} "
-            f"bytes ({per_sequence * page_bytes} bytes); needed at least {needed} bytes ({needed / GIB:.2f} GiB). "
+            f"bytes ({per_sequence * page_bytes} bytes) beside {pinned_pages} pinned prompt-prefix pages; needed at least {needed} bytes ({needed / GIB:.2f} GiB). "
             f"Raise --memory-budget or lower --max-input-tokens / --max-tokens-per-step.",
             budget_bytes=budget_bytes, needed_bytes=needed, available_for_kv_bytes=available,
             one_sequence_kv_bytes=per_sequence * page_bytes, fixed_bytes=fixed.total_bytes)
-    return min(pages, limits.max_sequences * per_sequence)
+    return min(pages, limits.max_sequences * per_sequence + pinned_pages)

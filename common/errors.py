@@ -46,6 +46,9 @@ EXIT_CODES: dict[str, int] = {
     "numerics_invalid": 60,  # NaN/Inf in hidden states or logits: never a silent argmax
     "output_unsafe": 61,  # --out equal to, inside or containing an input (checkpoint, catalog)
     "output_unwritable": 62,  # --out cannot be written: permissions, read-only or full disk
+    # prompt templates and the shared prefix (90-94)
+    "template_invalid": 90,  # a catalog's prompt_template or tool_format is malformed
+    "prompt_mismatch": 91,  # the bundle's tokenizer and template do not give the contract's prefix ids
     # serving (runtime serve): HTTP-side refusals
     "queue_full": 80,  # 429: the waiting queue is at its request or prompt-token bound
     "deadline_exceeded": 81,  # 504: the request's timeout_s passed before it finished

@@ -82,21 +82,28 @@ def check(path, as_json):
                f"ok: {path} ({contract.target.name}, {contract.precision.weights}) can be hosted here")
 
 
+NO_PREFIX_CACHE_HELP = ("Compute every prompt in full: no shared pinned prefix pages, no reuse of finished "
+                        "prompts' pages (the cross-check: answers are the same).")
+
+
 @main.command(short_help="Check, load and pass the canary; exit 0 when bound.")
 @click.argument("path", type=click.Path())
+@click.option("--no-prefix-cache", is_flag=True, help=NO_PREFIX_CACHE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
-def load(path, as_json):
+def load(path, no_prefix_cache, as_json):
     """Check, load and canary-gate a bundle; exit 0 only when it is bound and ready."""
     from .engine import Engine
 
     progress.enable(progress.wanted(as_json))
     try:
-        engine = Engine.load(path)
+        engine = Engine.load(path, prefix_cache=not no_prefix_cache)
     except EngineError as e:
         fail(e, as_json)
     c = engine.contract
     summary = {"ok": True, "bundle_id": c.engine.bundle_id, "load_s": engine.load_seconds,
-               "canary_tokens": len(c.canary.expected_token_ids)}
+               "canary_tokens": len(c.canary.expected_token_ids),
+               "prefix_cache": not no_prefix_cache, "prefix_tokens": c.prompt.prefix_tokens,
+               "pinned_pages": engine.generator.kv.pinned_pages}
     click.echo(json_text(summary) if as_json else
                f"bound: {path} ({c.target.name}, {c.precision.weights}); canary passed; loaded in {engine.load_seconds:.2f} s")
 
@@ -111,8 +118,10 @@ def load(path, as_json):
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (same seed, same answer).")
-@click.option("--json", "as_json", is_flag=True, help="Tool names, token ids and timings as JSON.")
-def run(path, requests, input_file, head, temperature, top_p, seed, as_json):
+@click.option("--no-prefix-cache", is_flag=True, help=NO_PREFIX_CACHE_HELP)
+@click.option("--json", "as_json", is_flag=True,
+              help="Tool names, token ids (prompt_token_ids, cached_prompt_tokens too) and timings as JSON.")
+def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_cache, as_json):
     """Answer each REQUEST with the bundle's tools, in the order the model names them.
 
     Each request is wrapped in the catalog's prompt template; requests that cannot run (too
@@ -128,7 +137,7 @@ def run(path, requests, input_file, head, temperature, top_p, seed, as_json):
                          top_p=repr(top_p), seed=seed), as_json)
     progress.enable(progress.wanted(as_json))
     try:
-        engine = Engine.load(path, head=head)
+        engine = Engine.load(path, head=head, prefix_cache=not no_prefix_cache)
         start = time.perf_counter()
         results = engine.run(texts, Sampling(temperature, top_p, seed))
         wall = time.perf_counter() - start

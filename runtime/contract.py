@@ -173,6 +173,18 @@ class Canary:
 
 
 @dataclass(frozen=True)
+class PromptSection:
+    """How request text becomes prompt ids (runtime/prompt.py) and the fixed prefix shared at load."""
+
+    tokenization: str  # runtime.prompt.TOKENIZATION: template parts and request encoded apart
+    prefix_tokens: int  # tokens of the template before {request}: computed once, shared
+    prefix_token_ids: tuple[int, ...]
+    suffix_token_ids: tuple[int, ...]  # the template after {request}
+    shared_pages: int  # whole prefix pages every sequence's block table points at
+    prefix_pages: int  # pinned pages: shared_pages, plus the partial last page copied per sequence
+
+
+@dataclass(frozen=True)
 class FileEntry:
     bytes: int
     sha256: str  # lower-case hex
@@ -191,6 +203,7 @@ class Contract:
     memory: Memory
     grammar: GrammarSection
     canary: Canary
+    prompt: PromptSection
     files: dict[str, FileEntry]  # bundle-relative path -> entry; never contract.json itself
 
     def to_dict(self) -> dict:

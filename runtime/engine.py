@@ -16,6 +16,8 @@ from . import progress
 from .generator import Generator, Request, Result
 from .grammar import Grammar
 from .cpu.kv_pool import PagedKVPool
+from .prefix_cache import prefill_prefix
+from .prompt import PromptEncoder
 from .machine import MachineFacts, check_target, facts_for
 from .model_config import ModelConfig
 from .sampling import Sampling
@@ -53,18 +55,24 @@ class Engine:
                  load_seconds: float):
         self.folder, self.contract, self.generator, self.tokenizer = folder, contract, generator, tokenizer
         self.grammar = generator.grammar
+        self.prompt = PromptEncoder.create(tokenizer, self.grammar.prompt_template)
         self.load_seconds = load_seconds
         self.model = generator.model
         self.loop = None  # GPU bundles: the single-request decode graph (runtime/cuda/graph.py)
 
     @classmethod
-    def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse") -> "Engine":
-        """Checks, loads and canary-gates the bundle at ``path``; a Refusal names the first failed check."""
+    def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse",
+             prefix_cache: bool = True) -> "Engine":
+        """Checks, loads and canary-gates the bundle at ``path``; a Refusal names the first failed check.
+
+        ``prefix_cache``: the template's fixed prefix is prefilled once into pinned KV pages every
+        sequence shares, and finished prompts' full pages stay reusable; False computes every
+        prompt in full (the cross-check: same answers)."""
         start = time.perf_counter()
         folder = Path(path)
         contract = check_bundle(folder, facts)
         if contract.target.name != CPU_TARGET:
-            return cls._load_gpu(folder, contract, head, start)
+            return cls._load_gpu(folder, contract, head, start, prefix_cache)
         progress.stage("loading weights")
         try:
             tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
@@ -82,6 +90,7 @@ class Engine:
                           "this machine's memory", needed=contract.memory.total_bytes, available=None) from None
         engine = cls(folder, contract, generator, tokenizer, 0.0)
         del weights
+        engine.share_prefix(prefix_cache)
         progress.stage("canary")
         engine.check_canary()
         progress.done()
@@ -89,7 +98,8 @@ class Engine:
         return engine
 
     @classmethod
-    def _load_gpu(cls, folder: Path, contract: Contract, head: str, start: float) -> "Engine":
+    def _load_gpu(cls, folder: Path, contract: Contract, head: str, start: float,
+                  prefix_cache: bool = True) -> "Engine":
         """GPU bundle, after the target check: load the CUDA backend, canary-gate both decode paths."""
         from .cuda.backend import load_cuda_model
         from .cuda.graph import CudaDecodeLoop
@@ -116,6 +126,7 @@ class Engine:
                                   prefill_chunk=lim.prefill_chunk, head=head)
             engine = cls(folder, contract, generator, tokenizer, 0.0)
             engine.loop = CudaDecodeLoop(model)
+            engine.share_prefix(prefix_cache)
             progress.stage("canary")
             engine.check_canary()
             progress.done()
@@ -128,6 +139,28 @@ class Engine:
             raise
         engine.load_seconds = time.perf_counter() - start
         return engine
+
+    def share_prefix(self, enabled: bool) -> None:
+        """Checks the tokenizer gives the contract's prefix ids; if ``enabled``, turns on the KV pool's
+        prefix cache and prefills the fixed prefix into its pinned pages (before the canary, which
+        then runs through them)."""
+        recorded = self.contract.prompt
+        if self.prompt.prefix_ids != tuple(recorded.prefix_token_ids) or \
+                self.prompt.suffix_ids != tuple(recorded.suffix_token_ids):
+            raise Refusal("prompt_mismatch", f"the bundle's tokenizer and template give a prompt prefix of "
+                          f"{len(self.prompt.prefix_ids)} and suffix of {len(self.prompt.suffix_ids)} tokens, not the "
+                          f"contract's {recorded.prefix_tokens} and {len(recorded.suffix_token_ids)} (or other ids); "
+                          "the bundle was altered: rebuild it", expected_prefix_tokens=recorded.prefix_tokens,
+                          found_prefix_tokens=len(self.prompt.prefix_ids))
+        if enabled:
+            kv = self.generator.kv
+            kv.enable_prefix_cache(self.contract.engine.bundle_id)
+            try:
+                prefill_prefix(self.model, kv, self.prompt.prefix_ids, self.contract.limits.prefill_chunk)
+            except RequestError as e:  # the builder sized the pool and the limits for it: the contract was edited
+                raise Refusal("bundle_invalid", f"the prompt prefix of {len(self.prompt.prefix_ids)} tokens does not "
+                              f"fit the contract's KV pool or limits ({e.message}); rebuild the bundle",
+                              prefix_tokens=len(self.prompt.prefix_ids), reason=e.code) from None
 
     def check_canary(self) -> None:
         """Refusal("canary_failed") unless each canary request encodes to its recorded prompt ids
@@ -179,7 +212,9 @@ class Engine:
             close()
 
     def encode(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.encode(self.grammar.render_prompt(text)).ids)
+        """Prompt ids of a request text (runtime/prompt.py: fixed prefix, the text as plain text,
+        suffix); RequestError("request_invalid") for empty, blank or malformed text."""
+        return self.prompt.encode(text)
 
     def request(self, text: str, sampling: Sampling = Sampling(), tools: list[str] | None = None) -> Request:
         """The Request for a text (wrapped in the prompt template); ``tools``, catalog names, restricts
@@ -201,5 +236,16 @@ class Engine:
         return self.generator.submit(self.request(text, sampling, tools))
 
     def run(self, texts: list[str], sampling: Sampling = Sampling()) -> list[Result | EngineError]:
-        """Each request text wrapped in the catalog's prompt template, answered (or refused)."""
-        return self.generator.generate([Request(self.encode(t), sampling) for t in texts])
+        """Each request text wrapped in the catalog's prompt template, answered (or refused: a bad
+        text refuses that request only)."""
+        results: list[Result | EngineError | None] = [None] * len(texts)
+        requests, where = [], []
+        for i, text in enumerate(texts):
+            try:
+                requests.append(Request(self.encode(text), sampling))
+                where.append(i)
+            except RequestError as e:
+                results[i] = e
+        for i, res in zip(where, self.generator.generate(requests)):
+            results[i] = res
+        return results  # type: ignore[return-value]

@@ -68,7 +68,7 @@ class EngineLoop:
         # Published under the lock after every step, read by any thread (metrics, health):
         self.in_flight = 0  # submitted, not yet answered
         self.waiting, self.waiting_tokens, self.running = 0, 0, 0
-        self.free_pages = generator.kv.free_pages
+        self._publish_pool()
         self.heartbeat = time.monotonic()
         self.turns = 0  # loop turns taken (a test checks the idle thread does not spin)
         self.rate = 0.0  # requests finished per second, smoothed over steps
@@ -200,7 +200,12 @@ class EngineLoop:
                     self.on_step(elapsed, finished)
             with self._cond:
                 self.waiting, self.waiting_tokens, self.running = gen.counts()
-                self.free_pages = gen.kv.free_pages
+                self._publish_pool()
+
+    def _publish_pool(self) -> None:
+        kv = self.generator.kv
+        self.free_pages, self.pages_in_use = kv.free_pages, kv.pages_in_use
+        self.prefix_query_tokens, self.prefix_hit_tokens = kv.prefix_query_tokens, kv.prefix_hit_tokens
 
     def _take(self, t: Ticket) -> None:
         if t.cancel is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,10 +37,13 @@ class Result:
     # token ids (K,) (-1 padded, the grammar's allowed edges in token order), exactly as sampled from.
     step_logits: list[np.ndarray] | None = None
     step_candidates: list[np.ndarray] | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    cached_prompt_tokens: int = 0  # prompt tokens taken from shared or cached KV pages, not prefilled
 
     def to_dict(self) -> dict:
         return {"tools": self.tools, "token_ids": self.token_ids, "finish": self.finish,
-                "min_margin": self.min_margin, "ttft_ms": 1e3 * self.ttft_s, "total_ms": 1e3 * self.total_s}
+                "min_margin": self.min_margin, "ttft_ms": 1e3 * self.ttft_s, "total_ms": 1e3 * self.total_s,
+                "prompt_token_ids": self.prompt_token_ids, "cached_prompt_tokens": self.cached_prompt_tokens}
 
 
 class Generator:
@@ -78,12 +81,10 @@ class Generator:
 
     def check(self, request: Request) -> None:
         """``validate`` plus the pool check: RequestError("kv_pages") for a request needing more
-        pages than the pool has in all. Reads only the limits (safe from any thread)."""
+        pages than the pool has in all beside its pinned prefix pages (shared pages counted once).
+        Reads only the limits and the pinned pages, fixed after load (safe from any thread)."""
         self.validate(request)
-        need = self.kv.pages_for(len(request.prompt_ids) + self.max_output_tokens)
-        if need > self.kv.num_pages:
-            raise RequestError("kv_pages", f"the request needs {need} KV pages; the pool has "
-                               f"{self.kv.num_pages} in all", needed=need, free=self.kv.num_pages)
+        self.kv.check_fits(len(request.prompt_ids) + self.max_output_tokens, request.prompt_ids)
 
     def submit(self, request: Request, queue: bool = True) -> int:
         """Validates and enqueues a request; returns its handle. Raises RequestError for a request
@@ -227,4 +228,4 @@ class Generator:
         done = self.stepper.done(seq.state)
         return Result(list(seq.output), list(seq.tools), "done" if done else "length", seq.min_margin,
                       seq.first_token_at - seq.start, time.perf_counter() - seq.start,
-                      seq.step_logits, seq.step_candidates)
+                      seq.step_logits, seq.step_candidates, seq.prompt.tolist(), seq.cached)

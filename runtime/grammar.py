@@ -118,7 +118,9 @@ class Grammar:
         return tuple(int(t) for t in self.tool_path_tokens[lo:hi])
 
     def render_prompt(self, request: str) -> str:
-        """The model input for a request: the template with ``{request}`` replaced."""
+        """The prompt text of a request (the template with ``{request}`` replaced), for reading; the
+        model's input ids come from runtime/prompt.py, which tokenizes the parts apart and the
+        request as plain text (so ids of this text may differ)."""
         return self.prompt_template.replace("{request}", request)
 
     def summary(self) -> dict:

@@ -1,16 +1,32 @@
-"""The paged KV cache's bookkeeping: sequence slots, free pages and the block table.
+"""The paged KV cache's bookkeeping: sequence slots, free pages, reference counts and the block table.
 
 Shared by the numpy pool (runtime/cpu/kv_pool.py) and the device pool (runtime/cuda/kv.py): the
 storage differs, the allocation rules do not. Pages are reserved for a sequence's whole
 lifetime at admission (prompt plus maximum answer), so an admitted sequence never runs out
 of cache. Free pages and slots are handed out lowest first, so the same request sequence
 always lands on the same pages.
+
+Prefix sharing (off until ``enable_prefix_cache``): a block table may point at pages other
+sequences also read. ``refs[p]`` counts the block tables holding page p plus one for a pinned
+page. Shared pages are read-only: every row a step writes must lie in a page of its own
+(``check_rows``). At admission the prompt's leading full pages that are pinned or cached
+(runtime/prefix_cache.py) are shared instead of allocated, and when the prompt continues with
+the pinned prefix's partial last page, its rows are copied into the sequence's own page
+(``copy_rows``, by the storage subclass); ``cached_tokens[slot]`` is where prefill starts. A
+finished sequence's full prompt pages stay cached, idle, until the pool needs a page.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from common.errors import RequestError
+
+from .prefix_cache import PrefixCache, chain_hashes
+
+
+NO_PROMPT = np.iinfo(np.int64).max  # prompt_tokens of a slot admitted without its prompt
 
 
 class PageAllocator:
@@ -22,8 +38,18 @@ class PageAllocator:
         self.max_pages_per_seq = -(-max_tokens_per_seq // page_size)
         self.block_table = np.full((max_seqs, self.max_pages_per_seq), -1, np.int32)  # (slots, pages/seq) page ids
         self.reserved_tokens = np.zeros(max_seqs, np.int64)
+        self.cached_tokens = np.zeros(max_seqs, np.int64)  # prompt tokens a slot starts with (shared or copied)
+        # prompt length of a slot admitted with its prompt (else NO_PROMPT): rows at or past it are the
+        # answer's (runtime/cpu/model.py computes those one by one, see GEMM_ROWS there)
+        self.prompt_tokens = np.full(max_seqs, NO_PROMPT, np.int64)
+        self.refs = np.zeros(num_pages, np.int32)  # block tables holding the page, + 1 if pinned
+        self.read_only = np.zeros(num_pages, bool)  # pinned or cached: never written again
         self._free_pages = list(range(num_pages - 1, -1, -1))  # a stack popping the lowest id first
         self._free_slots = list(range(max_seqs - 1, -1, -1))
+        self._hashes: list[list[bytes] | None] = [None] * max_seqs  # caching only: full prompt pages' keys
+        self.cache: PrefixCache | None = None
+        self.prefix_ids: tuple[int, ...] = ()  # the pinned prefix (enable_prefix_cache + pin_prefix)
+        self.prefix_pages: list[int] = []  # its full pages, then the partial one (if any)
         self.version = 0  # bumped whenever block_table changes (device mirrors re-upload on change)
 
     @property
@@ -32,7 +58,27 @@ class PageAllocator:
 
     @property
     def free_pages(self) -> int:
-        return len(self._free_pages)
+        """Pages an admission can take now: free ones and idle cached ones (evicted on demand)."""
+        return len(self._free_pages) + (self.cache.idle_pages if self.cache is not None else 0)
+
+    @property
+    def pinned_pages(self) -> int:
+        return len(self.prefix_pages)
+
+    @property
+    def pages_in_use(self) -> int:
+        """Pages held by admitted sequences: neither free, nor idle in the cache, nor the pinned prefix."""
+        return self.num_pages - self.pinned_pages - self.free_pages
+
+    @property
+    def prefix_query_tokens(self) -> int:
+        """Prompt tokens looked up in the prefix cache so far (0 with it off)."""
+        return self.cache.query_tokens if self.cache is not None else 0
+
+    @property
+    def prefix_hit_tokens(self) -> int:
+        """Of those, tokens served from pinned or cached pages (no prefill)."""
+        return self.cache.hit_tokens if self.cache is not None else 0
 
     @property
     def free_slots(self) -> int:
@@ -41,8 +87,56 @@ class PageAllocator:
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)
 
-    def admit(self, tokens: int) -> int:
-        """Reserves a slot and the pages for ``tokens`` tokens; returns the slot."""
+    # ---- prefix sharing ----
+    def enable_prefix_cache(self, salt: str) -> None:
+        """Turns on sharing of pinned and cached prompt pages; ``salt`` (the bundle id) keys the hashes."""
+        assert self.cache is None and self.free_slots == self.max_seqs, "enable before any admission"
+        self.cache = PrefixCache(salt)
+
+    def pin_prefix(self, slot: int, prefix_ids: Sequence[int]) -> None:
+        """Pins the pages of ``slot``, which holds the K/V of ``prefix_ids`` (all prefilled), as the shared
+        fixed prefix: full pages cached for good, the partial last page kept to be copied; frees the slot."""
+        assert self.cache is not None and not self.prefix_pages
+        ps, n = self.page_size, len(prefix_ids)
+        pages = [int(p) for p in self.block_table[slot, : self.pages_for(n)]]
+        for depth, (page, h) in enumerate(zip(pages, chain_hashes(self.cache.salt, prefix_ids, ps, n // ps))):
+            self.cache.insert(page, h, depth, pinned=True)
+        self.prefix_ids, self.prefix_pages = tuple(int(t) for t in prefix_ids), pages
+        self.read_only[pages] = True  # refs stay 1: the pin
+        self._free_slot(slot)
+
+    def _share_plan(self, prompt: Sequence[int]) -> tuple[list[bytes], list[int], int]:
+        """(hashes of the prompt's full pages, pages to share, rows of the pinned partial page to copy)."""
+        ps, n = self.page_size, len(prompt)
+        hashes = chain_hashes(self.cache.salt, prompt, ps, n // ps)
+        shared = self.cache.lookup(hashes[: (n - 1) // ps])  # at least the last prompt token is computed
+        full = len(self.prefix_ids) // ps
+        tail = len(self.prefix_ids) - full * ps
+        copy = 0
+        if (tail and len(shared) == full and shared == self.prefix_pages[:full] and n - 1 >= full * ps + tail
+                and tuple(prompt[full * ps: full * ps + tail]) == self.prefix_ids[full * ps:]):
+            copy = tail
+        return hashes, shared, copy
+
+    def check_fits(self, tokens: int, prompt: Sequence[int] | None = None) -> None:
+        """RequestError("kv_pages") if this sequence could not be admitted even into an idle pool."""
+        need = self.pages_for(tokens)
+        pinned = len(self.prefix_pages)
+        if self.cache is not None and prompt is not None:
+            _, shared, _ = self._share_plan(prompt)
+            need -= sum(1 for p in shared if p in self.cache.pinned)
+        if need > self.num_pages - pinned:
+            raise RequestError("kv_pages", f"the request needs {need} KV pages; the pool has {self.num_pages - pinned} "
+                               f"in all beside {pinned} pinned prefix pages", needed=need,
+                               free=self.num_pages - pinned)
+
+    # ---- admission ----
+    def admit(self, tokens: int, prompt: Sequence[int] | None = None) -> int:
+        """Reserves a slot and the pages for ``tokens`` tokens; returns the slot.
+
+        With the prefix cache on and ``prompt`` given, the prompt's leading pinned or cached full
+        pages are shared (counted once) and ``cached_tokens[slot]`` says how many prompt tokens
+        need no prefill."""
         need = self.pages_for(tokens)
         if need > self.max_pages_per_seq:
             raise RequestError("prompt_too_long", f"a sequence of {tokens} tokens needs {need} pages; the contract "
@@ -51,27 +145,86 @@ class PageAllocator:
         if not self._free_slots:
             raise RequestError("too_many_sequences", f"all {self.max_seqs} sequence slots are busy; "
                                "retry when a sequence finishes", limit=self.max_seqs)
-        if need > len(self._free_pages):
-            raise RequestError("kv_pages", f"the request needs {need} KV pages, {len(self._free_pages)} are free; "
-                               "retry when a sequence finishes", needed=need, free=len(self._free_pages))
+        use_cache = self.cache is not None and prompt is not None
+        hashes, shared, copy = [], [], 0
+        if use_cache:
+            hashes, shared, copy = self._share_plan(prompt)
+        idle_shared = sum(1 for p in shared if self.refs[p] == 0)  # idle now, so not takeable as fresh pages
+        fresh = need - len(shared)
+        if fresh > self.free_pages - idle_shared:
+            raise RequestError("kv_pages", f"the request needs {fresh} KV pages, {self.free_pages - idle_shared} "
+                               "are free; retry when a sequence finishes", needed=fresh,
+                               free=self.free_pages - idle_shared)
         slot = self._free_slots.pop()
-        for i in range(need):
-            self.block_table[slot, i] = self._free_pages.pop()
+        for i, page in enumerate(shared):
+            self.block_table[slot, i] = page
+            self.refs[page] += 1
+            self.cache.touch(page)
+        for i in range(len(shared), need):
+            page = self._take_page()
+            self.block_table[slot, i] = page
+            self.refs[page] += 1
+        if copy:
+            self.copy_rows(self.prefix_pages[len(shared)], int(self.block_table[slot, len(shared)]), copy)
         self.reserved_tokens[slot] = need * self.page_size
+        self.cached_tokens[slot] = len(shared) * self.page_size + copy
+        self.prompt_tokens[slot] = len(prompt) if prompt is not None else NO_PROMPT
+        if use_cache:
+            self._hashes[slot] = hashes
+            self.cache.query_tokens += len(prompt)
+            self.cache.hit_tokens += int(self.cached_tokens[slot])
         self.version += 1
         return slot
 
-    def release(self, slot: int) -> None:
-        pages = self.block_table[slot]
-        for p in sorted(pages[pages >= 0].tolist(), reverse=True):
-            self._free_pages.append(p)
+    def _take_page(self) -> int:
+        if self._free_pages:
+            return self._free_pages.pop()
+        page = self.cache.evict()  # admit checked there is one
+        assert page is not None and self.refs[page] == 0
+        self.read_only[page] = False
+        return page
+
+    def copy_rows(self, src_page: int, dst_page: int, rows: int) -> None:
+        """Copies K/V rows 0..rows-1 of every layer from one page to another (the storage's job)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy pages; it cannot share a partial prefix page")
+
+    def release(self, slot: int, cache: bool = True) -> None:
+        """Frees a slot; with the prefix cache on and ``cache``, its full prompt pages (all written:
+        the sequence finished) stay cached for later prompts instead of going back to the free list."""
+        row = self.block_table[slot]
+        pages = [int(p) for p in row[row >= 0]]
+        hashes = self._hashes[slot]
+        if cache and self.cache is not None and hashes is not None:
+            for depth, (page, h) in enumerate(zip(pages, hashes)):
+                if not self.cache.contains(page) and h not in self.cache.page_of:
+                    self.cache.insert(page, h, depth)
+                    self.read_only[page] = True
+        idle = []
+        for page in pages:
+            self.refs[page] -= 1
+            assert self.refs[page] >= 0
+            if self.refs[page] == 0:
+                if self.cache is not None and self.cache.contains(page):
+                    idle.append(page)
+                else:
+                    self._free_pages.append(page)
+        if idle:
+            self.cache.idle_batch(idle)
         self._free_pages.sort(reverse=True)
+        self._free_slot(slot)
+
+    def _free_slot(self, slot: int) -> None:
         self.block_table[slot] = -1
         self.reserved_tokens[slot] = 0
+        self.cached_tokens[slot] = 0
+        self.prompt_tokens[slot] = NO_PROMPT
+        self._hashes[slot] = None
         self._free_slots.append(slot)
         self._free_slots.sort(reverse=True)
         self.version += 1
 
     def check_rows(self, slots: np.ndarray, positions: np.ndarray) -> None:
-        """Asserts every (slot, position) row lies inside its slot's reserved pages."""
+        """Asserts every (slot, position) row lies inside its slot's reserved pages, none of them shared."""
         assert (positions < self.reserved_tokens[slots]).all(), "position beyond the slot's reserved pages"
+        pages = self.block_table[slots, positions // self.page_size]
+        assert not self.read_only[pages].any(), "a row would write into a shared (pinned or cached) page"

@@ -44,6 +44,7 @@ class Sequence:
     first_token_at: float = 0.0
     step_logits: list[np.ndarray] | None = None  # kept only for Request.keep_logits
     step_candidates: list[np.ndarray] | None = None
+    cached: int = 0  # prompt tokens the KV pool shared or copied at admission (prefill starts there)
 
 
 @dataclass
@@ -71,7 +72,7 @@ class Scheduler:
         refused = []
         for handle, w in list(self.waiting.items()):
             try:
-                slot = self.kv.admit(len(w.request.prompt_ids) + self.max_output_tokens)
+                slot = self.kv.admit(len(w.request.prompt_ids) + self.max_output_tokens, w.request.prompt_ids)
             except RequestError as e:
                 if w.queue and e.code in SHORTAGE_CODES:
                     continue
@@ -85,14 +86,17 @@ class Scheduler:
     def start(self, handle: int, request: Request, slot: int) -> Sequence:
         """The running sequence of an admitted request, its prompt not yet prefilled."""
         keep = [] if request.keep_logits else None
+        cached = int(self.kv.cached_tokens[slot])  # shared or copied prefix: no prefill needed
         return Sequence(handle, slot, np.asarray(request.prompt_ids, np.int64), request.sampling,
                         np.random.default_rng(request.sampling.seed), self.stepper.initial_state(request.tools),
-                        start=time.perf_counter(), step_logits=keep, step_candidates=None if keep is None else [])
+                        prefilled=cached, start=time.perf_counter(), step_logits=keep,
+                        step_candidates=None if keep is None else [], cached=cached)
 
-    def retire(self, seq: Sequence) -> None:
-        """Removes a running sequence and frees its slot and pages."""
+    def retire(self, seq: Sequence, cache: bool = True) -> None:
+        """Removes a running sequence and frees its slot and pages. ``cache``: its prompt's full pages
+        stay reusable by later prompts (only when the whole prompt was prefilled)."""
         self.running.remove(seq)
-        self.kv.release(seq.slot)
+        self.kv.release(seq.slot, cache=cache and seq.prefilled == len(seq.prompt))
 
     def abort(self, handle: int) -> bool:
         """Drops a waiting request or a running sequence (pages freed now); False if unknown."""
@@ -101,13 +105,13 @@ class Scheduler:
             return True
         for seq in self.running:
             if seq.handle == handle:
-                self.retire(seq)
+                self.retire(seq, cache=False)
                 return True
         return False
 
     def abort_all(self) -> None:
-        for seq in list(self.running):
-            self.retire(seq)
+        for seq in list(self.running):  # after a failed step pages may be half written: never cached
+            self.retire(seq, cache=False)
         for handle in list(self.waiting):
             self._unqueue(handle)
 

@@ -25,7 +25,7 @@ from common.errors import EXIT_CODES
 from runtime.grammar import Grammar
 
 GIB = 1 << 30
-SECTIONS = ("format", "engine", "model", "target", "precision", "limits", "memory", "grammar", "canary")
+SECTIONS = ("format", "engine", "model", "target", "precision", "limits", "memory", "grammar", "canary", "prompt")
 
 
 def cli(*args):
@@ -281,7 +281,9 @@ def test_plan_compile_args_build_that_tier(tmp_path, tiny_checkpoint):
                  "--json")
     assert result.exit_code == 0, result.output
     built = json.loads(result.stdout)
-    assert built["limits"] == tier["limits"]
+    pinned = json.loads((tmp_path / "b" / CONTRACT_FILE).read_text())["prompt"]["prefix_pages"]
+    # the plan knows no template: the build adds the template's pinned prefix pages to the pool
+    assert built["limits"] == {**tier["limits"], "num_pages": tier["limits"]["num_pages"] + pinned}
     assert built["memory"]["total_bytes"] <= tier["memory"]["total_bytes"]  # the plan bounds edges by vocab
 
 

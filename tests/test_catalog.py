@@ -118,7 +118,6 @@ def test_missing_file_and_bad_json(tmp_path):
     ({"tools": [{"name": 3}]}, {"index": 0, "name": None}),
     ({"tools": tools("a"), "answer": {"max_tools": 0}}, {"path": "answer/max_tools"}),
     ({"tools": tools("a"), "answer": {"separator": ""}}, {"path": "answer/separator"}),
-    ({"tools": tools("a"), "prompt_template": "no placeholder"}, {"path": "prompt_template"}),
 ])
 def test_schema_violations_are_typed(doc, details):
     err = catalog_error(doc, **details)

@@ -13,8 +13,9 @@ import jsonschema
 import pytest
 
 from runtime.contract import (FORMAT_NAME, FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS, WEIGHT_PRECISIONS, BuildOptions,
-                              Canary, CanaryPrompt, CanaryStep, Contract, EngineSection, FileEntry, Format, GrammarSection, Limits, Memory,
-                              Precision, Target, compute_bundle_id, parse_contract, validate_contract_dict)
+                              Canary, CanaryPrompt, CanaryStep, Contract, EngineSection, FileEntry, Format,
+                              GrammarSection, Limits, Memory, Precision, PromptSection, Target, compute_bundle_id,
+                              parse_contract, validate_contract_dict)
 from common.errors import EXIT_CODES, Refusal
 from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
 from schemas import load_schema
@@ -60,6 +61,8 @@ def sample_contract(target: str = "cpu", rope_scaling: RopeScaling | None = None
                 CanaryStep((9,), (1.0,)), CanaryStep((151645,), (3.0,)))),
             CanaryPrompt("Only one tool.", (1, 4), (7, 151645), None, (
                 CanaryStep((7,), (4.0,)), CanaryStep((151645,), (2.5,)))))),
+        prompt=PromptSection(tokenization="parts-apart/v1", prefix_tokens=2, prefix_token_ids=(1, 2),
+                             suffix_token_ids=(151645, 198), shared_pages=0, prefix_pages=1),
         files=files)
     return dataclasses.replace(contract, engine=dataclasses.replace(contract.engine,
                                                                     bundle_id=compute_bundle_id(contract)))
@@ -115,9 +118,9 @@ def test_schema_is_valid_draft_2020_12():
 
 
 def test_dataclasses_and_schema_in_step():
-    # Contract, its 9 dict sections, BuildOptions, RopeScaling, FileEntry, CanaryPrompt and
-    # CanaryStep: 15 objects compared.
-    assert _check_in_step(Contract, load_schema("contract"), "$") == 15
+    # Contract, its 10 dict sections, BuildOptions, RopeScaling, FileEntry, CanaryPrompt and
+    # CanaryStep: 16 objects compared.
+    assert _check_in_step(Contract, load_schema("contract"), "$") == 16
 
 
 def test_every_property_has_a_description():
@@ -290,6 +293,8 @@ PROVISIONER_CONTRACT = json.loads("""{
  "canary": {"logit_tolerance": 0.05, "top_k": 4, "prompts": [{"request": "Book a flight.",
   "expected_token_ids": [7, 151645], "min_margin": 1.25, "prompt_token_ids": [1, 2, 3],
   "steps": [{"token_ids": [7, 8], "logits": [4.5, 3.25]}, {"token_ids": [151645], "logits": [2.0]}]}]},
+ "prompt": {"tokenization": "parts-apart/v1", "prefix_tokens": 2, "prefix_token_ids": [1, 2],
+  "suffix_token_ids": [151645, 198], "shared_pages": 0, "prefix_pages": 1},
  "engine": {"builder_version": "0.1.0",
   "bundle_id": "7a1b1ad1c1b4dfa4a8a8ad5ba9d47b5a43f9a3e7c0b2b1a1a0f3e3d2c1b0a9f8",
   "source_checkpoint_sha256": "0000000000000000000000000000000000000000000000000000000000000000",

@@ -166,6 +166,24 @@ def test_emulated_backend_gives_the_cpu_tokens(small, cpu_tokens, precision):
     assert not gpu.buffers
 
 
+def test_emulated_backend_shares_a_prefix_through_the_same_page_table(small, cpu_tokens):
+    """Pinned prefix pages (2 whole, 1 partial copied through device memory) on the CUDA pool: same tokens."""
+    from runtime.prefix_cache import prefill_prefix
+    model, gpu = emulated_model(small, "fp8_e4m3")
+    prompts, kv = small["prompts"], model.kv
+    prefix = prompts[-1][:2 * small["limits"].page_size + 5]
+    kv.enable_prefix_cache("emulated")
+    prefill_prefix(model, kv, prefix, small["limits"].prefill_chunk)
+    results = generator(model, small).generate([Request(p) for p in prompts])
+    assert [r.token_ids for r in results] == cpu_tokens["fp8_e4m3"]
+    assert results[-1].cached_prompt_tokens == len(prefix)  # forward's check_rows: no row wrote a shared page
+    expected = np.zeros(kv.num_pages, np.int32)
+    expected[kv.prefix_pages] = 1
+    assert np.array_equal(kv.refs, expected) and kv.free_pages + kv.pinned_pages == kv.num_pages
+    model.close()
+    assert not gpu.buffers
+
+
 def test_emulated_forward_matches_cpu_hidden(small):
     cfg, lim = small["cfg"], small["limits"]
     gen = cpu_generator(cfg, load_cpu_weights(small["files"]["fp8_e4m3"], cfg), small["grammar"], lim)

@@ -8,7 +8,8 @@ import pytest
 from builder import memory_plan
 from builder.memory_plan import format_size
 from builder.memory_plan import (CONTEXT_RESERVE_BYTES_GPU, GRAPHS_BYTES_GPU, kv_bytes_per_token, parse_size,
-                                 plan_memory, size_pool_for_budget, weights_bytes, workspace_breakdown)
+                                 plan_memory, prefix_pages, size_pool_for_budget, weights_bytes,
+                                 workspace_breakdown)
 from builder.tiers import LONG_SEQUENCES, START_STEP_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows
 from runtime.contract import Limits
 from common.errors import BuildError
@@ -109,6 +110,17 @@ def test_size_pool_for_budget(stub_weights):
     assert err.details["budget_bytes"] == 24_771 and "24772" in err.message and "3 pages" in err.message
     with pytest.raises(BuildError, match="budget_too_small|too small"):
         size_pool_for_budget(TINY, "fp8_e4m3", limits, 10, **kw)
+
+
+def test_pool_for_budget_holds_the_pinned_prefix_pages(stub_weights):
+    limits = dataclasses.replace(TINY_LIMITS, num_pages=0)
+    kw = dict(target_name="cpu", max_edges_per_node=5)
+    assert prefix_pages(0, 16) == 0 and prefix_pages(16, 16) == 1 and prefix_pages(37, 16) == 3
+    assert size_pool_for_budget(TINY, "fp8_e4m3", limits, 1 << 30, pinned_pages=3, **kw) == 4 * 3 + 3
+    assert size_pool_for_budget(TINY, "fp8_e4m3", limits, 18_628 + 6 * 2048, pinned_pages=3, **kw) == 6
+    with pytest.raises(BuildError) as info:  # one full sequence beside the pinned pages must fit
+        size_pool_for_budget(TINY, "fp8_e4m3", limits, 18_628 + 5 * 2048, pinned_pages=3, **kw)
+    assert info.value.details["needed_bytes"] == 18_628 + 6 * 2048
 
 
 @pytest.mark.parametrize("text,expected", [

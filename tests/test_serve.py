@@ -25,7 +25,7 @@ TEXTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send
 METRICS = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
            "generation_tokens_total", "request_success_total", "time_to_first_token_seconds",
            "e2e_request_latency_seconds", "request_queue_time_seconds", "requests_rejected_total", "kv_pages_free",
-           "engine_step_seconds"]
+           "kv_pages_in_use", "engine_step_seconds", "prefix_cache_queries", "prefix_cache_hits"]
 
 
 def wait_for(cond, timeout=20.0, what="condition"):
@@ -129,7 +129,7 @@ def test_discover_answers_as_each_request_alone(engine, solo):
         assert body["tools"] == solo[text].tools and body["token_ids"] == solo[text].token_ids
         assert body["prompt_token_ids"] == list(engine.encode(text)) and body["finish"] == "done"
         assert 0 < body["ttft_ms"] <= body["total_ms"]
-    assert engine.generator.kv.free_pages == engine.generator.kv.num_pages
+    assert engine.generator.kv.pages_in_use == 0
 
 
 def test_a_tools_subset_restricts_the_answer(engine, solo):
@@ -202,6 +202,8 @@ def test_models_contract_health_metrics_and_openapi(engine, tiny_bundle):
             assert f"toolcall:{name}" in text, name
         assert 'toolcall:request_success_total{finished_reason="stop"} 1.0' in text
         assert 'toolcall:requests_rejected_total{reason="unknown_tool"} 1.0' in text
+        (hits,) = [float(line.split()[1]) for line in text.splitlines() if line.startswith("toolcall:prefix_cache_hits ")]
+        assert hits >= engine.contract.prompt.prefix_tokens  # the request reused the pinned prefix
         status, _, spec = srv.call("GET", "/openapi.json")
         paths = spec["paths"]
         for path in ["/v1/discover", "/v1/chat/completions", "/v1/models", "/v1/contract", "/health", "/health/live",
@@ -269,9 +271,9 @@ def test_a_client_that_disconnects_is_aborted_and_its_pages_freed(engine):
         sock.sendall(b"POST /v1/discover HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
         wait_for(lambda: srv.state.loop.running == 1, what="the request running")
-        assert kv.free_pages < kv.num_pages
+        assert kv.pages_in_use > 0
         sock.close()
-        wait_for(lambda: srv.state.loop.in_flight == 0 and kv.free_pages == kv.num_pages, what="pages freed")
+        wait_for(lambda: srv.state.loop.in_flight == 0 and kv.pages_in_use == 0, what="pages freed")
         metrics = srv.call("GET", "/metrics")[2]
         assert 'reason="request_aborted"} 1.0' in metrics and "request_success_total{" not in metrics
 
@@ -284,7 +286,7 @@ def test_a_request_past_its_deadline_is_504_and_frees_its_pages(engine):
         assert_error(status, body, 504, "deadline_exceeded")
         status, _, body = srv.call("POST", "/v1/discover", {"request": TEXTS[4], "timeout_s": 0.05})
         assert_error(status, body, 504, "deadline_exceeded")
-        wait_for(lambda: kv.free_pages == kv.num_pages, what="pages freed")
+        wait_for(lambda: kv.pages_in_use == 0, what="pages freed")
         status, _, body = srv.call("POST", "/v1/discover", {"request": TEXTS[4], "timeout_s": 30})
         assert status == 200
 

@@ -19,26 +19,35 @@ from ..rope import apply_rope, cos_sin, inv_freq
 # processes; measured on this 2-core machine under load, a 0.6B decode step took 125 ms with one
 # thread and 1,560 ms with two (bench/RESULTS.md). None leaves the process's setting alone.
 DEFAULT_BLAS_THREADS = 1
-
-# Every matmul computes each row on its own, as the matrix-vector product it would be alone: BLAS
-# picks its kernel and summation order from the matrix shape (one row: gemv; several: gemm, with
-# other kernels for small shapes), so a row's bits would otherwise depend on how many rows share its
-# step. A row's logits are bit-identical alone or in any batch (tests/test_generator_incremental.py).
-# Cost: one row as before; many rows read the weights once per row (at 64 rows of a 3072x1024 weight,
-# measured about 4.5x one matrix-matrix product on this machine).
-def matmul_rows(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """x (T, in) @ weight (out, in).T -> (T, out), each row as its own matrix-vector product."""
-    wt = weight.T  # (in, out) view: BLAS reads it transposed, no copy
-    out = np.empty((len(x), weight.shape[0]), np.result_type(x, weight))
-    for i in range(len(x)):  # a vector times a matrix: always the same BLAS gemv call
-        np.matmul(x[i], wt, out=out[i])
-    return out
-
+# Rows per matmul call. BLAS rounds a row differently with the number of rows beside it (1-2
+# rows take a gemv path, small blocks other kernels), so a row's bits would depend on the batch
+# and on how its prompt was chunked. So every row goes one of two fixed ways, chosen by the row
+# alone: prompt rows in zero-padded blocks of GEMM_ROWS (gemm), answer rows (positions at or
+# past the slot's prompt length, PageAllocator.prompt_tokens) one by one (gemv: a decode step
+# stays memory-bound, and at small batch gemm costs ~5x gemv here). Same answers, bit for bit,
+# with or without a shared prefix, in any batch.
+GEMM_ROWS = 16
+KEY_BLOCK = 64  # keys per attention matmul (zero-padded), for the same reason
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x (..., d) float32 normalized over the last axis, times weight (d,)."""
     var = np.mean(x * x, axis=-1, keepdims=True)
     return (x / np.sqrt(var + np.float32(eps))) * weight
+
+
+def blocked_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x (T, in) @ w (out, in).T as (T, out), computed GEMM_ROWS rows at a time (see GEMM_ROWS)."""
+    t = len(x)
+    pad = -t % GEMM_ROWS
+    if pad:
+        x = np.concatenate([x, np.zeros((pad, x.shape[1]), x.dtype)])
+    # (blocks, GEMM_ROWS, in) @ (in, out): numpy calls one gemm of GEMM_ROWS rows per block
+    return (x.reshape(-1, GEMM_ROWS, x.shape[1]) @ w.T).reshape(-1, w.shape[0])[:t]
+
+
+def rowwise_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x (T, in) @ w (out, in).T as (T, out), one row per BLAS call (see GEMM_ROWS)."""
+    return (x[:, None, :] @ w.T)[:, 0]
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -58,8 +67,17 @@ class CpuModel:
         self.freqs = inv_freq(cfg)
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
-    def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        y = matmul_rows(x, self.w[name + ".weight"])
+    def _linear(self, x: np.ndarray, name: str, answer_rows: np.ndarray | None = None) -> np.ndarray:
+        """x (T, in) through a linear layer; ``answer_rows`` (T,) bool picks the one-by-one rows (GEMM_ROWS)."""
+        w = self.w[name + ".weight"]  # (out, in): BLAS reads it transposed, no copy
+        if answer_rows is None or not answer_rows.any():
+            y = blocked_matmul(x, w)
+        elif answer_rows.all():
+            y = rowwise_matmul(x, w)
+        else:
+            y = np.empty((len(x), w.shape[0]), np.float32)
+            y[~answer_rows] = blocked_matmul(x[~answer_rows], w)
+            y[answer_rows] = rowwise_matmul(x[answer_rows], w)
         bias = self.w.get(name + ".bias")
         return y + bias if bias is not None else y
 
@@ -71,14 +89,16 @@ class CpuModel:
         """
         cfg = self.cfg
         t = len(tokens)
+        prompt_tokens = getattr(kv, "prompt_tokens", None)  # (slots,) int64; huge where unknown
+        answer = positions >= prompt_tokens[slots] if prompt_tokens is not None else None  # (T,) see GEMM_ROWS
         x = self.embed[tokens]  # (T, hidden) float32 copy
         cos, sin = cos_sin(self.freqs, positions)
         for layer in range(cfg.num_layers):
             p = f"model.layers.{layer}."
             h = rms_norm(x, self.w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-            q = self._linear(h, p + "self_attn.q_proj").reshape(t, cfg.num_heads, cfg.head_dim)
-            k = self._linear(h, p + "self_attn.k_proj").reshape(t, cfg.num_kv_heads, cfg.head_dim)
-            v = self._linear(h, p + "self_attn.v_proj").reshape(t, cfg.num_kv_heads, cfg.head_dim)
+            q = self._linear(h, p + "self_attn.q_proj", answer).reshape(t, cfg.num_heads, cfg.head_dim)
+            k = self._linear(h, p + "self_attn.k_proj", answer).reshape(t, cfg.num_kv_heads, cfg.head_dim)
+            v = self._linear(h, p + "self_attn.v_proj", answer).reshape(t, cfg.num_kv_heads, cfg.head_dim)
             if cfg.qk_norm:
                 q = rms_norm(q, self.w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
                 k = rms_norm(k, self.w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps)
@@ -86,39 +106,58 @@ class CpuModel:
             k = apply_rope(k, cos, sin)
             kv.write(layer, slots, positions, k, v)
             attn = self._attention(layer, q, slots, positions, kv)  # (T, heads*head_dim)
-            x = x + self._linear(attn, p + "self_attn.o_proj")
+            x = x + self._linear(attn, p + "self_attn.o_proj", answer)
             h = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-            mlp = silu(self._linear(h, p + "mlp.gate_proj")) * self._linear(h, p + "mlp.up_proj")
-            x = x + self._linear(mlp, p + "mlp.down_proj")
+            mlp = silu(self._linear(h, p + "mlp.gate_proj", answer)) * self._linear(h, p + "mlp.up_proj", answer)
+            x = x + self._linear(mlp, p + "mlp.down_proj", answer)
             if trace is not None:
                 trace.append(float(np.sqrt(np.mean(x * x))))
         return rms_norm(x, self.w["model.norm.weight"], cfg.rms_norm_eps)
 
     def _attention(self, layer: int, q: np.ndarray, slots: np.ndarray, positions: np.ndarray,
                    kv: PagedKVPool) -> np.ndarray:
-        """Causal grouped-query attention of each row over its own sequence's cached positions."""
+        """Causal grouped-query attention of each row over its own sequence's cached positions.
+
+        Keys are taken KEY_BLOCK at a time (zero-padded) and query rows GEMM_ROWS at a time, each
+        pair through a matmul of fixed shape; softmax sums are fixed-length within a key block,
+        then added block after block (cumsum is sequential), and so are the outputs: a row's
+        result has the same bits whatever chunk it was computed in (masked and padded keys add
+        exact zeros), see GEMM_ROWS.
+        """
         cfg = self.cfg
-        group = cfg.num_heads // cfg.num_kv_heads
-        out = np.empty((len(q), cfg.num_heads * cfg.head_dim), np.float32)
+        group, d, kvh, kb_ = cfg.num_heads // cfg.num_kv_heads, cfg.head_dim, cfg.num_kv_heads, KEY_BLOCK
+        out = np.empty((len(q), cfg.num_heads * d), np.float32)
         for slot in np.unique(slots):
             rows = np.nonzero(slots == slot)[0]
             pos = positions[rows]
-            # S = the slot's whole reservation, not this step's last position: every row of a sequence
-            # then reduces over the same S (the future masked to exact zeros), so its bits do not
-            # depend on how its prompt was chunked or what else shares the step.
-            keys, values = kv.gather(layer, int(slot), int(kv.reserved_tokens[slot]))  # (S, kv_heads, head_dim)
-            qs = q[rows].reshape(len(rows), cfg.num_kv_heads, group, cfg.head_dim)
-            scores = np.einsum("tkgd,skd->tkgs", qs, keys) * self.scale  # (rows, kv_heads, group, S)
-            future = np.arange(keys.shape[0])[None, :] > pos[:, None]  # (rows, S)
-            scores = np.where(future[:, None, None, :], -np.inf, scores)
-            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-            scores /= scores.sum(axis=-1, keepdims=True)
-            out[rows] = np.einsum("tkgs,skd->tkgd", scores, values).reshape(len(rows), -1)
+            length = int(pos.max()) + 1
+            keys, values = kv.gather(layer, int(slot), length)  # (length, kv_heads, head_dim)
+            nb = -(-length // kb_)
+            kp = np.zeros((kvh, nb * kb_, d), np.float32)  # (kv_heads, blocks * KEY_BLOCK, head_dim)
+            vp = np.zeros((kvh, nb * kb_, d), np.float32)
+            kp[:, :length] = keys.transpose(1, 0, 2)
+            vp[:, :length] = values.transpose(1, 0, 2)
+            r = len(rows) * group  # query rows (row, query head of a kv head), row-major
+            qb = -(-r // GEMM_ROWS)
+            qp = np.zeros((kvh, qb * GEMM_ROWS, d), np.float32)
+            qp[:, :r] = q[rows].reshape(len(rows), kvh, group, d).transpose(1, 0, 2, 3).reshape(kvh, r, d)
+            row_pos = np.full(qb * GEMM_ROWS, nb * kb_, np.int64)  # padding rows see every key (no NaN)
+            row_pos[:r] = pos.repeat(group)
+            # (kv_heads, row blocks, key blocks, GEMM_ROWS, KEY_BLOCK): one fixed-shape gemm per pair
+            scores = qp.reshape(kvh, qb, 1, GEMM_ROWS, d) @ kp.reshape(kvh, 1, nb, kb_, d).swapaxes(-1, -2)
+            future = (np.arange(nb * kb_).reshape(1, nb, 1, kb_)
+                      > row_pos.reshape(qb, 1, GEMM_ROWS, 1))  # (row blocks, key blocks, GEMM_ROWS, KEY_BLOCK)
+            scores = np.where(future, -np.inf, scores * self.scale)
+            scores = np.exp(scores - scores.max(axis=(2, 4), keepdims=True))
+            total = np.cumsum(scores.sum(axis=-1, keepdims=True), axis=2)[:, :, -1:]  # blocks in order
+            o = (scores / total) @ vp.reshape(kvh, 1, nb, kb_, d)  # (kv_heads, row blocks, key blocks, GEMM_ROWS, d)
+            o = np.cumsum(o, axis=2)[:, :, -1].reshape(kvh, qb * GEMM_ROWS, d)[:, :r]
+            out[rows] = o.reshape(kvh, len(rows), group, d).transpose(1, 0, 2, 3).reshape(len(rows), -1)
         return out
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
         """(T, vocab) float32: every row of the head."""
-        return matmul_rows(hidden, self.head)
+        return rowwise_matmul(hidden, self.head)  # sampled rows, one by one (a row's bits: its own)
 
     def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """(T, K) float32 logits of candidate token ids (T, K) only; padded entries may hold any valid id."""

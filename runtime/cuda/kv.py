@@ -24,7 +24,7 @@ class CudaKVPool(PageAllocator):
                  max_tokens_per_seq: int):
         super().__init__(num_pages, page_size, max_seqs, max_tokens_per_seq)
         self.gpu = gpu
-        self.num_kv_heads, self.head_dim = cfg.num_kv_heads, cfg.head_dim
+        self.num_kv_heads, self.head_dim, self.num_layers = cfg.num_kv_heads, cfg.head_dim, cfg.num_layers
         self.layer_bytes = num_pages * page_size * cfg.num_kv_heads * cfg.head_dim * KV_ITEM_BYTES
         self.storage: DeviceArray | None = None
         self.table: DeviceArray | None = None
@@ -42,6 +42,16 @@ class CudaKVPool(PageAllocator):
 
     def v(self, layer: int) -> DeviceArray:
         return DeviceArray(self.storage.ptr + (2 * layer + 1) * self.layer_bytes, self.layer_bytes)
+
+    def copy_rows(self, src_page: int, dst_page: int, rows: int) -> None:
+        """K/V rows 0..rows-1 of every layer, page to page (a shared prefix's partial last page):
+        through the host, 2 * layers small transfers per admission that shares a partial page."""
+        page_bytes = self.page_size * self.num_kv_heads * self.head_dim * KV_ITEM_BYTES
+        n = rows * self.num_kv_heads * self.head_dim * KV_ITEM_BYTES  # rows lead the (page_size, heads, dim) page
+        for block in range(2 * self.num_layers):
+            base = self.storage.ptr + block * self.layer_bytes
+            data = self.gpu.download(DeviceArray(base + src_page * page_bytes, n), (n,), np.uint8)
+            self.gpu.copy_in(DeviceArray(base + dst_page * page_bytes, n), data)
 
     def sync(self) -> None:
         """Uploads the block table if admissions or releases changed it since the last upload."""

@@ -29,14 +29,25 @@ class ServeMetrics:
         Gauge(p + "num_requests_running", "Requests running in the engine (admitted, holding KV pages).",
               registry=r).set_function(read("running"))
         Gauge(p + "num_requests_waiting", "Requests waiting for admission.", registry=r).set_function(read("waiting"))
-        Gauge(p + "kv_pages_free", "Free KV cache pages.", registry=r).set_function(read("free_pages"))
+        Gauge(p + "kv_pages_free", "KV cache pages free to admit into (idle cached pages included).",
+              registry=r).set_function(read("free_pages"))
+        Gauge(p + "kv_pages_in_use", "KV cache pages held by admitted sequences (the pinned prefix not counted).",
+              registry=r).set_function(read("pages_in_use"))
 
         def usage():
             lp = loop()
-            return 0.0 if lp is None else 1.0 - lp.free_pages / max(1, lp.generator.kv.num_pages)
+            if lp is None:
+                return 0.0
+            kv = lp.generator.kv
+            return lp.pages_in_use / max(1, kv.num_pages - kv.pinned_pages)
 
-        Gauge(p + "kv_cache_usage_perc", "KV cache usage: 1 means every page is reserved.",
+        Gauge(p + "kv_cache_usage_perc", "KV cache usage: 1 means every page beside the pinned prefix is reserved.",
               registry=r).set_function(usage)
+        # vLLM's prefix-cache counters, in tokens; read from the pool's running totals at scrape time.
+        Gauge(p + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache (running total).",
+              registry=r).set_function(read("prefix_query_tokens"))
+        Gauge(p + "prefix_cache_hits", "Prompt tokens served from pinned or cached pages (running total).",
+              registry=r).set_function(read("prefix_hit_tokens"))
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of finished requests.", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Generated tokens of finished requests.", registry=r)
         self.success = Counter(p + "request_success", "Finished requests by finish reason.", ["finished_reason"],
