@@ -4,12 +4,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
+
 from tokenizers import Tokenizer
 
 from .bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, check_files, read_contract
 from .contract import CPU_TARGET, Contract
 from .cpu.model import CpuModel
 from .cpu.dequant import load_dequantized
+from .cpu.fast_model import FastCpuModel, StoredWeights, load_stored
 from common.errors import CudaError, EngineError, Refusal
 from .generator import Generator, Request, Result
 from .grammar import Grammar
@@ -28,17 +31,33 @@ def check_bundle(path: str | Path, facts: MachineFacts | None = None) -> Contrac
     return contract
 
 
-def load_cpu_weights(weights_path: str | Path, cfg: ModelConfig) -> dict:
-    """float32 weights under Hugging Face names, dequantized from a bundle's weights file."""
+CPU_BACKENDS = ("fast", "reference")  # fast: numba on the stored weights; reference: numpy float32
+
+
+def load_cpu_weights(weights_path: str | Path, cfg: ModelConfig, backend: str = "reference") -> dict | StoredWeights:
+    """A bundle's weights for a CPU backend: reference, float32 under Hugging Face names
+    (dequantized); fast, the stored arrays memory-mapped (StoredWeights)."""
+    if backend == "fast":
+        return load_stored(weights_path, cfg)
     with SafetensorsFile(weights_path) as st:
         return load_dequantized(st, list(cfg.tensor_shapes()))
 
 
-def cpu_generator(cfg: ModelConfig, weights: dict, grammar: Grammar, limits, head: str = "sparse") -> Generator:
-    """A Generator on the CPU reference backend sized exactly as ``limits`` (a contract Limits) says."""
+def cpu_generator(cfg: ModelConfig, weights: dict | StoredWeights, grammar: Grammar, limits, head: str = "sparse",
+                  threads: int | None = None) -> Generator:
+    """A Generator on a CPU backend sized exactly as ``limits`` (a contract Limits) says: the fast
+    backend for StoredWeights (its KV pool and workspace touched now, so the process holds what the
+    contract states), the reference for a float32 dict."""
     pool = PagedKVPool(cfg, limits.num_pages, limits.page_size, limits.max_sequences,
                        limits.max_input_tokens + limits.max_output_tokens, kv_dtype="bf16")
-    return Generator(CpuModel(cfg, weights), pool, grammar, max_input_tokens=limits.max_input_tokens,
+    if isinstance(weights, StoredWeights):
+        for a in pool.k + pool.v:
+            a.view(np.uint8).fill(0)  # calloc'd pages become resident: the pool is really held
+        model = FastCpuModel(cfg, weights, limits.max_tokens_per_step,
+                             limits.max_input_tokens + limits.max_output_tokens, threads)
+    else:
+        model = CpuModel(cfg, weights)
+    return Generator(model, pool, grammar, max_input_tokens=limits.max_input_tokens,
                      max_output_tokens=limits.max_output_tokens, max_tokens_per_step=limits.max_tokens_per_step,
                      prefill_chunk=limits.prefill_chunk, head=head)
 
@@ -55,8 +74,13 @@ class Engine:
         self.loop = None  # GPU bundles: the single-request decode graph (runtime/cuda/graph.py)
 
     @classmethod
-    def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse") -> "Engine":
-        """Checks, loads and canary-gates the bundle at ``path``; a Refusal names the first failed check."""
+    def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse",
+             backend: str = "fast", threads: int | None = None) -> "Engine":
+        """Checks, loads and canary-gates the bundle at ``path``; a Refusal names the first failed check.
+
+        ``backend`` (CPU bundles): "fast" (stored weights, numba; ``threads`` workers, default the
+        machine's cores) or "reference" (numpy float32, the source of truth)."""
+        assert backend in CPU_BACKENDS, backend
         start = time.perf_counter()
         folder = Path(path)
         contract = check_bundle(folder, facts)
@@ -65,14 +89,14 @@ class Engine:
         try:
             tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
             grammar = Grammar.read(folder / GRAMMAR_FILE)
-            weights = load_cpu_weights(folder / WEIGHTS_FILE, contract.model)
+            weights = load_cpu_weights(folder / WEIGHTS_FILE, contract.model, backend)
         except EngineError:
             raise
         except Exception as e:  # a file that hashes right but does not parse: the builder wrote it wrong
             raise Refusal("bundle_invalid", f"bundle file failed to load: {type(e).__name__}: {e}",
                           reason=type(e).__name__) from None
-        engine = cls(folder, contract, cpu_generator(contract.model, weights, grammar, contract.limits, head),
-                     tokenizer, 0.0)
+        engine = cls(folder, contract, cpu_generator(contract.model, weights, grammar, contract.limits, head,
+                                                     threads), tokenizer, 0.0)
         del weights
         engine.check_canary()
         engine.load_seconds = time.perf_counter() - start
