@@ -1,7 +1,7 @@
 """The canary: a fixed prompt whose exact greedy answer, on the bundle's own weights, gates every load.
 
-Candidates are run through the CPU reference backend on the weights just written (read
-back as the runtime reads them); the first whose smallest top-1/top-2 margin is clear wins
+Candidates are run through the fast CPU backend on the weights just written (read
+back as the runtime reads them; its tokens equal the reference backend's, tests/test_cpu_fast.py); the first whose smallest top-1/top-2 margin is clear wins
 (else the clearest), so that no step of it is a near-tie another correct float32 path could
 order differently.
 """
@@ -31,7 +31,8 @@ CLEAR_MARGIN = 0.05  # the first candidate at least this clear is taken without 
 
 def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits, tokenizer) -> Canary:
     """Runs the candidates in order on the written weights; returns the first clear one (else the clearest)."""
-    generator = cpu_generator(cfg, load_cpu_weights(weights_path, cfg), grammar, limits)
+    # the fast backend on the stored weights (memory-mapped): the build never holds a float32 copy
+    generator = cpu_generator(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits)
     prompts = [tuple(tokenizer.encode(grammar.render_prompt(r)).ids) for r in CANARY_REQUESTS]
     prompts = [p for p in prompts if len(p) <= limits.max_input_tokens] or [prompts[0][-limits.max_input_tokens:]]
     best: tuple[float, tuple[int, ...], Result] | None = None

@@ -4,7 +4,10 @@ Terms (all bytes):
 - weights: tensor data of weights.safetensors, from ``quantize.output_specs``.
 - KV pool: num_pages * page_size * num_layers * 2 (K and V) * num_kv_heads * head_dim * 2 (bf16).
 - workspace: float32 buffers for one step of max_tokens_per_step rows; ``workspace_breakdown``
-  lists them one by one, so the backends' allocations can be checked against it.
+  lists them one by one, so the backends' allocations can be checked against it. On cpu the
+  fast backend (runtime/cpu/fast_model.py) holds exactly these buffers, with attention scores
+  [T, heads, max context] in place of the GPU's split-K partials; its weights are the
+  bundle's stored arrays (memory-mapped), so a CPU load's resident memory is this total.
 - graphs: captured CUDA graphs, a fixed estimate (GRAPHS_BYTES_GPU; 0 on cpu).
 - context reserve: CUDA context and driver (CONTEXT_RESERVE_BYTES_GPU by default; 0 on cpu).
 """
@@ -90,8 +93,10 @@ def attention_splits(limits: Limits) -> int:
     return attention_max_splits(limits.max_input_tokens + limits.max_output_tokens)
 
 
-def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None) -> dict[str, int]:
-    """Bytes of each float32 step buffer, by name, for T = max_tokens_per_step rows.
+def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None,
+                        target_name: str | None = None) -> dict[str, int]:
+    """Bytes of each float32 step buffer, by name, for T = max_tokens_per_step rows (target
+    ``cpu``: the fast CPU backend's buffers; otherwise the CUDA backend's).
 
     Only sampled rows reach the head: a step samples at most one token per sequence (a prefill
     chunk only at its last row), so the head's logits have R = min(T, max_sequences) rows.
@@ -101,6 +106,12 @@ def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node:
     r = min(t, limits.max_sequences)
     edges = config.vocab_size if max_edges_per_node is None else max_edges_per_node
     h, i = config.hidden_size, config.intermediate_size
+    if target_name == CPU_TARGET:
+        # [T, heads, max_input + max_output]: each row's scores over its positions (fast_kernels.attention)
+        attention = {"attn_scores": t * config.num_heads * (limits.max_input_tokens + limits.max_output_tokens) * F32}
+    else:
+        # [T, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
+        attention = {"attn_partials": t * config.num_heads * attention_splits(limits) * (config.head_dim + 2) * F32}
     return {
         "hidden": t * h * F32,  # [T, hidden] residual stream
         "normed": t * h * F32,  # [T, hidden] RMSNorm output; reused for o_proj/down_proj output
@@ -110,8 +121,7 @@ def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node:
         "attn_out": t * config.q_dim * F32,  # [T, heads, head_dim]
         "gate": t * i * F32,  # [T, intermediate]; silu(gate) * up written in place
         "up": t * i * F32,  # [T, intermediate]
-        # [T, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
-        "attn_partials": t * config.num_heads * attention_splits(limits) * (config.head_dim + 2) * F32,
+        **attention,
         "logits_sparse": r * edges * F32,  # [R, max_edges_per_node] allowed edges only
         "logits_dense": r * config.vocab_size * F32,  # [R, vocab] cross-check head
     }
@@ -136,7 +146,7 @@ def plan_memory(config: ModelConfig, precision: str, limits: Limits, target_name
     return Memory.from_parts(
         weights_bytes=weights_bytes(config, precision),
         kv_pool_bytes=kv_pool_bytes(config, limits.num_pages, limits.page_size),
-        workspace_bytes=sum(workspace_breakdown(config, limits, max_edges_per_node).values()),
+        workspace_bytes=sum(workspace_breakdown(config, limits, max_edges_per_node, target_name).values()),
         graphs_bytes=graphs_bytes(target_name),
         context_reserve_bytes=reserve)
 

@@ -19,6 +19,11 @@ from ..rope import apply_rope, cos_sin, inv_freq
 # processes; measured on this 2-core machine under load, a 0.6B decode step took 125 ms with one
 # thread and 1,560 ms with two (bench/RESULTS.md). None leaves the process's setting alone.
 DEFAULT_BLAS_THREADS = 1
+# Rows per BLAS call of a linear layer. OpenBLAS picks its kernel by the matrix sizes (M=1 is
+# matrix-vector; small M*N*K take a "small matrix" kernel whose sums change with M), so a row's
+# bits would depend on how many rows share the step. Every call gets exactly ROW_BLOCK rows
+# (zero-padded): measured, a row's result is then the same whatever its block-mates and place.
+ROW_BLOCK = 8
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -29,6 +34,17 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1.0) + np.exp(-x))
+
+
+def matmul_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x (T, in) @ w (out, in).T -> (T, out) float32, in calls of exactly ROW_BLOCK rows (batch-independent bits)."""
+    t = len(x)
+    padded = np.zeros((t + -t % ROW_BLOCK, x.shape[1]), np.float32)
+    padded[:t] = x
+    out = np.empty((len(padded), w.shape[0]), np.float32)
+    for i in range(0, len(padded), ROW_BLOCK):
+        np.matmul(padded[i:i + ROW_BLOCK], w.T, out=out[i:i + ROW_BLOCK])  # weight (out, in): read transposed, no copy
+    return out[:t]
 
 
 class CpuModel:
@@ -45,7 +61,7 @@ class CpuModel:
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
-        y = x @ self.w[name + ".weight"].T  # weight (out, in): BLAS reads it transposed, no copy
+        y = matmul_rows(x, self.w[name + ".weight"])
         bias = self.w.get(name + ".bias")
         return y + bias if bias is not None else y
 
@@ -86,24 +102,24 @@ class CpuModel:
         cfg = self.cfg
         group = cfg.num_heads // cfg.num_kv_heads
         out = np.empty((len(q), cfg.num_heads * cfg.head_dim), np.float32)
-        for slot in np.unique(slots):
-            rows = np.nonzero(slots == slot)[0]
-            pos = positions[rows]
-            keys, values = kv.gather(layer, int(slot), int(pos.max()) + 1)  # (S, kv_heads, head_dim)
-            qs = q[rows].reshape(len(rows), cfg.num_kv_heads, group, cfg.head_dim)
-            scores = np.einsum("tkgd,skd->tkgs", qs, keys) * self.scale  # (rows, kv_heads, group, S)
-            future = np.arange(keys.shape[0])[None, :] > pos[:, None]  # (rows, S)
-            scores = np.where(future[:, None, None, :], -np.inf, scores)
+        # One row at a time over exactly its positions 0..pos: a row's sums never see another
+        # row's length (a prefill chunk's longest row) nor its place in the step.
+        for row in range(len(q)):
+            keys, values = kv.gather(layer, int(slots[row]), int(positions[row]) + 1)  # (S, kv_heads, head_dim)
+            qs = q[row].reshape(cfg.num_kv_heads, group, cfg.head_dim)
+            scores = np.einsum("kgd,skd->kgs", qs, keys) * self.scale  # (kv_heads, group, S)
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
             scores /= scores.sum(axis=-1, keepdims=True)
-            out[rows] = np.einsum("tkgs,skd->tkgd", scores, values).reshape(len(rows), -1)
+            out[row] = np.einsum("kgs,skd->kgd", scores, values).reshape(-1)
         return out
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
         """(T, vocab) float32: every row of the head."""
-        return hidden @ self.head.T
+        return matmul_rows(hidden, self.head)
 
     def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """(T, K) float32 logits of candidate token ids (T, K) only; padded entries may hold any valid id."""
         rows = self.head[candidates]  # (T, K, hidden)
-        return np.einsum("tkh,th->tk", rows, hidden)
+        # products then numpy's pairwise sum along the contiguous last axis: each logit's order
+        # depends on hidden only (BLAS matrix-vector kernels change with K, the batch's widest row)
+        return (rows * hidden[:, None, :]).sum(axis=-1)
