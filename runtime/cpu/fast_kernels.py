@@ -1,11 +1,11 @@
 """numba kernels of the fast CPU backend: linear layers on the stored weight formats, norms, rope, attention.
 
 Every kernel computes each output element with ONE fixed reduction order, whatever the number
-of rows in the step: a dot product over ``n`` is 16 float32 lanes (lane j sums elements
-i = j mod 16 in increasing i), then the lanes are added in a fixed tree (``_dot``). Rows are
-never mixed: threads split the OUTPUT rows (prange), never a sum. So a row's bits do not
-depend on what else shares the step. float32 accumulate, fastmath off (no reassociation, no
-FMA contraction), compiled once and cached beside this file (numba ``cache=True``; numba falls
+of rows in the step: every dot product over ``n`` is one call of the one compiled ``_dot``
+(fixed vector lanes, see there). Rows are never mixed: threads split the OUTPUT rows
+(prange), never a sum. So a row's bits do not depend on what else shares the step. float32
+accumulate, fastmath off everywhere but ``_dot``'s reassociation (no FMA contraction),
+compiled once and cached beside this file (numba ``cache=True``; numba falls
 back to its user-wide cache dir, or NUMBA_CACHE_DIR, when __pycache__ is not writable).
 
 Weight formats (DESIGN.md "Weight formats"), decoded in registers:
@@ -23,15 +23,40 @@ Weight formats (DESIGN.md "Weight formats"), decoded in registers:
 from __future__ import annotations
 
 import math
+import os
 
+import llvmlite.binding as llvm
 import ml_dtypes
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
+
+
+def _use_512_bit_vectors() -> None:
+    """Compile for this CPU with 512-bit vectors where it has AVX-512.
+
+    LLVM tunes recent Xeons to "prefer 256-bit" vectors; for these kernels (integer decode plus a
+    float32 multiply-add per weight, no frequency-heavy FMA storms) zmm measured 2-4x faster on
+    this machine (bench/RESULTS.md). Set before numba's first compile (its target machine is made
+    then; the cache key includes the features, so cached code always matches). An explicit
+    NUMBA_CPU_NAME / NUMBA_CPU_FEATURES in the environment wins. Only speed depends on it: the
+    kernels' bits are batch-independent either way.
+    """
+    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
+        return
+    features = llvm.get_host_cpu_features().flatten()
+    if "+avx512f" not in features.split(","):
+        return
+    os.environ["NUMBA_CPU_NAME"] = "generic"  # generic tuning with the host features; a named Xeon re-imposes 256-bit
+    os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
+    numba.config.reload_config()
+
+
+_use_512_bit_vectors()
 from numba.extending import intrinsic, overload
 
-LANES = 16  # dot-product lanes (one AVX-512 register of float32)
-ROW_BLOCK = 16  # output rows decoded together, then reused by every row of the step
+ROW_BLOCK = 16  # NVFP4: output rows decoded together into float32, then reused by every row of the step
 NVFP4_BLOCK = 16
 E4M3_LUT = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
 E2M1_LUT = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
@@ -50,87 +75,102 @@ def _bits_to_f32(typingctx, bits):
     return sig, codegen
 
 
-@njit(inline="always", cache=True)
+# Decoders are separate functions, not numba-inlined: LLVM inlines them with their own
+# instruction flags, so _dot_*'s reassociation never reaches the decode arithmetic (it could
+# otherwise hoist the 2^120 out of the sum and underflow the products).
+@njit(cache=True)
 def _e4m3(code):
     """E4M3 byte as int8 -> float32 (bit arithmetic, see module docstring)."""
     return _bits_to_f32((np.int32(code) << 20) & _E4M3_MASK) * _TWO_120
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
+def _e4m3_lut(code):
+    return E4M3_LUT[np.uint8(code)]
+
+
+@njit(cache=True)
 def _bf16(bits):
     return _bits_to_f32(np.int32(bits) << 16)
 
 
-@njit(inline="always", cache=True)
+@njit(cache=True)
+def _e2m1(nibble):
+    """E2M1 code (0..15, bit 3 the sign) -> float32 without a table: magnitude codes 2..7 are
+    2^(e-1) * (1 + m/2), i.e. float32 bits (code << 22) + 126 << 23; codes 0, 1 are 0, 0.5."""
+    mag = nibble & 7
+    f = _bits_to_f32((mag << 22) + 0x3F00_0000)
+    if mag < 2:
+        f = np.float32(mag) * np.float32(0.5)
+    if nibble & 8:
+        f = -f
+    return f
+
+
+@njit(fastmath={"reassoc"}, cache=True)
 def _dot(x, w, n):
-    """sum_i x[i] * w[i] over i < n, float32 in 16 lanes and a fixed tree; the same order for every row."""
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
-    a8 = a9 = a10 = a11 = a12 = a13 = a14 = a15 = np.float32(0.0)
-    full = n - n % 16
-    for i in range(0, full, 16):
-        a0 += x[i] * w[i]
-        a1 += x[i + 1] * w[i + 1]
-        a2 += x[i + 2] * w[i + 2]
-        a3 += x[i + 3] * w[i + 3]
-        a4 += x[i + 4] * w[i + 4]
-        a5 += x[i + 5] * w[i + 5]
-        a6 += x[i + 6] * w[i + 6]
-        a7 += x[i + 7] * w[i + 7]
-        a8 += x[i + 8] * w[i + 8]
-        a9 += x[i + 9] * w[i + 9]
-        a10 += x[i + 10] * w[i + 10]
-        a11 += x[i + 11] * w[i + 11]
-        a12 += x[i + 12] * w[i + 12]
-        a13 += x[i + 13] * w[i + 13]
-        a14 += x[i + 14] * w[i + 14]
-        a15 += x[i + 15] * w[i + 15]
-    for i in range(full, n):  # tail (n not a multiple of 16): lane 0, in order
-        a0 += x[i] * w[i]
-    return ((((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)))
-            + (((a8 + a9) + (a10 + a11)) + ((a12 + a13) + (a14 + a15))))
+    """sum_i x[i] * w[i] over i < n in float32.
+
+    The only kernel allowed to reassociate (and nothing else: no FMA contraction, no other
+    fast-math): LLVM vectorizes the sum into fixed lanes (here 4 x 8 float32 partial sums
+    over i mod 32, a fixed tree, a fixed remainder loop), chosen at compile time from ``n``
+    alone. Every dot product of the backend goes through this one compiled function, one call
+    per output element, so the order is the same whatever the batch. A separate function (not
+    inlined by numba) so the flag stays on these instructions only.
+    """
+    s = np.float32(0.0)
+    for i in range(n):
+        s += x[i] * w[i]
+    return s
 
 
-@njit(inline="always", cache=True)
-def _rows_times_block(x, w, rows, lo, scale, y):
-    """y[t, lo + r] = _dot(x[t], w[r]) * scale[lo + r] for every row t and decoded row r < rows."""
-    n = x.shape[1]
-    for t in range(x.shape[0]):
-        xt = x[t]
-        for r in range(rows):
-            y[t, lo + r] = _dot(xt, w[r], n) * scale[lo + r]
+@njit(fastmath={"reassoc"}, cache=True)
+def _dot_fp8(x, q, n):
+    """sum_i x[i] * e4m3(q[i]): _dot's order, the weights decoded in registers (q int8 E4M3 bytes)."""
+    s = np.float32(0.0)
+    for i in range(n):
+        s += x[i] * _e4m3(q[i])
+    return s
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _dot_fp8_lut(x, q, n):
+    s = np.float32(0.0)
+    for i in range(n):
+        s += x[i] * _e4m3_lut(q[i])
+    return s
+
+
+@njit(fastmath={"reassoc"}, cache=True)
+def _dot_bf16(x, wbits, n):
+    """sum_i x[i] * bf16(wbits[i]) (u16 bits), in _dot's order."""
+    s = np.float32(0.0)
+    for i in range(n):
+        s += x[i] * _bf16(wbits[i])
+    return s
 
 
 @njit(parallel=True, cache=True)
 def linear_fp8(x, q, scale, y):
-    """x (T, in) f32, q (out, in) int8 (E4M3 bytes), scale (out,) f32 -> y (T, out) f32."""
+    """x (T, in) f32, q (out, in) int8 (E4M3 bytes), scale (out,) f32 -> y (T, out) f32.
+    y[t, o] = _dot_fp8(x[t], q[o]) * scale[o], the same call for every row t."""
     out, n = q.shape
-    for b in prange((out + ROW_BLOCK - 1) // ROW_BLOCK):
-        lo = b * ROW_BLOCK
-        rows = min(ROW_BLOCK, out - lo)
-        w = np.empty((ROW_BLOCK, n), np.float32)
-        for r in range(rows):
-            qr = q[lo + r]
-            wr = w[r]
-            for i in range(n):
-                wr[i] = _e4m3(qr[i])
-        _rows_times_block(x, w, rows, lo, scale, y)
+    for o in prange(out):
+        qo = q[o]
+        s = scale[o]
+        for t in range(x.shape[0]):
+            y[t, o] = _dot_fp8(x[t], qo, n) * s
 
 
 @njit(parallel=True, cache=True)
 def linear_fp8_lut(x, q, scale, y):
     """linear_fp8 by table gather (for a process that flushes float32 subnormals)."""
     out, n = q.shape
-    lut = E4M3_LUT
-    for b in prange((out + ROW_BLOCK - 1) // ROW_BLOCK):
-        lo = b * ROW_BLOCK
-        rows = min(ROW_BLOCK, out - lo)
-        w = np.empty((ROW_BLOCK, n), np.float32)
-        for r in range(rows):
-            qr = q[lo + r]
-            wr = w[r]
-            for i in range(n):
-                wr[i] = lut[np.uint8(qr[i])]
-        _rows_times_block(x, w, rows, lo, scale, y)
+    for o in prange(out):
+        qo = q[o]
+        s = scale[o]
+        for t in range(x.shape[0]):
+            y[t, o] = _dot_fp8_lut(x[t], qo, n) * s
 
 
 @njit(parallel=True, cache=True)
@@ -138,48 +178,35 @@ def linear_nvfp4(x, packed, block, global_scale, y):
     """x (T, in) f32, packed (out, in/2) u8, block (out, in/16) u8 (E4M3 bytes), global f32 -> y (T, out)."""
     out, half = packed.shape
     n = 2 * half
-    e2m1 = E2M1_LUT
     e4m3 = E4M3_LUT
     for b in prange((out + ROW_BLOCK - 1) // ROW_BLOCK):
         lo = b * ROW_BLOCK
         rows = min(ROW_BLOCK, out - lo)
         w = np.empty((ROW_BLOCK, n), np.float32)
-        g = np.empty(ROW_BLOCK, np.float32)
         for r in range(rows):
-            g[r] = global_scale
             pr = packed[lo + r]
             br = block[lo + r]
             wr = w[r]
             for k in range(n // NVFP4_BLOCK):
                 s = e4m3[br[k]]
-                for j in range(NVFP4_BLOCK // 2):
-                    byte = pr[k * 8 + j]
-                    wr[k * 16 + 2 * j] = e2m1[byte & 15] * s  # exact: 2 x 4 significant bits
-                    wr[k * 16 + 2 * j + 1] = e2m1[byte >> 4] * s
+                for j in range(NVFP4_BLOCK):  # element 2i in the low nibble of byte i
+                    nibble = (np.int32(pr[k * 8 + (j >> 1)]) >> ((j & 1) * 4)) & 15
+                    wr[k * 16 + j] = _e2m1(nibble) * s  # exact: 2 x 4 significant bits
         nt = x.shape[0]
         for t in range(nt):
             xt = x[t]
             for r in range(rows):
-                y[t, lo + r] = _dot(xt, w[r], n) * g[r]
+                y[t, lo + r] = _dot(xt, w[r], n) * global_scale
 
 
 @njit(parallel=True, cache=True)
 def linear_bf16(x, wbits, y):
-    """x (T, in) f32, wbits (out, in) u16 (bf16) -> y (T, out) f32."""
+    """x (T, in) f32, wbits (out, in) u16 (bf16) -> y (T, out) f32; y[t, o] = _dot_bf16(x[t], wbits[o])."""
     out, n = wbits.shape
-    for b in prange((out + ROW_BLOCK - 1) // ROW_BLOCK):
-        lo = b * ROW_BLOCK
-        rows = min(ROW_BLOCK, out - lo)
-        w = np.empty((ROW_BLOCK, n), np.float32)
-        for r in range(rows):
-            src = wbits[lo + r]
-            wr = w[r]
-            for i in range(n):
-                wr[i] = _bf16(src[i])
+    for o in prange(out):
+        wo = wbits[o]
         for t in range(x.shape[0]):
-            xt = x[t]
-            for r in range(rows):
-                y[t, lo + r] = _dot(xt, w[r], n)
+            y[t, o] = _dot_bf16(x[t], wo, n)
 
 
 @njit(parallel=True, cache=True)
@@ -207,12 +234,8 @@ def candidate_logits_bf16(hidden, wbits, cand, out):
     """out[t, k] = _dot(hidden[t], float32(wbits[cand[t, k]])): the sparse head, bit-equal to linear_bf16's rows."""
     n = wbits.shape[1]
     for t in prange(cand.shape[0]):
-        w = np.empty(n, np.float32)
         for k in range(cand.shape[1]):
-            src = wbits[cand[t, k]]
-            for i in range(n):
-                w[i] = _bf16(src[i])
-            out[t, k] = _dot(hidden[t], w, n)
+            out[t, k] = _dot_bf16(hidden[t], wbits[cand[t, k]], n)
 
 
 @njit(parallel=True, cache=True)
