@@ -12,6 +12,12 @@ from common.errors import EngineError
 from .generator import HEAD_MODES, Result
 from .sampling import Sampling
 
+CPU_BACKENDS = ("fast", "reference")  # runtime.engine.CPU_BACKENDS (not imported here: the engine loads numba)
+_backend = click.option("--backend", type=click.Choice(CPU_BACKENDS), default="fast", show_default=True,
+                        help="CPU bundles: fast (numba on the stored weights) or reference (numpy float32).")
+_threads = click.option("--threads", type=int, default=None,
+                        help="Fast CPU backend worker threads [default: the machine's cores].")
+
 
 @click.group(cls=TypedErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
@@ -41,13 +47,15 @@ def check(path, as_json):
 
 @main.command()
 @click.argument("path", type=click.Path())
+@_backend
+@_threads
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
-def load(path, as_json):
+def load(path, backend, threads, as_json):
     """Check, load and canary-gate a bundle; exit 0 only when it is bound and ready."""
     from .engine import Engine
 
     try:
-        engine = Engine.load(path)
+        engine = Engine.load(path, backend=backend, threads=threads)
     except EngineError as e:
         fail(e, as_json)
     c = engine.contract
@@ -65,13 +73,15 @@ def load(path, as_json):
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (same seed, same answer).")
+@_backend
+@_threads
 @click.option("--json", "as_json", is_flag=True, help="Tool names, token ids and timings as JSON.")
-def run(path, requests, head, temperature, top_p, seed, as_json):
+def run(path, requests, head, temperature, top_p, seed, backend, threads, as_json):
     """Answer each REQUEST text with the bundle's tools, ranked in the order the model names them."""
     from .engine import Engine
 
     try:
-        engine = Engine.load(path, head=head)
+        engine = Engine.load(path, head=head, backend=backend, threads=threads)
         start = time.perf_counter()
         results = engine.run(list(requests), Sampling(temperature, top_p, seed))
         wall = time.perf_counter() - start

@@ -46,13 +46,10 @@ def load_cpu_weights(weights_path: str | Path, cfg: ModelConfig, backend: str = 
 def cpu_generator(cfg: ModelConfig, weights: dict | StoredWeights, grammar: Grammar, limits, head: str = "sparse",
                   threads: int | None = None) -> Generator:
     """A Generator on a CPU backend sized exactly as ``limits`` (a contract Limits) says: the fast
-    backend for StoredWeights (its KV pool and workspace touched now, so the process holds what the
-    contract states), the reference for a float32 dict."""
+    backend for StoredWeights, the reference for a float32 dict."""
     pool = PagedKVPool(cfg, limits.num_pages, limits.page_size, limits.max_sequences,
                        limits.max_input_tokens + limits.max_output_tokens, kv_dtype="bf16")
     if isinstance(weights, StoredWeights):
-        for a in pool.k + pool.v:
-            a.view(np.uint8).fill(0)  # calloc'd pages become resident: the pool is really held
         model = FastCpuModel(cfg, weights, limits.max_tokens_per_step,
                              limits.max_input_tokens + limits.max_output_tokens, threads)
     else:
@@ -97,6 +94,9 @@ class Engine:
                           reason=type(e).__name__) from None
         engine = cls(folder, contract, cpu_generator(contract.model, weights, grammar, contract.limits, head,
                                                      threads), tokenizer, 0.0)
+        if backend == "fast":  # the pool's calloc'd pages made resident: a bound engine holds what the contract states
+            for a in engine.generator.kv.k + engine.generator.kv.v:
+                a.view(np.uint8).fill(0)
         del weights
         engine.check_canary()
         engine.load_seconds = time.perf_counter() - start

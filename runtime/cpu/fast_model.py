@@ -101,7 +101,7 @@ class StoredWeights:
         arrays = [a for a in self.table.values()] + list(self.vectors.values())
         for lin in self.linear.values():
             arrays += [a for a in (lin.weight, lin.scale, lin.block) if a is not None]
-        return sum(a.nbytes for a in arrays)
+        return sum(a.nbytes for a in arrays) + 4 * sum(lin.kind == "nvfp4" for lin in self.linear.values())  # + f32 globals
 
 
 def _missing(st, name, what):
@@ -192,6 +192,8 @@ class FastCpuModel:
                        v=np.zeros((rows, cfg.kv_dim), f), attn_out=np.zeros((rows, cfg.q_dim), f),
                        gate=np.zeros((rows, i), f), up=np.zeros((rows, i), f),
                        attn_scores=np.zeros((rows, cfg.num_heads, context), f))
+        for a in self.ws.values():
+            a.fill(0)  # calloc'd pages made resident: the model holds its workspace from the start
         self._rows, self._context = rows, context
 
     @property
