@@ -40,19 +40,23 @@ def _prompt(vocab: int, n: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(0).integers(3, min(vocab, 3000), n)]
 
 
-def child_ours(bundle: str, threads: int, prefill: int, decode: int) -> dict:
+def child_ours(bundle: str, threads: int, prefill: int, decode: int, backend: str = "fast") -> dict:
     import numpy as np
 
     from runtime.bundle import WEIGHTS_FILE, read_contract
     from runtime.cpu.fast_model import FastCpuModel
     from runtime.cpu.kv_pool import PagedKVPool
+    from runtime.cpu.model import CpuModel
     from runtime.engine import load_cpu_weights
 
     t0 = time.perf_counter()
     contract = read_contract(bundle)
     cfg = contract.model
-    model = FastCpuModel(cfg, load_cpu_weights(Path(bundle) / WEIGHTS_FILE, cfg, "fast"), prefill,
-                         prefill + decode, threads)
+    weights = load_cpu_weights(Path(bundle) / WEIGHTS_FILE, cfg, backend)
+    if backend == "fast":
+        model = FastCpuModel(cfg, weights, prefill, prefill + decode, threads)
+    else:
+        model = CpuModel(cfg, weights, blas_threads=threads)
     kv = PagedKVPool(cfg, -(-(prefill + decode) // 32), 32, 1, prefill + decode)
     slot = kv.admit(prefill + decode)
     load_s = time.perf_counter() - t0
@@ -176,7 +180,8 @@ def main() -> None:
     ap.add_argument("--llama-python", default=sys.executable, help="A python with llama-cpp-python installed.")
     ap.add_argument("--make-gguf", type=Path, default=None, metavar="CONVERTER",
                     help="Make the GGUFs first with this wrapper of llama.cpp's convert_hf_to_gguf.py.")
-    ap.add_argument("--only", default=",".join(ORDER), help="Comma-separated engines, in run order.")
+    ap.add_argument("--only", default=",".join(ORDER),
+                    help="Comma-separated engines, in run order (also reference:fp8_e4m3, the numpy backend).")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--json", dest="json_out", type=Path, default=None)
     ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
@@ -184,7 +189,8 @@ def main() -> None:
 
     if args.child:
         kind, target = args.child
-        run = {"ours": child_ours, "transformers": child_transformers, "llama": child_llama}[kind]
+        run = {"ours": child_ours, "transformers": child_transformers, "llama": child_llama,
+               "reference": lambda *a: child_ours(*a, backend="reference")}[kind]
         result = run(target, args.threads, args.prefill_tokens, args.decode_tokens)
         print(json.dumps({**result, "peak_rss": _peak_rss()}))
         return
@@ -195,8 +201,8 @@ def main() -> None:
             "decode_tokens": args.decode_tokens, "checkpoint": str(args.checkpoint), "engines": {}}
     for engine in args.only.split(","):
         kind, name = engine.split(":")
-        if kind == "ours":
-            r = run_child("ours", str(args.bundles / name), args, sys.executable)
+        if kind in ("ours", "reference"):  # reference: the numpy float32 backend on the same bundle
+            r = run_child(kind, str(args.bundles / name), args, sys.executable)
         elif kind == "llama":
             r = run_child("llama", str(args.gguf / f"{name}.gguf"), args, args.llama_python)
         else:

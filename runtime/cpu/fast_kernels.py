@@ -94,19 +94,6 @@ def _bf16(bits):
     return _bits_to_f32(np.int32(bits) << 16)
 
 
-@njit(cache=True)
-def _e2m1(nibble):
-    """E2M1 code (0..15, bit 3 the sign) -> float32 without a table: magnitude codes 2..7 are
-    2^(e-1) * (1 + m/2), i.e. float32 bits (code << 22) + 126 << 23; codes 0, 1 are 0, 0.5."""
-    mag = nibble & 7
-    f = _bits_to_f32((mag << 22) + 0x3F00_0000)
-    if mag < 2:
-        f = np.float32(mag) * np.float32(0.5)
-    if nibble & 8:
-        f = -f
-    return f
-
-
 @njit(fastmath={"reassoc"}, cache=True)
 def _dot(x, w, n):
     """sum_i x[i] * w[i] over i < n in float32.
@@ -179,6 +166,7 @@ def linear_nvfp4(x, packed, block, global_scale, y):
     out, half = packed.shape
     n = 2 * half
     e4m3 = E4M3_LUT
+    e2m1 = E2M1_LUT  # a 16-entry table: measured 3x faster here than bit arithmetic with selects
     for b in prange((out + ROW_BLOCK - 1) // ROW_BLOCK):
         lo = b * ROW_BLOCK
         rows = min(ROW_BLOCK, out - lo)
@@ -189,9 +177,10 @@ def linear_nvfp4(x, packed, block, global_scale, y):
             wr = w[r]
             for k in range(n // NVFP4_BLOCK):
                 s = e4m3[br[k]]
-                for j in range(NVFP4_BLOCK):  # element 2i in the low nibble of byte i
-                    nibble = (np.int32(pr[k * 8 + (j >> 1)]) >> ((j & 1) * 4)) & 15
-                    wr[k * 16 + j] = _e2m1(nibble) * s  # exact: 2 x 4 significant bits
+                for j in range(NVFP4_BLOCK // 2):  # element 2i in the low nibble of byte i
+                    byte = pr[k * 8 + j]
+                    wr[k * 16 + 2 * j] = e2m1[byte & 15] * s  # exact: 2 x 4 significant bits
+                    wr[k * 16 + 2 * j + 1] = e2m1[byte >> 4] * s
         nt = x.shape[0]
         for t in range(nt):
             xt = x[t]
