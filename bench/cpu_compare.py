@@ -97,27 +97,41 @@ def child_transformers(checkpoint: str, threads: int, prefill: int, decode: int)
     return {"load_s": load_s, "prefill_s": prefill_s, "decode_step_s": times}
 
 
-def child_llama(gguf: str, threads: int, prefill: int, decode: int) -> dict:
+def child_llama(gguf: str, threads: int, prefill: int, decode: int, extra_bufts: bool = False) -> dict:
+    """``extra_bufts`` False: llama.cpp's extra CPU buffer types (AMX tiles, weight repacking) off. On this
+    VM a native build's AMX path dies with SIGILL at the first tilezero (the hypervisor does not give
+    the process AMX state), so the measured llama.cpp runs its plain AVX-512/VNNI kernels."""
     import llama_cpp
+    import llama_cpp.llama_cpp as lc
     import numpy as np
 
+    default = lc.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = extra_bufts
+        return p
+    lc.llama_model_default_params = params
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model_path=gguf, n_ctx=prefill + decode + 8, n_batch=prefill, n_ubatch=prefill,
                           n_threads=threads, n_threads_batch=threads, verbose=False)
     load_s = time.perf_counter() - t0
     prompt = _prompt(llm.n_vocab(), prefill)
+
+    def last_logits():  # the one row llama.cpp computes without logits_all: the batch's last token
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
     t0 = time.perf_counter()
     llm.eval(prompt)
-    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    token = int(np.argmax(last_logits()))
     prefill_s = time.perf_counter() - t0
     times = []
     for _ in range(decode):
         t0 = time.perf_counter()
         llm.eval([token])
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = int(np.argmax(last_logits()))
         times.append(time.perf_counter() - t0)
     return {"load_s": load_s, "prefill_s": prefill_s, "decode_step_s": times,
-            "llama_cpp_version": llama_cpp.__version__}
+            "llama_cpp_version": llama_cpp.__version__, "extra_bufts": extra_bufts}
 
 
 def make_gguf(checkpoint: Path, out: Path, llama_python: str, converter: Path) -> None:
