@@ -1,11 +1,11 @@
 """numba kernels of the fast CPU backend: linear layers on the stored weight formats, norms, rope, attention.
 
 Every kernel computes each output element with ONE fixed reduction order, whatever the number
-of rows in the step: every dot product over ``n`` is one call of the one compiled ``_dot``
-(fixed vector lanes, see there). Rows are never mixed: threads split the OUTPUT rows
-(prange), never a sum. So a row's bits do not depend on what else shares the step. float32
-accumulate, fastmath off everywhere but ``_dot``'s reassociation (no FMA contraction),
-compiled once and cached beside this file (numba ``cache=True``; numba falls
+of rows in the step: every dot product is one call of the one compiled dot function of its
+format (``_dot``, ``_dot_fp8``, ``_dot_bf16``: vector lanes fixed at compile time, see ``_dot``).
+Rows are never mixed: threads split the OUTPUT rows (prange), never a sum. So a row's bits do
+not depend on what else shares the step. float32 accumulate, fastmath off everywhere but the
+dot functions' reassociation (no FMA contraction), compiled once and cached beside this file (numba ``cache=True``; numba falls
 back to its user-wide cache dir, or NUMBA_CACHE_DIR, when __pycache__ is not writable).
 
 Weight formats (DESIGN.md "Weight formats"), decoded in registers:
@@ -16,8 +16,9 @@ Weight formats (DESIGN.md "Weight formats"), decoded in registers:
   subnormals kept (no DAZ); ``lut`` variants gather from the 256-entry table instead.
   The NaN codes 0x7F/0xFF decode to +-480 (the builder never writes them: it clamps to 448).
 - nvfp4: packed u8 [out, in/2] (element 2k low nibble), block scales E4M3 bytes [out, in/16],
-  global f32: y = (sum_i x_i * (e2m1(c_i) * block(i // 16))) * global; e2m1 * block is exact.
-- bf16: u16 bits [out, in]: float32 bits = u16 << 16, exact.
+  global f32: y = (sum_i x_i * (e2m1(c_i) * block(i // 16))) * global; e2m1 * block is exact;
+  rows decoded to float32 per 16-row block (table lookups), then ``_dot``.
+- bf16: u16 bits [out, in], read as u32 pairs: float32 bits = u16 << 16, exact.
 - f32: float32 [out, in] (checkpoints read in float32).
 """
 from __future__ import annotations
