@@ -5,8 +5,8 @@ vs llama.cpp (GGUF Q8_0, Q4_0), on the same synthetic checkpoint, same threads, 
         [--prefill-tokens 256] [--decode-tokens 32] [--llama-python PY] [--json OUT]
 
 DIR holds bundles named fp8_e4m3 / nvfp4 / bf16 (``builder compile CKPT --precision P``); the
-GGUF folder holds q8_0.gguf and q4_0.gguf (made by --make-gguf from llama.cpp's own converter,
-convert_hf_to_gguf.py, then llama_model_quantize). Each engine runs in its own child process
+GGUF folder holds q8_0.gguf and q4_0.gguf (made by --make-gguf bench/llama_convert.py, with
+LLAMA_CPP_SRC set: llama.cpp's own convert_hf_to_gguf.py to bf16, then llama_model_quantize). Each engine runs in its own child process
 (so its peak RSS is its own, VmHWM), interleaved ours/theirs: load, a prefill of
 --prefill-tokens tokens in one batch, then --decode-tokens batch-1 greedy steps over the full
 vocabulary head (the same work every engine does; our grammar-bounded sparse head would be
