@@ -1,8 +1,8 @@
 """The canary: fixed requests whose exact greedy answers and top logits, on the bundle's own
 weights, gate every load.
 
-Candidates are run through the CPU reference backend on the weights just written (read back
-as the runtime reads them). A candidate is kept when
+Candidates are run through the fast CPU backend on the weights just written (memory-mapped,
+as the runtime reads them; its tokens equal the reference backend's). A candidate is kept when
 - its request fits max_input_tokens once rendered and tokenized (the runtime re-encodes the
   recorded text and must get the recorded ids: another tokenizer or template is refused);
 - every step with two or more allowed candidates has a clear margin (no near-tie another
@@ -92,7 +92,8 @@ def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
     """Runs the candidates in order on the written weights and records the first CANARY_PROMPTS
     that qualify (module docstring). ``encode(text)``: the runtime's Engine.encode for this
     bundle's tokenizer and template. BuildError("build_failed") when none qualifies."""
-    generator = cpu_generator(cfg, load_cpu_weights(weights_path, cfg), grammar, limits)
+    # the fast backend on the stored weights (memory-mapped): the build never holds a float32 copy
+    generator = cpu_generator(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits)
     kept: list[CanaryPrompt] = []
     rejected: dict[str, int] = {"too long": 0, "near tie": 0, "first candidate at every step": 0}
     best_margin = 0.0

@@ -304,6 +304,11 @@ class Checkpoint:
                     h.update(chunk)
         return h.hexdigest()
 
+    def release_maps(self) -> None:
+        """Unmaps the tensor files (their pages leave the process's RSS); names, shapes and sha256 stay available."""
+        for f in self._open.values():
+            f.close()
+
     def weights_f32(self) -> dict[str, np.ndarray]:
         """Every model tensor as float32 (unquantized reference runs and tests)."""
         return {n: self.read_f32(n) for n in self.tensor_names()}

@@ -152,6 +152,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
     try:
         quant = quantize_checkpoint(ckpt, cfg, options.precision, tmp / WEIGHTS_FILE, progress=progress)
         lap("quantize")
+        ckpt.release_maps()  # the canary maps the written weights; the source's pages need not stay resident too
         shutil.copyfile(ckpt.folder / TOKENIZER_FILE, tmp / TOKENIZER_FILE)
         grammar.write(tmp / GRAMMAR_FILE)
         if target.sm_arch:

@@ -33,7 +33,6 @@ HOST_BASE_BYTES = 256 * MIB
 # GPU bundles add the CUDA driver's host side (libcuda mappings, the primary context, loaded
 # cubins): an estimate, not measured here (no GPU); --host-overhead replaces the sum.
 CUDA_HOST_BYTES = 512 * MIB
-F32 = 4  # the CPU backend holds every weight as float32 (runtime/cpu/dequant.py)
 
 # Startup: imports, CUDA context, graph capture and the canary within STARTUP_BASE_S, plus the bundle
 # files read twice (hashed, then loaded) at READ_BYTES_PER_S, a slow network volume.
@@ -112,14 +111,15 @@ def default_name(contract: Contract) -> str:
 
 
 def host_memory_bytes(contract: Contract, overhead_bytes: int | None = None) -> int:
-    """Container memory (request = limit): a CPU bundle's contract total is host memory, and its
-    weights are held as float32 besides; a GPU bundle's contract total is device memory."""
+    """Container memory (request = limit): a CPU bundle's contract total is host memory (the fast
+    CPU backend `runtime serve` uses holds the weights as stored, memory-mapped, so a load's
+    resident memory is that total); a GPU bundle's contract total is device memory."""
     gpu = contract.target.compute_capability is not None
     if overhead_bytes is None:
         overhead_bytes = HOST_BASE_BYTES + (CUDA_HOST_BYTES if gpu else 0)
     if gpu:
         return overhead_bytes
-    return contract.memory.total_bytes + F32 * contract.model.param_count() + overhead_bytes
+    return contract.memory.total_bytes + overhead_bytes
 
 
 def startup_seconds(contract: Contract) -> int:

@@ -5,7 +5,10 @@ Terms (all bytes):
 - KV pool: num_pages * page_size * num_layers * 2 (K and V) * num_kv_heads * head_dim * 2 (bf16);
   num_pages includes the prompt prefix's pinned pages (``prefix_pages``), shared by all sequences.
 - workspace: float32 buffers for one step of max_tokens_per_step rows; ``workspace_breakdown``
-  lists them one by one, so the backends' allocations can be checked against it.
+  lists them one by one, so the backends' allocations can be checked against it. On cpu the
+  fast backend (runtime/cpu/fast_model.py) holds exactly these buffers, with attention scores
+  [T, heads, max context] in place of the GPU's split-K partials; its weights are the
+  bundle's stored arrays (memory-mapped), so a CPU load's resident memory is this total.
 - graphs: captured CUDA graphs, a fixed estimate (GRAPHS_BYTES_GPU; 0 on cpu).
 - context reserve: CUDA context and driver (CONTEXT_RESERVE_BYTES_GPU by default; 0 on cpu).
 """
@@ -108,7 +111,7 @@ def plan_memory(config: ModelConfig, precision: str, limits: Limits, target_name
     return Memory.from_parts(
         weights_bytes=weights_bytes(config, precision),
         kv_pool_bytes=kv_pool_bytes(config, limits.num_pages, limits.page_size),
-        workspace_bytes=sum(workspace_breakdown(config, limits, max_edges_per_node).values()),
+        workspace_bytes=sum(workspace_breakdown(config, limits, max_edges_per_node, target_name).values()),
         graphs_bytes=graphs_bytes(target_name),
         context_reserve_bytes=reserve)
 

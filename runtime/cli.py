@@ -16,6 +16,12 @@ from .sampling import Sampling, sampling_problem
 # Requests longer than this are shown shortened in plain output (a refusal never echoes a whole document).
 ECHO_CHARS = 160
 
+CPU_BACKENDS = ("fast", "reference")  # runtime.engine.CPU_BACKENDS (not imported here: the engine loads numba)
+_backend = click.option("--backend", type=click.Choice(CPU_BACKENDS), default="fast", show_default=True,
+                        help="CPU bundles: fast (numba on the stored weights) or reference (numpy float32).")
+_threads = click.option("--threads", type=int, default=None,
+                        help="Fast CPU backend worker threads [default: the machine's cores].")
+
 
 EPILOG = f"""\b
 Typical use:
@@ -89,14 +95,16 @@ NO_PREFIX_CACHE_HELP = ("Compute every prompt in full: no shared pinned prefix p
 @main.command(short_help="Check, load and pass the canary; exit 0 when bound.")
 @click.argument("path", type=click.Path())
 @click.option("--no-prefix-cache", is_flag=True, help=NO_PREFIX_CACHE_HELP)
+@_backend
+@_threads
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
-def load(path, no_prefix_cache, as_json):
+def load(path, no_prefix_cache, backend, threads, as_json):
     """Check, load and canary-gate a bundle; exit 0 only when it is bound and ready."""
     from .engine import Engine
 
     progress.enable(progress.wanted(as_json))
     try:
-        engine = Engine.load(path, prefix_cache=not no_prefix_cache)
+        engine = Engine.load(path, prefix_cache=not no_prefix_cache, backend=backend, threads=threads)
     except EngineError as e:
         fail(e, as_json)
     c = engine.contract
@@ -118,10 +126,12 @@ def load(path, no_prefix_cache, as_json):
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (same seed, same answer).")
+@_backend
+@_threads
 @click.option("--no-prefix-cache", is_flag=True, help=NO_PREFIX_CACHE_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="Tool names, token ids (prompt_token_ids, cached_prompt_tokens too) and timings as JSON.")
-def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_cache, as_json):
+def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_cache, backend, threads, as_json):
     """Answer each REQUEST with the bundle's tools, in the order the model names them.
 
     Each request is wrapped in the catalog's prompt template; requests that cannot run (too
@@ -137,7 +147,7 @@ def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_ca
                          top_p=repr(top_p), seed=seed), as_json)
     progress.enable(progress.wanted(as_json))
     try:
-        engine = Engine.load(path, head=head, prefix_cache=not no_prefix_cache)
+        engine = Engine.load(path, head=head, prefix_cache=not no_prefix_cache, backend=backend, threads=threads)
         start = time.perf_counter()
         results = engine.run(texts, Sampling(temperature, top_p, seed))
         wall = time.perf_counter() - start

@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
+
 from tokenizers import Tokenizer
 
 from .bundle_checks import canary_mismatch, check_consistency
@@ -11,6 +13,7 @@ from .bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, check_files, rea
 from .contract import CPU_TARGET, Contract
 from .cpu.model import CpuModel
 from .cpu.dequant import load_dequantized
+from .cpu.fast_model import FastCpuModel, StoredWeights, load_stored
 from common.errors import CudaError, EngineError, Refusal, RequestError
 from . import progress
 from .generator import Generator, Request, Result
@@ -33,17 +36,30 @@ def check_bundle(path: str | Path, facts: MachineFacts | None = None) -> Contrac
     return contract
 
 
-def load_cpu_weights(weights_path: str | Path, cfg: ModelConfig) -> dict:
-    """float32 weights under Hugging Face names, dequantized from a bundle's weights file."""
+CPU_BACKENDS = ("fast", "reference")  # fast: numba on the stored weights; reference: numpy float32
+
+
+def load_cpu_weights(weights_path: str | Path, cfg: ModelConfig, backend: str = "reference") -> dict | StoredWeights:
+    """A bundle's weights for a CPU backend: reference, float32 under Hugging Face names
+    (dequantized); fast, the stored arrays memory-mapped (StoredWeights)."""
+    if backend == "fast":
+        return load_stored(weights_path, cfg)
     with SafetensorsFile(weights_path, error_code="bundle_invalid") as st:
         return load_dequantized(st, list(cfg.tensor_shapes()))
 
 
-def cpu_generator(cfg: ModelConfig, weights: dict, grammar: Grammar, limits, head: str = "sparse") -> Generator:
-    """A Generator on the CPU reference backend sized exactly as ``limits`` (a contract Limits) says."""
+def cpu_generator(cfg: ModelConfig, weights: dict | StoredWeights, grammar: Grammar, limits, head: str = "sparse",
+                  threads: int | None = None) -> Generator:
+    """A Generator on a CPU backend sized exactly as ``limits`` (a contract Limits) says: the fast
+    backend for StoredWeights, the reference for a float32 dict."""
     pool = PagedKVPool(cfg, limits.num_pages, limits.page_size, limits.max_sequences,
                        limits.max_input_tokens + limits.max_output_tokens, kv_dtype="bf16")
-    return Generator(CpuModel(cfg, weights), pool, grammar, max_input_tokens=limits.max_input_tokens,
+    if isinstance(weights, StoredWeights):
+        model = FastCpuModel(cfg, weights, limits.max_tokens_per_step,
+                             limits.max_input_tokens + limits.max_output_tokens, threads)
+    else:
+        model = CpuModel(cfg, weights)
+    return Generator(model, pool, grammar, max_input_tokens=limits.max_input_tokens,
                      max_output_tokens=limits.max_output_tokens, max_tokens_per_step=limits.max_tokens_per_step,
                      prefill_chunk=limits.prefill_chunk, head=head)
 
@@ -62,12 +78,15 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse",
-             prefix_cache: bool = True) -> "Engine":
+             prefix_cache: bool = True, backend: str = "fast", threads: int | None = None) -> "Engine":
         """Checks, loads and canary-gates the bundle at ``path``; a Refusal names the first failed check.
 
         ``prefix_cache``: the template's fixed prefix is prefilled once into pinned KV pages every
         sequence shares, and finished prompts' full pages stay reusable; False computes every
-        prompt in full (the cross-check: same answers)."""
+        prompt in full (the cross-check: same answers). ``backend`` (CPU bundles): "fast" (stored
+        weights, numba; ``threads`` workers, default the machine's cores) or "reference" (numpy
+        float32, the source of truth)."""
+        assert backend in CPU_BACKENDS, backend
         start = time.perf_counter()
         folder = Path(path)
         contract = check_bundle(folder, facts)
@@ -77,18 +96,21 @@ class Engine:
         try:
             tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
             grammar = Grammar.read(folder / GRAMMAR_FILE)
-            weights = load_cpu_weights(folder / WEIGHTS_FILE, contract.model)
+            weights = load_cpu_weights(folder / WEIGHTS_FILE, contract.model, backend)
         except EngineError:
             raise
         except Exception as e:  # a file that hashes right but does not parse: the builder wrote it wrong
             raise Refusal("bundle_invalid", f"bundle file failed to load: {type(e).__name__}: {e}",
                           reason=type(e).__name__) from None
         try:
-            generator = cpu_generator(contract.model, weights, grammar, contract.limits, head)
+            generator = cpu_generator(contract.model, weights, grammar, contract.limits, head, threads)
         except MemoryError:
             raise Refusal("insufficient_memory", f"the KV pool and step buffers of {contract.limits} do not fit "
                           "this machine's memory", needed=contract.memory.total_bytes, available=None) from None
         engine = cls(folder, contract, generator, tokenizer, 0.0)
+        if backend == "fast":  # the pool's calloc'd pages made resident: a bound engine holds what the contract states
+            for a in engine.generator.kv.k + engine.generator.kv.v:
+                a.view(np.uint8).fill(0)
         del weights
         engine.share_prefix(prefix_cache)
         progress.stage("canary")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from kernels.geometry import attention_max_splits
-from .contract import Limits
+from .contract import CPU_TARGET, Limits
 from .model_config import ModelConfig
 from .tensor_file import DTYPES
 
@@ -61,8 +61,10 @@ def attention_splits(limits: Limits) -> int:
     return attention_max_splits(limits.max_input_tokens + limits.max_output_tokens)
 
 
-def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None) -> dict[str, int]:
-    """Bytes of each float32 step buffer, by name, for T = max_tokens_per_step rows.
+def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None,
+                        target_name: str | None = None) -> dict[str, int]:
+    """Bytes of each float32 step buffer, by name, for T = max_tokens_per_step rows (target
+    ``cpu``: the fast CPU backend's buffers; otherwise the CUDA backend's).
 
     Only sampled rows reach the head: a step samples at most one token per sequence (a prefill
     chunk only at its last row), so the head's logits have R = min(T, max_sequences) rows.
@@ -72,6 +74,12 @@ def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node:
     r = min(t, limits.max_sequences)
     edges = config.vocab_size if max_edges_per_node is None else max_edges_per_node
     h, i = config.hidden_size, config.intermediate_size
+    if target_name == CPU_TARGET:
+        # [T, heads, max_input + max_output]: each row's scores over its positions (fast_kernels.attention)
+        attention = {"attn_scores": t * config.num_heads * (limits.max_input_tokens + limits.max_output_tokens) * F32}
+    else:
+        # [T, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
+        attention = {"attn_partials": t * config.num_heads * attention_splits(limits) * (config.head_dim + 2) * F32}
     return {
         "hidden": t * h * F32,  # [T, hidden] residual stream
         "normed": t * h * F32,  # [T, hidden] RMSNorm output; reused for o_proj/down_proj output
@@ -81,8 +89,7 @@ def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node:
         "attn_out": t * config.q_dim * F32,  # [T, heads, head_dim]
         "gate": t * i * F32,  # [T, intermediate]; silu(gate) * up written in place
         "up": t * i * F32,  # [T, intermediate]
-        # [T, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
-        "attn_partials": t * config.num_heads * attention_splits(limits) * (config.head_dim + 2) * F32,
+        **attention,
         "logits_sparse": r * edges * F32,  # [R, max_edges_per_node] allowed edges only
         "logits_dense": r * config.vocab_size * F32,  # [R, vocab] cross-check head
     }

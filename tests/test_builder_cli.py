@@ -18,6 +18,7 @@ import builder.inspect_bundle
 from builder.checkpoint import parse_config
 from builder.cli import main as builder_cli
 from builder.inspect_bundle import CHECKS, cubin_sm
+from contract_edits import retarget_h200
 from builder.tiers import DEFAULT_MAX_INPUT_TOKENS, DEFAULT_MAX_OUTPUT_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows
 from runtime.bundle import GRAMMAR_FILE, WEIGHTS_FILE, check_files, file_entry, read_contract
 from runtime.contract import CONTRACT_FILE, compute_bundle_id, parse_contract
@@ -103,11 +104,10 @@ def add_cubin(b, sm: int) -> None:
     fix_hashes(b, "kernels/argmax.cubin")
 
 
-H200 = dict(name="h200", gpu_names=["h200"], compute_capability="9.0", sm_arch="sm_90", min_driver_version=13000)
 
 
 def gpu_target(b):
-    edit_contract(b, lambda d: d["target"].update(H200))
+    edit_contract(b, retarget_h200)
 
 
 def flipped_weight_byte(b):

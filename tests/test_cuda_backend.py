@@ -24,6 +24,7 @@ from builder.memory_plan import kv_pool_bytes, weights_bytes, workspace_breakdow
 from builder.quantize import quantize_checkpoint
 from builder.synth import SynthOptions, model_config_for
 from builder.trie import build_grammar
+import contract_edits
 from emulated_gpu import EmulatedGpu
 from kernels.launch import probe_gpu
 from kernels.signatures import kernel_signatures
@@ -225,8 +226,7 @@ def retarget_h200(folder: Path) -> None:
     from runtime.contract import compute_bundle_id
     path = folder / CONTRACT_FILE
     d = json.loads(path.read_text())
-    d["target"].update(name="h200", gpu_names=["h200"], compute_capability="9.0", sm_arch="sm_90",
-                       min_driver_version=13000)
+    contract_edits.retarget_h200(d)
     for p in sorted((folder / "kernels").glob("*")) if (folder / "kernels").is_dir() else []:
         d["files"][f"kernels/{p.name}"] = dataclasses.asdict(file_entry(p))
     d["engine"]["bundle_id"] = compute_bundle_id(d)

@@ -506,15 +506,15 @@ def test_a_deeply_nested_catalog_is_typed(tmp_path, tiny_checkpoint):
 
 
 def test_a_model_that_computes_nan_is_a_build_failure(tmp_path, tiny_checkpoint, monkeypatch):
-    import runtime.cpu.model
-    real = runtime.cpu.model.CpuModel.forward
+    from runtime.cpu.fast_model import FastCpuModel  # the builder's canary backend
+    real = FastCpuModel.forward
 
     def nan_forward(self, *a, **kw):
         out = real(self, *a, **kw)
         out[:] = float("nan")
         return out
 
-    monkeypatch.setattr(runtime.cpu.model.CpuModel, "forward", nan_forward)
+    monkeypatch.setattr(FastCpuModel, "forward", nan_forward)
     with pytest.raises(EngineError) as info:
         compile_bundle(tiny_checkpoint, CATALOG, OPTIONS, tmp_path / "bundle")
     assert info.value.code == "build_failed" and info.value.details["reason"] == "numerics_invalid"

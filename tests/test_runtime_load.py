@@ -9,6 +9,7 @@ import tracemalloc
 import pytest
 from click.testing import CliRunner
 
+from contract_edits import retarget_h200
 from runtime.bundle import WEIGHTS_FILE
 from runtime.cli import main as runtime_cli
 from runtime.contract import CONTRACT_FILE, compute_bundle_id
@@ -59,8 +60,7 @@ def flipped_weight_byte(b):
 
 
 def gpu_target(b):
-    edit_contract(b, lambda d: d["target"].update(name="h200", gpu_names=["h200"], compute_capability="9.0",
-                                                 sm_arch="sm_90", min_driver_version=13000))
+    edit_contract(b, retarget_h200)
 
 
 def huge_memory(b):

@@ -1,0 +1,256 @@
+"""CPU side by side: this project (fp8, nvfp4, bf16 bundles, fast backend) vs transformers (bf16)
+vs llama.cpp (GGUF Q8_0, Q4_0), on the same synthetic checkpoint, same threads, one run.
+
+    python bench/cpu_compare.py --checkpoint CKPT --bundles DIR --gguf DIR [--threads N]
+        [--prefill-tokens 256] [--decode-tokens 32] [--llama-python PY] [--json OUT]
+
+DIR holds bundles named fp8_e4m3 / nvfp4 / bf16 (``builder compile CKPT --precision P``); the
+GGUF folder holds q8_0.gguf and q4_0.gguf (made by --make-gguf bench/llama_convert.py, with
+LLAMA_CPP_SRC set: llama.cpp's own convert_hf_to_gguf.py to bf16, then llama_model_quantize). Each engine runs in its own child process
+(so its peak RSS is its own, VmHWM), interleaved ours/theirs: load, a prefill of
+--prefill-tokens tokens in one batch, then --decode-tokens batch-1 greedy steps over the full
+vocabulary head (the same work every engine does; our grammar-bounded sparse head would be
+cheaper). Prints one summary line, writes JSON with the machine recorded. Not part of CI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = ("fp8_e4m3", "nvfp4", "bf16")
+ORDER = ("ours:fp8_e4m3", "llama:q8_0", "ours:nvfp4", "llama:q4_0", "ours:bf16", "transformers:bf16")
+
+
+def _peak_rss() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _prompt(vocab: int, n: int) -> list[int]:
+    import numpy as np
+    return [int(t) for t in np.random.default_rng(0).integers(3, min(vocab, 3000), n)]
+
+
+def child_ours(bundle: str, threads: int, prefill: int, decode: int, backend: str = "fast") -> dict:
+    import numpy as np
+
+    from runtime.bundle import WEIGHTS_FILE, read_contract
+    from runtime.cpu.fast_model import FastCpuModel
+    from runtime.cpu.kv_pool import PagedKVPool
+    from runtime.cpu.model import CpuModel
+    from runtime.engine import load_cpu_weights
+
+    t0 = time.perf_counter()
+    contract = read_contract(bundle)
+    cfg = contract.model
+    weights = load_cpu_weights(Path(bundle) / WEIGHTS_FILE, cfg, backend)
+    if backend == "fast":
+        model = FastCpuModel(cfg, weights, prefill, prefill + decode, threads)
+    else:
+        model = CpuModel(cfg, weights, blas_threads=threads)
+    kv = PagedKVPool(cfg, -(-(prefill + decode) // 32), 32, 1, prefill + decode)
+    slot = kv.admit(prefill + decode)
+    load_s = time.perf_counter() - t0
+    prompt = np.array(_prompt(cfg.vocab_size, prefill))
+    t0 = time.perf_counter()
+    hidden = model.forward(prompt, np.full(prefill, slot), np.arange(prefill), kv)
+    token = int(np.argmax(model.dense_logits(hidden[-1:])[0]))
+    prefill_s = time.perf_counter() - t0
+    times = []
+    for i in range(decode):
+        t0 = time.perf_counter()
+        hidden = model.forward(np.array([token]), np.array([slot]), np.array([prefill + i]), kv)
+        token = int(np.argmax(model.dense_logits(hidden)[0]))
+        times.append(time.perf_counter() - t0)
+    return {"load_s": load_s, "prefill_s": prefill_s, "decode_step_s": times}
+
+
+def child_transformers(checkpoint: str, threads: int, prefill: int, decode: int) -> dict:
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).eval()
+    load_s = time.perf_counter() - t0
+    ids = torch.tensor([_prompt(model.config.vocab_size, prefill)])
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        out = model(ids, use_cache=True)
+        token = int(out.logits[0, -1].argmax())
+        prefill_s = time.perf_counter() - t0
+        past, times = out.past_key_values, []
+        for _ in range(decode):
+            t0 = time.perf_counter()
+            out = model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
+            past, token = out.past_key_values, int(out.logits[0, -1].argmax())
+            times.append(time.perf_counter() - t0)
+    return {"load_s": load_s, "prefill_s": prefill_s, "decode_step_s": times}
+
+
+def child_llama(gguf: str, threads: int, prefill: int, decode: int, extra_bufts: bool = False) -> dict:
+    """``extra_bufts`` False: llama.cpp's extra CPU buffer types (AMX tiles, weight repacking) off. On this
+    VM a native build's AMX path dies with SIGILL at the first tilezero (the hypervisor does not give
+    the process AMX state), so the measured llama.cpp runs its plain AVX-512/VNNI kernels."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as lc
+    import numpy as np
+
+    default = lc.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = extra_bufts
+        return p
+    lc.llama_model_default_params = params
+    t0 = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=prefill + decode + 8, n_batch=prefill, n_ubatch=prefill,
+                          n_threads=threads, n_threads_batch=threads, verbose=False)
+    load_s = time.perf_counter() - t0
+    prompt = _prompt(llm.n_vocab(), prefill)
+
+    def last_logits():  # the one row llama.cpp computes without logits_all: the batch's last token
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    token = int(np.argmax(last_logits()))
+    prefill_s = time.perf_counter() - t0
+    times = []
+    for _ in range(decode):
+        t0 = time.perf_counter()
+        llm.eval([token])
+        token = int(np.argmax(last_logits()))
+        times.append(time.perf_counter() - t0)
+    return {"load_s": load_s, "prefill_s": prefill_s, "decode_step_s": times,
+            "llama_cpp_version": llama_cpp.__version__, "extra_bufts": extra_bufts}
+
+
+def make_gguf(checkpoint: Path, out: Path, llama_python: str, converter: Path) -> None:
+    """bf16 GGUF by llama.cpp's converter (``converter`` wraps convert_hf_to_gguf.py), then Q8_0 and
+    Q4_0 by llama_model_quantize (llama-cpp-python's binding of llama-quantize)."""
+    out.mkdir(parents=True, exist_ok=True)
+    bf16 = out / "bf16.gguf"
+    if not bf16.exists():
+        subprocess.run([llama_python, str(converter), str(checkpoint), "--outtype", "bf16", "--outfile", str(bf16)],
+                       check=True)
+    code = ("import llama_cpp, sys\n"
+            "p = llama_cpp.llama_model_quantize_default_params()\n"
+            "p.ftype = getattr(llama_cpp, sys.argv[3])\n"
+            "assert llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p) == 0\n")
+    for name, ftype in (("q8_0", "LLAMA_FTYPE_MOSTLY_Q8_0"), ("q4_0", "LLAMA_FTYPE_MOSTLY_Q4_0")):
+        if not (out / f"{name}.gguf").exists():
+            subprocess.run([llama_python, "-c", code, str(bf16), str(out / f"{name}.gguf"), ftype], check=True)
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    versions = {}
+    for mod in ("numpy", "numba", "torch", "transformers"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except ImportError:
+            versions[mod] = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "loadavg": os.getloadavg(), "versions": versions,
+            "shared": "a 2-core VM shared with other jobs: figures are relative, taken interleaved in one run"}
+
+
+def run_child(kind: str, target: str, args, python: str) -> dict:
+    cmd = [python, __file__, "--child", kind, target, "--threads", str(args.threads),
+           "--prefill-tokens", str(args.prefill_tokens), "--decode-tokens", str(args.decode_tokens)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def summarize(r: dict, prefill: int) -> dict:
+    if "error" in r:
+        return r
+    steps = sorted(r["decode_step_s"][1:] or r["decode_step_s"])  # the first step warms caches
+    median = steps[len(steps) // 2]
+    return {"decode_tok_s": 1.0 / median, "prefill_tok_s": prefill / r["prefill_s"], "peak_rss_bytes": r["peak_rss"],
+            "load_s": r["load_s"], **{k: v for k, v in r.items() if k not in ("decode_step_s",)}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", type=Path)
+    ap.add_argument("--bundles", type=Path)
+    ap.add_argument("--gguf", type=Path)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--prefill-tokens", type=int, default=256)
+    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--llama-python", default=sys.executable, help="A python with llama-cpp-python installed.")
+    ap.add_argument("--make-gguf", type=Path, default=None, metavar="CONVERTER",
+                    help="Make the GGUFs first with this wrapper of llama.cpp's convert_hf_to_gguf.py.")
+    ap.add_argument("--only", default=",".join(ORDER),
+                    help="Comma-separated engines, in run order (also reference:fp8_e4m3, the numpy backend).")
+    ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--json", dest="json_out", type=Path, default=None)
+    ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.child:
+        kind, target = args.child
+        run = {"ours": child_ours, "transformers": child_transformers, "llama": child_llama,
+               "reference": lambda *a: child_ours(*a, backend="reference")}[kind]
+        result = run(target, args.threads, args.prefill_tokens, args.decode_tokens)
+        print(json.dumps({**result, "peak_rss": _peak_rss()}))
+        return
+
+    if args.make_gguf is not None:
+        make_gguf(args.checkpoint, args.gguf, args.llama_python, args.make_gguf)
+    info = {"machine": machine(), "threads": args.threads, "prefill_tokens": args.prefill_tokens,
+            "decode_tokens": args.decode_tokens, "checkpoint": str(args.checkpoint), "engines": {}}
+    for engine in args.only.split(","):
+        kind, name = engine.split(":")
+        if kind in ("ours", "reference"):  # reference: the numpy float32 backend on the same bundle
+            r = run_child(kind, str(args.bundles / name), args, sys.executable)
+        elif kind == "llama":
+            r = run_child("llama", str(args.gguf / f"{name}.gguf"), args, args.llama_python)
+        else:
+            r = run_child("transformers", str(args.checkpoint), args, sys.executable)
+        info["engines"][engine] = summarize(r, args.prefill_tokens)
+        print(f"{engine}: {json.dumps(info['engines'][engine])}", file=sys.stderr)
+    info["machine"]["loadavg_end"] = os.getloadavg()
+    e = info["engines"]
+
+    def tok(name, key="decode_tok_s"):
+        return e.get(name, {}).get(key)
+
+    def ratio(a, b):
+        return (tok(a) / tok(b)) if tok(a) and tok(b) else None
+
+    info["ratios"] = {"fp8_vs_q8_0": ratio("ours:fp8_e4m3", "llama:q8_0"),
+                      "nvfp4_vs_q4_0": ratio("ours:nvfp4", "llama:q4_0"),
+                      "fp8_vs_transformers": ratio("ours:fp8_e4m3", "transformers:bf16"),
+                      "nvfp4_vs_transformers": ratio("ours:nvfp4", "transformers:bf16")}
+    parts = []
+    for name in e:
+        if "error" in e[name]:
+            parts.append(f"{name} failed")
+        else:
+            parts.append(f"{name} {tok(name):.1f} tok/s decode, {tok(name, 'prefill_tok_s'):.1f} prefill, "
+                         f"{e[name]['peak_rss_bytes'] / 2**30:.2f} GiB")
+    r = info["ratios"]
+    fmt = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
+    print(f"cpu_compare ({args.threads} threads): " + "; ".join(parts) +
+          f" | fp8/Q8_0 {fmt(r['fp8_vs_q8_0'])}, nvfp4/Q4_0 {fmt(r['nvfp4_vs_q4_0'])}, "
+          f"fp8/transformers {fmt(r['fp8_vs_transformers'])}")
+    if args.json_out:
+        args.json_out.write_text(json.dumps(info, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

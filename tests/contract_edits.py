@@ -1,0 +1,17 @@
+"""Contract edits the tests make as a forger would: consistent, so only the later checks can refuse them."""
+from __future__ import annotations
+
+from runtime.contract import parse_contract
+from runtime.layout import workspace_breakdown
+
+H200 = dict(name="h200", gpu_names=["h200"], compute_capability="9.0", sm_arch="sm_90", min_driver_version=13000)
+
+
+def retarget_h200(d: dict) -> None:
+    """A parsed contract.json re-targeted to h200 in place, its workspace the CUDA backend's (the
+    memory section stays consistent; the caller re-lists files and recomputes bundle_id)."""
+    d["target"].update(H200)
+    c = parse_contract(d)
+    ws = sum(workspace_breakdown(c.model, c.limits, c.grammar.max_edges_per_node, "h200").values())
+    d["memory"]["total_bytes"] += ws - d["memory"]["workspace_bytes"]
+    d["memory"]["workspace_bytes"] = ws

@@ -1,0 +1,82 @@
+"""Batch independence on bits: a request's logits and tokens are the same alone, beside 1, 7 or 31
+others, and with its prefill cut into different chunks, on both CPU backends."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from runtime.bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, read_contract
+from runtime.contract import Limits
+from runtime.engine import CPU_BACKENDS, cpu_generator, load_cpu_weights
+from runtime.generator import Request, Result
+from runtime.grammar import Grammar
+
+REQUESTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send an email to Bob",
+            "Convert 20 euros to yen", "Remind me to call Alice on Friday", "Find a hotel in Rome",
+            "Play some music", "Translate this note to French and share it with Carol"]
+
+
+@pytest.fixture(scope="module", params=CPU_BACKENDS)
+def parts(request, tiny_bundle):
+    contract = read_contract(tiny_bundle)
+    grammar = Grammar.read(tiny_bundle / GRAMMAR_FILE)
+    tok = Tokenizer.from_file(str(tiny_bundle / TOKENIZER_FILE))
+    prompts = [tuple(tok.encode(grammar.render_prompt(r)).ids) for r in REQUESTS]
+    weights = load_cpu_weights(tiny_bundle / WEIGHTS_FILE, contract.model, request.param)
+    return contract.model, weights, grammar, prompts
+
+
+def make(parts, prefill_chunk=64, max_tokens_per_step=128):
+    cfg, weights, grammar, _ = parts
+    limits = Limits(page_size=16, num_pages=0, max_sequences=32, max_tokens_per_step=max_tokens_per_step,
+                    prefill_chunk=prefill_chunk, max_input_tokens=96, max_output_tokens=grammar.max_answer_tokens)
+    limits = Limits(**{**limits.__dict__, "num_pages": 32 * limits.pages_per_sequence})
+    return cpu_generator(cfg, weights, grammar, limits)
+
+
+def observed(result: Result) -> tuple[list[int], list[bytes]]:
+    """Token ids and each step's allowed-candidate logits as raw bytes (padding dropped: its width is the batch's)."""
+    assert isinstance(result, Result)
+    logits = [lg[c >= 0].tobytes() for lg, c in zip(result.step_logits, result.step_candidates)]
+    return result.token_ids, logits
+
+
+@pytest.fixture(scope="module")
+def alone(parts):
+    gen = make(parts)
+    return [observed(gen.generate([Request(p, keep_logits=True)])[0]) for p in parts[3]]
+
+
+@pytest.mark.parametrize("others,seed", [(1, 0), (7, 1), (31, 2)])
+def test_same_bits_beside_others(parts, alone, others, seed):
+    prompts = parts[3]
+    rng = np.random.default_rng(seed)
+    batch = [int(i) for i in rng.integers(0, len(prompts), others + 1)]
+    results = make(parts).generate([Request(prompts[i], keep_logits=True) for i in batch])
+    for i, res in zip(batch, results):
+        tokens, logits = observed(res)
+        assert tokens == alone[i][0]
+        assert logits == alone[i][1], f"request {i}: logits bits differ beside {others} others"
+
+
+@pytest.mark.parametrize("chunk,step", [(1, 128), (7, 128), (16, 20), (64, 64)])
+def test_same_bits_in_any_prefill_chunking(parts, alone, chunk, step):
+    prompts = parts[3]
+    gen = make(parts, prefill_chunk=chunk, max_tokens_per_step=step)
+    results = gen.generate([Request(p, keep_logits=True) for p in prompts[:4]])
+    for i, res in enumerate(results):
+        assert observed(res) == alone[i], f"request {i}: prefill in chunks of {chunk} changes the bits"
+
+
+def test_requests_really_shared_steps(parts):
+    """The batch tests above are only meaningful if rows of several sequences share steps."""
+    gen = make(parts)
+    sizes = []
+    forward = gen.model.forward
+    gen.model.forward = lambda tokens, *a, **k: (sizes.append(len(tokens)), forward(tokens, *a, **k))[1]
+    try:
+        gen.generate([Request(p) for p in parts[3]])
+    finally:
+        gen.model.forward = forward
+    assert max(sizes) > 64 and min(sizes) < 8

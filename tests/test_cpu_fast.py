@@ -1,0 +1,198 @@
+"""The fast CPU backend (numba, stored weights) against the numpy reference: same greedy tokens on
+every parity case, resident memory of a load against the contract, kernels cached across starts."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from builder.checkpoint import open_checkpoint
+from runtime.bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, read_contract
+from runtime.cpu.fast_model import FastCpuModel, StoredWeights
+from runtime.cpu.kv_pool import PagedKVPool
+from runtime.cpu.model import CpuModel
+from runtime.engine import CPU_BACKENDS, cpu_generator, load_cpu_weights
+from runtime.generator import Request, Result
+from runtime.grammar import Grammar
+
+from test_hf_parity import CASES, DECODE_STEPS, MARGIN_TOL, PROMPT_TOKENS, REL_TOL
+
+REQUESTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send an email to Bob",
+            "Convert 20 euros to yen", "Remind me to call Alice on Friday", "Find a hotel in Rome",
+            "Play some music", "Translate this note to French"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_cli_and_engine_name_the_same_backends():
+    from runtime import cli
+    assert cli.CPU_BACKENDS == CPU_BACKENDS == ("fast", "reference")
+
+
+@pytest.mark.parametrize("family,ratio,tied,page_size", CASES)
+def test_fast_matches_reference_on_the_parity_cases(make_checkpoint, family, ratio, tied, page_size):
+    """test_hf_parity's cases, on the checkpoint's own bf16 arrays: a 64-token prefill and 32 greedy
+    steps give the reference's tokens, logits within its tolerance; near-ties are reported apart."""
+    folder = make_checkpoint(family=family, num_kv_heads=4 // ratio, tie_word_embeddings=tied)
+    ckpt = open_checkpoint(folder)
+    cfg = ckpt.config
+    ref = CpuModel(cfg, ckpt.weights_f32())
+    fast = FastCpuModel(cfg, StoredWeights.from_arrays(cfg, {n: ckpt.read(n) for n in ckpt.tensor_names()}))
+    prompt = np.random.default_rng(7).integers(3, 3000, PROMPT_TOKENS)
+    pools = [PagedKVPool(cfg, num_pages=8, page_size=page_size, max_seqs=1,
+                         max_tokens_per_seq=PROMPT_TOKENS + DECODE_STEPS, kv_dtype="fp32") for _ in range(2)]
+    slot = [p.admit(PROMPT_TOKENS + DECODE_STEPS) for p in pools][0]
+    rows = (prompt, np.full(PROMPT_TOKENS, slot), np.arange(PROMPT_TOKENS))
+    logits = [m.dense_logits(m.forward(*rows, pool))[-1] for m, pool in zip((ref, fast), pools)]
+    near_ties = []
+    for step in range(DECODE_STEPS):
+        want, got = logits
+        assert np.abs(got - want).max() <= REL_TOL * np.abs(want).max(), f"step {step}"
+        top2 = np.sort(want)[-2:]
+        if top2[1] - top2[0] < MARGIN_TOL:
+            near_ties.append(step)
+            break  # past a near-tie the two paths may follow different tokens
+        token = int(np.argmax(want))
+        assert int(np.argmax(got)) == token, f"greedy token differs at step {step}"
+        rows = (np.array([token]), np.array([slot]), np.array([PROMPT_TOKENS + step]))
+        logits = [m.dense_logits(m.forward(*rows, pool))[0] for m, pool in zip((ref, fast), pools)]
+    if near_ties:
+        print(f"near-tie steps (margin < {MARGIN_TOL}), compared up to there: {near_ties}")
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, tiny_checkpoint):
+    from builder.compile import compile_bundle
+    from runtime.contract import BuildOptions
+
+    out = {}
+    for precision in ("fp8_e4m3", "nvfp4", "bf16"):
+        folder = tmp_path_factory.mktemp("bundles") / precision
+        compile_bundle(tiny_checkpoint, "builder/data/tools-64.json",
+                       BuildOptions(precision=precision, target="cpu", max_sequences=8, max_input_tokens=128,
+                                    max_output_tokens=None, page_size=32, max_tokens_per_step=128,
+                                    prefill_chunk=64, memory_budget_bytes=None, context_reserve_bytes=None,
+                                    seed=0), folder)
+        out[precision] = folder
+    return out
+
+
+@pytest.mark.parametrize("precision", ["fp8_e4m3", "nvfp4", "bf16"])
+@pytest.mark.parametrize("head", ["sparse", "check"])
+def test_fast_generator_gives_the_reference_tokens(bundles, precision, head):
+    folder = bundles[precision]
+    contract = read_contract(folder)
+    grammar = Grammar.read(folder / GRAMMAR_FILE)
+    tok = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+    requests = [Request(tuple(tok.encode(grammar.render_prompt(r)).ids), keep_logits=True) for r in REQUESTS]
+    results = {}
+    for backend in CPU_BACKENDS:
+        weights = load_cpu_weights(folder / WEIGHTS_FILE, contract.model, backend)
+        results[backend] = cpu_generator(contract.model, weights, grammar, contract.limits, head).generate(requests)
+    for fast, ref in zip(results["fast"], results["reference"]):
+        assert isinstance(fast, Result) and isinstance(ref, Result)
+        assert fast.token_ids == ref.token_ids
+        for got, want, cand in zip(fast.step_logits, ref.step_logits, ref.step_candidates):
+            ok = cand >= 0
+            assert np.abs(got[ok] - want[ok]).max() <= REL_TOL * max(1.0, np.abs(want[ok]).max())
+
+
+def test_stored_weights_are_views_of_the_file(bundles):
+    folder = bundles["nvfp4"]
+    contract = read_contract(folder)
+    weights = load_cpu_weights(folder / WEIGHTS_FILE, contract.model, "fast")
+    widened = sum(v.size * 2 for v in weights.vectors.values())  # norms held as float32 copies of bf16
+    assert weights.nbytes == contract.memory.weights_bytes + widened
+    lin = weights.linear["model.layers.0.mlp.down_proj"]
+    assert lin.kind == "nvfp4" and lin.weight.base is not None and not lin.weight.flags.owndata
+
+
+# -- memory: RSS growth of a load against the contract ---------------------------------------------
+
+RSS_PROBE = textwrap.dedent("""
+    import json, sys
+    from runtime.engine import Engine
+    from runtime.machine import MachineFacts
+
+    def rss():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    facts = MachineFacts(free_bytes=1 << 40)
+    Engine.load(sys.argv[1], facts=facts).close()  # imports, kernels from the cache, allocator pools warm
+    before = rss()
+    engine = Engine.load(sys.argv[2], facts=facts)
+    print(json.dumps({"growth": rss() - before, "workspace": engine.model.workspace_bytes}))
+""")
+
+
+@pytest.fixture(scope="module")
+def mid_bundle(tmp_path_factory, monkeypatch_module, tiny_checkpoint):
+    """A CPU FP8 bundle of ~60 MB (weights ~28 MB, KV pool ~38 MB): big enough that the
+    interpreter's constant costs do not hide a float32 copy (which would add ~100 MB)."""
+    import builder.synth as synth
+    from builder.compile import compile_bundle
+    from runtime.contract import BuildOptions
+
+    tiny = synth.model_config_for
+
+    def mid(opts, vocab):
+        cfg = tiny(opts, vocab)
+        return type(cfg)(**{**cfg.__dict__, "hidden_size": 512, "intermediate_size": 1536, "num_layers": 8,
+                            "num_heads": 8, "num_kv_heads": 4, "head_dim": 64})
+    monkeypatch_module.setattr(synth, "model_config_for", mid)
+    ckpt = tmp_path_factory.mktemp("mid") / "ckpt"
+    synth.synth_checkpoint(ckpt, synth.SynthOptions(seed=3))
+    out = ckpt.parent / "bundle"
+    compile_bundle(ckpt, "builder/data/tools-64.json",
+                   BuildOptions(precision="fp8_e4m3", target="cpu", max_sequences=8, max_input_tokens=512,
+                                max_output_tokens=None, page_size=32, max_tokens_per_step=256, prefill_chunk=128,
+                                memory_budget_bytes=None, context_reserve_bytes=None, seed=0), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+def test_load_holds_what_the_contract_states(mid_bundle, tiny_bundle):
+    memory = read_contract(mid_bundle).memory
+    assert memory.weights_bytes > 20_000_000 and memory.total_bytes > 50_000_000
+    out = subprocess.run([sys.executable, "-c", RSS_PROBE, str(tiny_bundle), str(mid_bundle)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    growth = got["growth"]
+    print(f"RSS growth {growth} bytes, contract {memory.total_bytes} bytes ({growth / memory.total_bytes:.3f}x)")
+    assert abs(growth - memory.total_bytes) <= 0.10 * memory.total_bytes
+    assert got["workspace"] <= memory.workspace_bytes
+
+
+# -- numba cache ---------------------------------------------------------------------------------
+
+CACHE_PROBE = textwrap.dedent("""
+    import json, sys
+    from runtime.engine import Engine
+    from runtime.machine import MachineFacts
+    from runtime.cpu import fast_kernels as fk
+    Engine.load(sys.argv[1], facts=MachineFacts(free_bytes=1 << 40))
+    kernels = [v for v in vars(fk).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
+    print(json.dumps({k.__name__: sum(k.stats.cache_misses.values()) for k in kernels if k.signatures}))
+""")
+
+
+def test_a_second_start_loads_the_kernels_from_the_cache(tiny_bundle):
+    runs = [subprocess.run([sys.executable, "-c", CACHE_PROBE, str(tiny_bundle)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT}) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[-1].stderr
+    misses = json.loads(runs[1].stdout.strip().splitlines()[-1])
+    assert "linear_fp8" in misses and "attention" in misses
+    assert not any(misses.values()), f"compiled again on the second start: {misses}"
