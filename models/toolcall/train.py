@@ -37,13 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from builder.catalog import load_catalog, tokenize_catalog  # noqa: E402
 from builder.synth_tokenizer import END_OF_TURN, SPECIAL_TOKENS, train_tokenizer  # noqa: E402
-from models.toolcall.data import make_split  # noqa: E402
+from models.toolcall.data import Wording, make_split  # noqa: E402
 
 CATALOG = "builder/data/tools-64.json"
 END_ID, PAD_ID = SPECIAL_TOKENS.index(END_OF_TURN), 0  # END = <|im_end|> = 2; pad never enters a loss
-# Every linear's input dim (160, 128, 320) is a multiple of 16, as NVFP4's 16-element blocks need.
-MODEL = dict(hidden_size=160, intermediate_size=320, num_hidden_layers=6, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, max_position_embeddings=2048, rope_theta=10000.0,
+# Every linear's input dim is a multiple of 16, as NVFP4's 16-element blocks need; head_dim 64 is the
+# smallest the GPU attention kernels take.
+MODEL = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=6, num_attention_heads=3,
+             num_key_value_heads=1, head_dim=64, max_position_embeddings=2048, rope_theta=10000.0,
              rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=0, eos_token_id=END_ID,
              pad_token_id=PAD_ID)
 
@@ -51,7 +52,7 @@ MODEL = dict(hidden_size=160, intermediate_size=320, num_hidden_layers=6, num_at
 # P(1, 2, 3, 4 tools) in training: mostly multi-intent requests, unlike the test split (0.3, 0.35,
 # 0.2, 0.15), since finding the k-th clause is what a small model learns last (and one-tool
 # requests are learnt anyway). Against (0.2, 0.3, 0.3, 0.2): 92.6 -> 94.2 % validation exact-set.
-TRAIN_COUNTS = (0.1, 0.2, 0.3, 0.4)
+TRAIN_COUNTS = (0.25, 0.3, 0.25, 0.2)  # v2: people mostly ask for one or two things
 CLAUSES = len(TRAIN_COUNTS)  # the most clauses (tools) a request holds: clause labels are tool * CLAUSES + index
 
 
@@ -66,7 +67,7 @@ def encode_examples(examples, tokenizer, catalog) -> list[tuple[list[int], list[
     prompts = tokenizer.encode_batch([catalog.prompt_template.replace("{request}", e.request) for e in examples])
     out = []
     for e, p in zip(examples, prompts):
-        answer: list[int] = []
+        answer: list[int] = [] if e.tools else [END_ID]  # no tool: the empty answer, END first
         for i, tool in enumerate(e.tools):
             answer += [*path[tool], tokenized.sep_token_id if i + 1 < len(e.tools) else END_ID]
         spans = e.clause_spans()
@@ -107,7 +108,8 @@ def batch_tensors(examples, torch):
         clause_rows += [b] * len(inside)
         clause_cols += inside
         clause_labels += [labels[t] for t in inside]
-    tensor = torch.tensor
+    def tensor(values):  # long even when empty (a batch of no-tool requests has no clause tokens)
+        return torch.tensor(values, dtype=torch.long)
     return ids, tensor(rows), tensor(cols), tensor(targets), tensor(clause_rows), tensor(clause_cols), tensor(clause_labels)
 
 
@@ -168,11 +170,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="models/toolcall-qwen3-tiny")
     ap.add_argument("--seed", type=int, default=0, help="model init, data and order; same seed, same weights")
-    ap.add_argument("--steps", type=int, default=1700)
+    ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=48)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--counts", type=float, nargs=4, default=TRAIN_COUNTS, help="P(1, 2, 3, 4 tools) per request")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (1: on a shared, busy machine 2 threads ran 6x slower, spinning)")
     ap.add_argument("--clause-loss", type=float, default=0.5,
                     help="weight of the auxiliary loss that labels each request token with its clause's tool and index")
     ap.add_argument("--ema", type=float, default=0.0,
@@ -186,6 +189,16 @@ def main() -> None:
     ap.add_argument("--paraphrases", action=argparse.BooleanOptionalAction, default=True,
                     help="add models.toolcall.paraphrases to each tool's training templates, "
                          "except those near its held-out templates")
+    ap.add_argument("--heads", type=int, default=MODEL["num_attention_heads"], help="attention heads of 64")
+    ap.add_argument("--kv-heads", type=int, default=MODEL["num_key_value_heads"])
+    ap.add_argument("--train-size", type=int, default=None, help="train examples (default: the split's size)")
+    ap.add_argument("--no-tool", type=float, default=0.1, help="v2: share of requests that need no tool")
+    ap.add_argument("--pooled", type=float, default=0.8, help="v2: share of slot values from the generated pools")
+    ap.add_argument("--typos", type=float, default=0.03, help="v2: per-word typo rate")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop early (after a validation check) once training has run this long; the run "
+                         "then reports the step it stopped at, and only a rerun that stops there repeats it")
+    ap.add_argument("--v1", action="store_true", help="the v1 data (no v2 wording, phrasings or no-tool requests)")
     args = ap.parse_args()
 
     import torch
@@ -196,13 +209,19 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     start = time.perf_counter()
     catalog = load_catalog(CATALOG)
-    train = make_split("train", args.seed, noise=args.noise, lexicon=args.lexicon, counts=tuple(args.counts),
-                       paraphrases=args.paraphrases)
+    wording = None if args.v1 else Wording(no_tool=args.no_tool, pooled=args.pooled, typos=args.typos)
+    train = make_split("train", args.seed, size=args.train_size, noise=args.noise, lexicon=args.lexicon,
+                       counts=tuple(args.counts), paraphrases=args.paraphrases, wording=wording)
     tokenizer = toolcall_tokenizer(train, catalog, args.vocab)
     pairs = encode_examples(train, tokenizer, catalog)
-    val = encode_examples(make_split("val", args.seed), tokenizer, catalog)
+    # Model choice: the validation templates (never trained on) with v2's wording (pooled values,
+    # typos, joins) and its share of no-tool requests; never the hand-written set.
+    val_wording = None if args.v1 else Wording(no_tool=args.no_tool, pooled=args.pooled, typos=args.typos,
+                                                phrasings=False)
+    val = encode_examples(make_split("val", args.seed, wording=val_wording), tokenizer, catalog)
     vocab = -(-tokenizer.get_vocab_size() // 64) * 64
-    shape = {**MODEL, "num_hidden_layers": args.layers, "hidden_size": args.hidden, "intermediate_size": args.mlp}
+    shape = {**MODEL, "num_hidden_layers": args.layers, "hidden_size": args.hidden, "intermediate_size": args.mlp,
+             "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads}
     model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(vocab_size=vocab, **shape)).float().train()
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(pairs)} train examples, "
           f"data ready in {time.perf_counter() - start:.1f} s", flush=True)
@@ -230,7 +249,7 @@ def main() -> None:
         out = model.model(input_ids=ids, output_hidden_states=args.clause_loss > 0)
         logits = out.last_hidden_state[rows, cols] @ embed.T  # [answer tokens, V]: the head only where a loss is taken
         loss = torch.nn.functional.cross_entropy(logits, targets)
-        if args.clause_loss > 0:  # which tool, and which clause, each request token belongs to
+        if args.clause_loss > 0 and len(clause_labels):  # which tool, and which clause, each request token is in
             middle = out.hidden_states[args.layers // 2][clause_rows, clause_cols]  # [clause tokens, H]
             guess = clause_head(middle)  # [clause tokens, tools + CLAUSES]
             tools = len(catalog.names)
@@ -248,15 +267,20 @@ def main() -> None:
                 torch._foreach_mul_(averaged_params, args.ema)
                 torch._foreach_add_(averaged_params, params, alpha=1 - args.ema)
         last = step == args.steps - 1
+        out_of_time = args.max_seconds is not None and time.perf_counter() - start > args.max_seconds
+        last = last or out_of_time
         if step % 100 == 0 or last:
             line = f"step {step} loss {loss.item():.4f} {time.perf_counter() - start:.0f} s"
             # Training loss spikes now and then; keep the snapshot that answers most validation requests.
-            if step >= args.steps // 2 and (step % 100 == 0 or last):
+            if (step >= args.steps // 2 or out_of_time) and (step % 100 == 0 or last):
                 acc = val_answer_accuracy(averaged, val_tensors, torch)
                 line += f", val answers exact {acc:.4f}"
                 if acc > best[0]:
                     best = (acc, step, {k: v.detach().clone() for k, v in averaged.state_dict().items()})
             print(line, flush=True)
+        if out_of_time:
+            print(f"stopped at step {step} of {args.steps}: --max-seconds {args.max_seconds:.0f} reached", flush=True)
+            break
 
     model.load_state_dict(best[2])
     print(f"kept step {best[1]}: val answers exact {best[0]:.4f}")
