@@ -1,24 +1,31 @@
 """Trains the small tool-discovery model and writes models/toolcall-qwen3-tiny/ (a Hugging Face folder).
 
-    python models/toolcall/train.py [--out models/toolcall-qwen3-tiny] [--seed 0] [--steps 1700]
+    nice -n 19 python3 -m models.toolcall.train [--out models/toolcall-qwen3-tiny] [--seed 0] [--steps 1500]
+        [--train-size 72000] [--max-seconds S]
 
-A ``transformers.Qwen3ForCausalLM`` (6 layers, hidden 160, MLP 320, 4 heads / 2 KV heads of 32,
-tied embeddings, vocab 2048: 1.62M parameters, 3.2 MB in bf16) learns to answer a request,
-wrapped in the catalog's prompt template, with its tools' token paths joined by SEP and closed
-by END: the exact token sequence the runtime's grammar walks.
+Model v2: a ``transformers.Qwen3ForCausalLM`` (6 layers, hidden 192, MLP 512, 3 heads / 1 KV
+head of 64 (head_dim 64: the smallest the GPU attention kernels take), tied embeddings, vocab
+2048: 2.76M parameters) learns to answer a request, wrapped in the catalog's prompt template,
+with its tools' token paths joined by SEP and closed by END, or END alone when no tool fits:
+the exact token sequence the runtime's grammar walks.
 
 - Tokenizer: the project's byte-level BPE trained on its synthetic corpus plus the train split's
   requests, so a request is about 1.2 tokens a word (2 with the generic tokenizer).
-- Data: models.toolcall.data's train split for the 64-tool catalog (training templates and
-  models.toolcall.paraphrases' phrasings not near a held-out template, half the clauses from
-  the shared-frame lexicon, light wording noise), mostly multi-intent.
+- Data: models.toolcall.data's train split for the 64-tool catalog (training templates,
+  models.toolcall.paraphrases' and models.toolcall.phrasings' phrasings not near a held-out
+  template, half the clauses from the shared-frame lexicon, light wording noise) with v2's
+  ``Wording``: slot values from generated pools, typos, varied joins, and a tenth of the
+  requests needing no tool (``--v1``: the old data).
+- Model choice: the validation templates with the same wording and no-tool share; never the
+  hand-written set (models/toolcall/handwritten.tsv).
 - Losses: the answer tokens; plus, with weight ``--clause-loss``, a training-only linear probe on
   the middle layer that names each request token's clause (its tool and its index). It teaches
   the model to segment a request into clauses, the skill multi-intent requests need.
-- Torch on CPU with 2 threads, deterministic from the seed (seeded init, fixed data order, no
-  dropout); 7 to 7.5 min on a quiet 2-core session machine (0.25 s per step of 48 requests;
-  8 min 55 s, 0.31 s a step, on an earlier session's machine). The kept weights are the
-  snapshot that answers most validation requests exactly.
+- Torch on CPU with 1 thread, deterministic from the seed (seeded init, fixed data order, no
+  dropout). On the busy shared 2-core machine of 2026-12-01 (load 9-10, nice 19) a step of 48
+  requests took 2.6 s; ``--max-seconds`` ends a run early, and ``--stop-step`` repeats such a
+  run exactly. The kept weights are the snapshot that answers most validation
+  requests exactly.
 """
 from __future__ import annotations
 
@@ -198,6 +205,9 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="stop early (after a validation check) once training has run this long; the run "
                          "then reports the step it stopped at, and only a rerun that stops there repeats it")
+    ap.add_argument("--stop-step", type=int, default=None,
+                    help="stop after this step (the LR schedule still spans --steps): repeats a run that "
+                         "--max-seconds ended at that step")
     ap.add_argument("--v1", action="store_true", help="the v1 data (no v2 wording, phrasings or no-tool requests)")
     args = ap.parse_args()
 
@@ -267,7 +277,8 @@ def main() -> None:
                 torch._foreach_mul_(averaged_params, args.ema)
                 torch._foreach_add_(averaged_params, params, alpha=1 - args.ema)
         last = step == args.steps - 1
-        out_of_time = args.max_seconds is not None and time.perf_counter() - start > args.max_seconds
+        out_of_time = ((args.max_seconds is not None and time.perf_counter() - start > args.max_seconds)
+                       or (args.stop_step is not None and step >= args.stop_step))
         last = last or out_of_time
         if step % 100 == 0 or last:
             line = f"step {step} loss {loss.item():.4f} {time.perf_counter() - start:.0f} s"
@@ -279,7 +290,8 @@ def main() -> None:
                     best = (acc, step, {k: v.detach().clone() for k, v in averaged.state_dict().items()})
             print(line, flush=True)
         if out_of_time:
-            print(f"stopped at step {step} of {args.steps}: --max-seconds {args.max_seconds:.0f} reached", flush=True)
+            print(f"stopped at step {step} of {args.steps} (--max-seconds {args.max_seconds} --stop-step "
+                  f"{args.stop_step})", flush=True)
             break
 
     model.load_state_dict(best[2])
