@@ -208,6 +208,11 @@ def main() -> None:
     ap.add_argument("--stop-step", type=int, default=None,
                     help="stop after this step (the LR schedule still spans --steps): repeats a run that "
                          "--max-seconds ended at that step")
+    ap.add_argument("--init-from", default=None,
+                    help="continue from this folder's weights and tokenizer (instead of a fresh init)")
+    ap.add_argument("--skip", type=int, default=0,
+                    help="drop the first N train examples (a continued run then sees new ones)")
+    ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--v1", action="store_true", help="the v1 data (no v2 wording, phrasings or no-tool requests)")
     args = ap.parse_args()
 
@@ -222,7 +227,12 @@ def main() -> None:
     wording = None if args.v1 else Wording(no_tool=args.no_tool, pooled=args.pooled, typos=args.typos)
     train = make_split("train", args.seed, size=args.train_size, noise=args.noise, lexicon=args.lexicon,
                        counts=tuple(args.counts), paraphrases=args.paraphrases, wording=wording)
-    tokenizer = toolcall_tokenizer(train, catalog, args.vocab)
+    if args.init_from:
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_file(str(Path(args.init_from) / "tokenizer.json"))
+    else:
+        tokenizer = toolcall_tokenizer(train, catalog, args.vocab)
+    train = train[args.skip:]
     pairs = encode_examples(train, tokenizer, catalog)
     # Model choice: the validation templates (never trained on) with v2's wording (pooled values,
     # typos, joins) and its share of no-tool requests; never the hand-written set.
@@ -232,7 +242,10 @@ def main() -> None:
     vocab = -(-tokenizer.get_vocab_size() // 64) * 64
     shape = {**MODEL, "num_hidden_layers": args.layers, "hidden_size": args.hidden, "intermediate_size": args.mlp,
              "num_attention_heads": args.heads, "num_key_value_heads": args.kv_heads}
-    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(vocab_size=vocab, **shape)).float().train()
+    if args.init_from:
+        model = transformers.Qwen3ForCausalLM.from_pretrained(args.init_from, dtype=torch.float32).train()
+    else:
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(vocab_size=vocab, **shape)).float().train()
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {len(pairs)} train examples, "
           f"data ready in {time.perf_counter() - start:.1f} s", flush=True)
 
@@ -267,7 +280,7 @@ def main() -> None:
                    + torch.nn.functional.cross_entropy(guess[:, tools:], clause_labels % CLAUSES))
             loss = loss + args.clause_loss * aux
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, warmup=100)
+            group["lr"] = lr_at(step, args.steps, args.lr, warmup=args.warmup)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
