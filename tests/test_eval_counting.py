@@ -80,3 +80,53 @@ def test_trie_decodes_closed_names_only(trie):
     assert trie.decode([5, 6, 7, END, 0, 0]) == ["abc"]
     assert trie.decode([8, SEP, 5]) == ["d"]  # a name still open at the length limit is dropped
     assert trie.max_answer_tokens == (3 + 1) + (2 + 1)
+
+
+def test_trie_with_allow_empty_takes_end_at_the_root_only():
+    trie = ev.ToolTrie(["ab", "abc", "d"], [[5, 6], [5, 6, 7], [8]], SEP, END, max_tools=2, allow_empty=True)
+    assert trie.allowed([]) == [END, 5, 8]
+    assert trie.allowed([END]) == [] and trie.decode([END, END]) == []
+    assert trie.allowed([8, SEP]) == [5]  # after a tool, END only closes a name
+    with pytest.raises(ValueError, match="outside the grammar"):
+        ev.ToolTrie(["d"], [[8]], SEP, END, max_tools=2).state([END])
+
+
+def test_empty_scores_count_none_requests_and_tool_requests_answered_empty():
+    labels = [[], [], ["a"], ["a", "b"], [], ["c"]]
+    pred = [[], ["a"], [], ["a", "b"], [], ["c"]]
+    s = ev.empty_scores(pred, labels)
+    assert (s["no_tool_requests"], s["none_answered_empty"], s["tool_requests"], s["tool_requests_answered_empty"]) \
+        == (3, 2, 3, 1)
+    assert s["none_accuracy"] == pytest.approx(2 / 3) and s["tool_requests_empty"] == pytest.approx(1 / 3)
+    assert ev.score(pred, labels)["exact_set"] == 4  # an empty answer to a no-tool request is an exact set
+
+
+def test_handwritten_set_is_large_enough_and_names_catalog_tools(tmp_path):
+    from builder.catalog import load_catalog
+    from common.errors import CatalogError
+    from models.toolcall.handwritten import load_handwritten
+
+    names = set(load_catalog("builder/data/tools-64.json").names)
+    items = load_handwritten(tool_names=names)
+    assert len(items) >= 200 and sum(not t for _, t in items) >= 40
+    assert {t for _, tools in items for t in tools} == names  # every tool is asked for at least once
+    issue = {"Call my mom": ("make_phone_call",), "What's 17 times 23?": ("calculate",),
+             "Text Jonas that I'm running late": ("send_text_message",), "hello": (), "": ()}
+    assert set(issue.items()) <= set(items)
+    bad = tmp_path / "bad.tsv"
+    for text in ("hello\n", "call mom\tmake_a_call\n", "call mom\tmake_phone_call,make_phone_call\n"):
+        bad.write_text(text)
+        with pytest.raises(CatalogError, match="bad.tsv:1"):
+            load_handwritten(bad, names)
+
+
+def test_variation_changes_numbers_names_and_punctuation_only():
+    from models.toolcall.variation import vary
+
+    text = "Send 40 bucks to Marta for 'Lunch at Noon' on Friday"
+    out = vary(text, seed=0)
+    assert out == vary(text, seed=0) and out != vary(text, seed=1)
+    words = out.rstrip(".!?").split(" ")
+    assert words[0] == "send" and words[1].isdigit() and len(words[1]) == 2 and words[4] != "Marta"
+    assert "'Lunch at Noon'" in out and words[-1] == "Friday"  # quoted text and weekdays stay
+    assert vary("hello?", 0) == "Hello" and vary("", 0) == "" and vary("ok", 0)[-1] in ".!?"

@@ -6,8 +6,11 @@ the tools in the order their clauses appear, the order the steps would run (cano
 Splits are by template: per tool, one template is test-only, one validation-only, five are
 train-only (chosen from the seed), so test requests use phrasings never seen in training.
 The train split may also take clauses from models.toolcall.lexicon (tool words in frames all
-tools share), from models.toolcall.paraphrases (more phrasings per tool, written from the
-catalog alone) and wording noise; validation and test examples are always clean templates.
+tools share), from models.toolcall.paraphrases and models.toolcall.phrasings (more phrasings
+per tool) and wording noise; and, for model v2, slot values from the large generated pools of
+models.toolcall.pools, typos, casual spellings and varied joins (models.toolcall.wording), and
+requests that need no tool (models.toolcall.chitchat), labelled with the empty answer.
+Validation and test examples are always clean templates with SLOTS values.
 """
 from __future__ import annotations
 
@@ -15,13 +18,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .chitchat import no_tool_request
 from .lexicon import lexicon_clauses
 from .paraphrases import PARAPHRASES
+from .phrasings import PHRASINGS
+from .pools import draw
 from .templates import PAIRED, SLOTS, TEMPLATES
+from .wording import join, roughen
 
 SPLITS = ("train", "val", "test")
 LEXICON_ID = -1  # template id of a training-only lexicon clause
 PARAPHRASE_ID = -2  # template id of a training-only paraphrase clause
+PHRASING_ID = -3  # template id of a training-only v2 phrasing clause
 SPLIT_SIZES = {"train": 60_000, "val": 500, "test": 1000}  # default example counts per split
 TOOL_COUNT_WEIGHTS = (0.3, 0.35, 0.2, 0.15)  # P(1, 2, 3, 4 tools in a request)
 CONNECTORS = (" and ", " and then ", ", then ", " then ", ". Also ", " and also ", ", plus ", "; after that ",
@@ -35,6 +43,19 @@ SUFFIXES = (" please", " for me", " now", " right away", " asap", " thanks", " i
             " when you get a chance", " too")
 FILLERS = ("just", "quickly", "really", "maybe", "kindly", "actually", "the", "my", "now", "a", "to", "for", "me",
            "some", "in", "on", "with", "this", "that", "at", "of", "about", "new", "all", "any", "please")
+
+
+@dataclass(frozen=True)
+class Wording:
+    """Model v2's training-only variety (``make_split(wording=...)``): ``no_tool`` share of
+    requests that need no tool (empty answer), ``pooled`` share of slot values from the generated
+    pools, ``typos`` per-word typo rate, ``phrasings`` whether models.toolcall.phrasings join
+    the training templates (minus those near a held-out template)."""
+
+    no_tool: float = 0.1
+    pooled: float = 0.8
+    typos: float = 0.03
+    phrasings: bool = True
 
 
 @dataclass(frozen=True)
@@ -103,6 +124,27 @@ def template_splits(seed: int) -> dict[int, str]:
     return out
 
 
+def _fill_pooled(template: str, rng: np.random.Generator, pooled: float) -> str:
+    """Replaces every {slot} with a models.toolcall.pools value (a generated one with p=``pooled``);
+    {x2} differs from {x}. Paired slots are drawn apart (a made-up unit pair is still a conversion)."""
+    parts = template.split("{")
+    out, seen = [parts[0]], {}
+    for part in parts[1:]:
+        name, rest = part.split("}", 1)
+        base = name[:-1] if name.endswith("2") else name
+        value = draw(base, rng, pooled)
+        for _ in range(5):
+            if value != seen.get(base):
+                break
+            value = draw(base, rng, pooled)
+        seen.setdefault(base, value)
+        out.append(value + rest)
+    words = "".join(out).split(" ")
+    words = [w for k, w in enumerate(words) if not (w == "the" and k + 1 < len(words) and words[k + 1] == "the")]
+    cap = rng.random() < 0.5  # people type "i" as often as "I"
+    return " ".join("I" if w == "i" and cap else w for w in words)
+
+
 def _fill(template: str, rng: np.random.Generator) -> str:
     """Replaces every {slot} with a value; {x2} differs from {x} in the same clause."""
     chosen: dict[str, int] = {}  # slot name -> index drawn into its value list
@@ -149,9 +191,15 @@ def _perturb(template: str, rng: np.random.Generator, noise: float) -> str:
     return text
 
 
+QUESTION_WORDS = ("what", "what's", "how", "is", "are", "when", "which", "who", "did", "do", "has", "will", "where",
+                  "can")
+
+
 def _example(rng: np.random.Generator, by_tool: dict[str, list[tuple[int, str]]], noise: float,
              lexicon: dict[str, list[str]] | None, lexicon_share: float,
-             counts: tuple[float, ...]) -> Example:
+             counts: tuple[float, ...], v2: Wording | None = None) -> Example:
+    if v2 is not None and rng.random() < v2.no_tool:
+        return Example(no_tool_request(rng), (), (), (), ())
     names = list(by_tool)
     k = 1 + int(rng.choice(4, p=counts))
     tools = [names[int(i)] for i in rng.choice(len(names), size=k, replace=False)]
@@ -164,21 +212,24 @@ def _example(rng: np.random.Generator, by_tool: dict[str, list[tuple[int, str]]]
             i, pattern = by_tool[t][int(rng.integers(len(by_tool[t])))]
             ids.append(i)
             patterns.append(pattern)
+    last = patterns[-1].split(" ")[0]
+    question = last in QUESTION_WORDS
+    if v2 is not None:
+        clauses = [roughen(_fill_pooled(_perturb(p, rng, noise) if noise else p, rng, v2.pooled), rng, v2.typos)
+                   for p in patterns]
+        return Example(join(clauses, rng, question), tuple(tools), tuple(clauses), tuple(patterns), tuple(ids))
     clauses = [_fill(_perturb(p, rng, noise) if noise else p, rng) for p in patterns]
     text = clauses[0][0].upper() + clauses[0][1:]
     for clause in clauses[1:]:
         joiner = CONNECTORS[int(rng.integers(len(CONNECTORS)))]
         text += joiner + clause
-    last = patterns[-1].split(" ")[0]
-    question = last in ("what", "what's", "how", "is", "are", "when", "which", "who", "did", "do", "has",
-                        "will", "where", "can")
     text += "?" if question else (".", "", "!")[int(rng.integers(3))]
     return Example(text, tuple(tools), tuple(clauses), tuple(patterns), tuple(ids))
 
 
 def make_split(split: str, seed: int = 0, size: int | None = None, noise: float = 0.0,
                lexicon: float = 0.0, counts: tuple[float, ...] = TOOL_COUNT_WEIGHTS,
-               paraphrases: bool = False) -> list[Example]:
+               paraphrases: bool = False, wording: Wording | None = None) -> list[Example]:
     """The ``split`` examples (train, val or test) for ``seed``; the same arguments give the same list.
 
     Training only: ``noise`` (0 to 0.4) perturbs each clause's wording (see ``_perturb``);
@@ -186,11 +237,14 @@ def make_split(split: str, seed: int = 0, size: int | None = None, noise: float 
     of the tool's training templates (never a pattern equal to a held-out template).
     ``paraphrases``: the tool's models.toolcall.paraphrases phrasings join its training
     templates, drawn alike, except those ``near_held_out`` its validation or test template.
-    ``counts``: P(1, 2, 3, 4 tools) per request.
+    ``counts``: P(1, 2, 3, 4 tools) per request (of the requests that need a tool).
+    ``wording``: model v2's variety (see ``Wording``): no-tool requests, pooled slot values,
+    typos and joins, and (train only) models.toolcall.phrasings; on validation or test it varies
+    the held-out templates' wording, never their words. None: the v1 data, unchanged.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    if split != "train" and (noise or lexicon or paraphrases):
+    if split != "train" and (noise or lexicon or paraphrases or (wording and wording.phrasings)):
         raise ValueError(f"noise, lexicon and paraphrase clauses are for the train split only, not {split!r}")
     table, assign = template_table(), template_splits(seed)
     held_by_tool: dict[str, list[str]] = {}  # tool -> its validation and test templates
@@ -199,6 +253,9 @@ def make_split(split: str, seed: int = 0, size: int | None = None, noise: float 
             held_by_tool.setdefault(tool, []).append(pattern)
     held_out = {t for held in held_by_tool.values() for t in held}
     clauses = {tool: [c for c in lexicon_clauses(tool) if c not in held_out] for tool in TEMPLATES} if lexicon else None
+    if clauses and wording is not None:  # v2: a bare value ("{person}", "{phone}") names no tool
+        clauses = {tool: [c for c in cl if not (c.startswith("{") and c.endswith("}") and c.count("{") == 1)]
+                   for tool, cl in clauses.items()}
     by_tool: dict[str, list[tuple[int, str]]] = {}  # tool -> its (template id, pattern) to draw from
     for i, (tool, pattern) in enumerate(table):
         if assign[i] == split:
@@ -206,5 +263,9 @@ def make_split(split: str, seed: int = 0, size: int | None = None, noise: float 
     if paraphrases:
         for tool, phrasings in PARAPHRASES.items():
             by_tool[tool] += [(PARAPHRASE_ID, p) for p in phrasings if not near_held_out(p, held_by_tool[tool])]
+    if wording is not None and wording.phrasings:
+        for tool, text in PHRASINGS.items():
+            by_tool[tool] += [(PHRASING_ID, p) for p in text.split("|") if not near_held_out(p, held_by_tool[tool])]
     rng = np.random.default_rng([seed, 2, SPLITS.index(split)])
-    return [_example(rng, by_tool, noise, clauses, lexicon, counts) for _ in range(SPLIT_SIZES[split] if size is None else size)]
+    n = SPLIT_SIZES[split] if size is None else size
+    return [_example(rng, by_tool, noise, clauses, lexicon, counts, wording) for _ in range(n)]

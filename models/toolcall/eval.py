@@ -1,6 +1,12 @@
 """Tool-discovery accuracy of a bundle, and its agreement with transformers on the unquantized checkpoint.
 
     python models/toolcall/eval.py BUNDLE --split test [--json OUT] [--checkpoint models/toolcall-qwen3-tiny]
+    python models/toolcall/eval.py BUNDLE [BUNDLE ...] --handwritten [--json OUT]
+
+With ``--handwritten``: the hand-written set (models/toolcall/handwritten.tsv) per bundle:
+exact-set, recall, precision, "none" accuracy (no-tool requests answered empty), the share of
+tool-bearing requests answered empty, every miss, and the robustness check (each request
+varied by models.toolcall.variation.vary: the share whose answer set stays the same).
 
 Runs every request of a models.toolcall.data split through the runtime (Engine.load, one
 batched run) and scores the ranked tool lists against the labels: exact-set match, recall and
@@ -26,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from builder.catalog import load_catalog  # noqa: E402
 from models.toolcall.data import SPLITS, make_split  # noqa: E402
+from models.toolcall.handwritten import HANDWRITTEN, load_handwritten  # noqa: E402
+from models.toolcall.variation import vary  # noqa: E402
 
 
 def score(predicted: Sequence[Sequence[str]], labels: Sequence[Sequence[str]]) -> dict:
@@ -49,6 +57,54 @@ def score(predicted: Sequence[Sequence[str]], labels: Sequence[Sequence[str]]) -
             "recall": hits / n_gold if n_gold else 0.0, "precision": hits / n_pred if n_pred else 0.0,
             "order_agreement": exact_list / exact_set if exact_set else 0.0,
             "exact_list_rate": exact_list / n if n else 0.0}
+
+
+def empty_scores(predicted: Sequence[Sequence[str]], labels: Sequence[Sequence[str]]) -> dict:
+    """The empty answer's counts: no-tool requests answered empty (``none_accuracy``) and
+    tool-bearing requests answered empty (``tool_requests_empty``, a share of those requests)."""
+    assert len(predicted) == len(labels)
+    none = [not p for p, g in zip(predicted, labels) if not g]
+    tooled = [not p for p, g in zip(predicted, labels) if g]
+    return {"no_tool_requests": len(none), "none_answered_empty": sum(none),
+            "none_accuracy": sum(none) / len(none) if none else 0.0,
+            "tool_requests": len(tooled), "tool_requests_answered_empty": sum(tooled),
+            "tool_requests_empty": sum(tooled) / len(tooled) if tooled else 0.0}
+
+
+def handwritten_report(engine, path, seed: int = 0) -> dict:
+    """One bundle on the hand-written set and on its varied copy (see the module docstring)."""
+    from runtime.generator import Result
+
+    items = load_handwritten(path, set(engine.grammar.tool_names))
+    texts, labels = [t for t, _ in items], [list(g) for _, g in items]
+    varied = [vary(t, seed) for t in texts]
+    start = time.perf_counter()
+    results = engine.run(texts + varied)
+    seconds = time.perf_counter() - start
+    answers = [r.tools if isinstance(r, Result) else None for r in results]
+    ours, theirs = [a or [] for a in answers[:len(texts)]], [a or [] for a in answers[len(texts):]]
+    kept = sum(set(a) == set(b) for a, b in zip(ours, theirs))
+    by_count: dict[int, list[int]] = {}
+    for pred, gold in zip(ours, labels):
+        by_count.setdefault(len(gold), []).append(set(pred) == set(gold))
+    return {"precision": engine.contract.precision.weights, "bundle_id": engine.contract.engine.bundle_id,
+            "handwritten": str(path), "requests": len(texts), "score": score(ours, labels),
+            **empty_scores(ours, labels), "errors": sum(a is None for a in answers), "run_s": seconds,
+            "exact_set_by_tool_count": {k: sum(v) / len(v) for k, v in sorted(by_count.items())},
+            "robustness": {"seed": seed, "kept": kept, "kept_rate": kept / len(texts),
+                           "varied_score": score(theirs, labels), "changed": [
+                               {"request": t, "varied": v, "answer": a, "varied_answer": b}
+                               for t, v, a, b in zip(texts, varied, ours, theirs) if set(a) != set(b)]},
+            "misses": [{"request": t, "label": g, "answer": p, "min_margin": r.min_margin if isinstance(r, Result)
+                        else None} for t, g, p, r in zip(texts, labels, ours, results) if set(g) != set(p)]}
+
+
+def handwritten_line(report: dict) -> str:
+    s = report["score"]
+    return (f"{report['precision']} handwritten ({report['requests']}): exact-set {s['exact_set_rate']:.2%} "
+            f"recall {s['recall']:.2%} precision {s['precision']:.2%} none {report['none_accuracy']:.2%} "
+            f"tool-requests-empty {report['tool_requests_empty']:.2%} "
+            f"robust {report['robustness']['kept_rate']:.2%}")
 
 
 def by_template(patterns: Sequence[Sequence[str]], predicted: Sequence[Sequence[str]],
@@ -76,11 +132,13 @@ class ToolTrie:
 
     A state is (node, used tools, count, done). Allowed next: a child token whose subtree holds
     an unused tool; at a node ending an unused tool, END, and SEP while count + 1 < the most
-    tools an answer may hold (so SEP never leads to a dead end).
+    tools an answer may hold (so SEP never leads to a dead end); with ``allow_empty``, END at
+    the root before any tool (the empty answer).
     """
 
-    def __init__(self, names: Sequence[str], paths: Sequence[Sequence[int]], sep: int, end: int, max_tools: int):
-        self.names, self.sep, self.end = list(names), sep, end
+    def __init__(self, names: Sequence[str], paths: Sequence[Sequence[int]], sep: int, end: int, max_tools: int,
+                 allow_empty: bool = False):
+        self.names, self.sep, self.end, self.allow_empty = list(names), sep, end, allow_empty
         self.limit = min(max_tools, len(names))
         self.children: list[dict[int, int]] = [{}]
         self.below: list[set[int]] = [set()]  # node -> tools whose path passes through it
@@ -103,7 +161,9 @@ class ToolTrie:
         for i, token in enumerate(tokens):
             if done or token not in self.allowed_at(node, used, done):
                 raise ValueError(f"token {token} at answer position {i} is outside the grammar")
-            if token in self.children[node]:
+            if node == 0 and token == self.end:  # the empty answer
+                done = True
+            elif token in self.children[node]:
                 node = self.children[node][token]
             else:  # SEP or END closes the tool ending here
                 used.add(self.ends[node])
@@ -114,6 +174,8 @@ class ToolTrie:
         if done:
             return []
         out = [t for t, child in self.children[node].items() if self.below[child] - used]
+        if node == 0 and not used and self.allow_empty:
+            out.append(self.end)
         tool = self.ends.get(node)
         if tool is not None and tool not in used:
             out.append(self.end)
@@ -130,6 +192,8 @@ class ToolTrie:
         """Tool names closed by SEP/END in ``tokens`` (stops at END; a trailing open name is dropped)."""
         out, node = [], 0
         for token in tokens:
+            if node == 0 and token == self.end:  # the empty answer (or END after nothing open)
+                break
             if token in (self.sep, self.end):
                 out.append(self.names[self.ends[node]])
                 node = 0
@@ -144,7 +208,7 @@ def trie_for(catalog, tokenizer, end_id: int) -> ToolTrie:
     """The catalog's trie from standalone encodings of its tool names (as the builder tokenizes them)."""
     paths = [t.token_ids or tokenizer.encode(t.name, add_special_tokens=False).ids for t in catalog.tools]
     (sep,) = tokenizer.encode(catalog.answer.separator, add_special_tokens=False).ids
-    return ToolTrie(catalog.names, paths, sep, end_id, catalog.answer.max_tools)
+    return ToolTrie(catalog.names, paths, sep, end_id, catalog.answer.max_tools, catalog.answer.allow_empty)
 
 
 def transformers_lists(checkpoint: str, texts: Sequence[str], catalog, batch: int = 64) -> list[list[str]]:
@@ -195,7 +259,9 @@ def transformers_lists(checkpoint: str, texts: Sequence[str], catalog, batch: in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("bundle")
+    ap.add_argument("bundle", nargs="+", help="one bundle (a split), or one or more (--handwritten)")
+    ap.add_argument("--handwritten", nargs="?", const=str(HANDWRITTEN), default=None,
+                    help="score the hand-written set (default path: models/toolcall/handwritten.tsv)")
     ap.add_argument("--split", choices=SPLITS, default="test")
     ap.add_argument("--seed", type=int, default=0, help="the data generator's seed (the training seed)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N requests")
@@ -208,6 +274,19 @@ def main() -> None:
     from runtime.engine import Engine
     from runtime.generator import Result
 
+    if args.handwritten:
+        reports = [handwritten_report(Engine.load(b), args.handwritten, args.seed) for b in args.bundle]
+        for b, r in zip(args.bundle, reports):
+            r["bundle"] = b
+            print(handwritten_line(r))
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps({"date": datetime.date.today().isoformat(),
+                                                       "machine": {"platform": platform.platform()},
+                                                       "reports": reports}, indent=2) + "\n")
+        return
+    if len(args.bundle) != 1:
+        ap.error("a split is scored on one bundle; pass several only with --handwritten")
+    args.bundle = args.bundle[0]
     examples = make_split(args.split, args.seed)[:args.limit]
     texts, labels = [e.request for e in examples], [list(e.tools) for e in examples]
     start = time.perf_counter()

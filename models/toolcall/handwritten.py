@@ -1,0 +1,35 @@
+"""The hand-written evaluation set (models/toolcall/handwritten.tsv): plain requests typed as a
+person would, each with its expected tools. Reporting only: never training, tokenizer or model
+choice (the file's header says how it was written and labelled).
+
+Format: ``request<TAB>tool,tool,...`` a line (nothing after the TAB: no tool), "#" lines are
+comments, and the request ``<empty>`` stands for "".
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.errors import CatalogError
+
+HANDWRITTEN = Path(__file__).with_name("handwritten.tsv")
+EMPTY = "<empty>"
+
+
+def load_handwritten(path: str | Path = HANDWRITTEN, tool_names=None) -> list[tuple[str, tuple[str, ...]]]:
+    """(request, expected tools in order) per line; ``CatalogError("catalog_invalid")`` for a line
+    that is not ``request<TAB>tools`` or (given ``tool_names``) names a tool not in the catalog."""
+    out = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), 1):
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2:
+            raise CatalogError("catalog_invalid", f"{path}:{number}: expected 'request<TAB>tools', found "
+                              f"{len(parts)} TAB-separated fields; fix the line")
+        request, tools = parts[0], tuple(t for t in parts[1].split(",") if t)
+        unknown = [t for t in tools if tool_names is not None and t not in tool_names]
+        if unknown or len(set(tools)) != len(tools):
+            raise CatalogError("catalog_invalid", f"{path}:{number}: tools {list(tools)} hold unknown or repeated "
+                              f"names {unknown}; name each catalog tool at most once")
+        out.append(("" if request == EMPTY else request, tools))
+    return out

@@ -1,0 +1,91 @@
+"""Training-only wording variety of model v2: typos, casual spellings, casing, varied joins of
+multi-intent requests and greetings around a request (models/toolcall/data.py, train split).
+
+Everything here acts on filled clause text and is drawn from the caller's generator, so the
+same seed gives the same requests. Validation and test requests never pass through it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# Joins between the clauses of a multi-intent request: words, punctuation, symbols, new lines.
+JOINS = (" and ", " and then ", ", then ", " then ", ". Also ", " and also ", ", plus ", "; after that ",
+         ". After that, ", ", and ", " & ", " + ", "; ", ", ", ". ", "\n", " also ", ", also ", " plus ",
+         " as well as ", ". oh and ", ", btw ", " after that ", ". Next, ", " and afterwards ", " n ",
+         ", and also ", " and after that ", ". Then ", " - ", ", next ", " also can you ", ". and ", " AND ",
+         "... and ", ", and please ", " / ", ". Finally, ", " before that ", ", as well as ")
+OPENERS = ("hi, ", "hey, ", "hello! ", "hi ", "hey there, ", "good morning, ", "yo ", "ok so ", "so ", "um ",
+           "quick one: ", "hey can you ", "hi, can you ", "please ", "pls ", "could you ", "i need you to ",
+           "can u ", "would you ", "I was wondering if you could ", "help: ", "ok, ")
+CLOSERS = (" thanks", ", thanks!", " thx", " please", " pls", " ty", " :)", ", cheers", " asap",
+           " thank you", " for me", " if you can", " right now", " real quick")
+ENDINGS = ("", "", "", ".", ".", "?", "!", "!!", "...", " ?", "??", " .")
+CASUAL = {"you": "u", "please": "pls", "what's": "whats", "your": "ur", "are": "r", "tonight": "tonite",
+          "thanks": "thx", "to": "2", "for": "4", "want to": "wanna", "going to": "gonna", "i'm": "im",
+          "don't": "dont", "can't": "cant", "i'd": "id", "it's": "its", "where's": "wheres", "how's": "hows",
+          "message": "msg", "tomorrow": "tmrw", "minutes": "mins", "minute": "min", "and": "&"}
+KEYBOARD = "qwertyuiop asdfghjkl zxcvbnm".split()
+
+
+def _neighbor(ch: str, rng: np.random.Generator) -> str:
+    for row in KEYBOARD:
+        k = row.find(ch)
+        if k >= 0:
+            options = [row[j] for j in (k - 1, k + 1) if 0 <= j < len(row)]
+            return options[int(rng.integers(len(options)))]
+    return ch
+
+
+def typo(word: str, rng: np.random.Generator) -> str:
+    """``word`` with one slip: two letters swapped, one dropped, doubled or hit next to."""
+    if len(word) < 3 or not word.isalpha():
+        return word
+    k = int(rng.integers(1, len(word) - 1))
+    op = int(rng.integers(4))
+    if op == 0:
+        return word[:k] + word[k + 1] + word[k] + word[k + 2:]
+    if op == 1:
+        return word[:k] + word[k + 1:]
+    if op == 2:
+        return word[:k] + word[k] + word[k:]
+    return word[:k] + _neighbor(word[k].lower(), rng) + word[k + 1:]
+
+
+def roughen(clause: str, rng: np.random.Generator, typos: float) -> str:
+    """The clause with each word given a typo with p=``typos``, casual spellings with p=3*typos
+    each, apostrophes dropped with p=0.1, and lower-cased or upper-cased now and then."""
+    text = clause
+    if typos > 0:
+        for formal, casual in CASUAL.items():
+            if f" {formal} " in f" {text} " and rng.random() < 3 * typos:
+                text = f" {text} ".replace(f" {formal} ", f" {casual} ", 1)[1:-1]
+        text = " ".join(typo(w, rng) if rng.random() < typos else w for w in text.split(" "))
+    r = rng.random()
+    if r < 0.1:
+        text = text.replace("'", "")
+    r = rng.random()
+    if r < 0.2:
+        text = text.lower()
+    elif r < 0.22:
+        text = text.upper()
+    return text
+
+
+def join(clauses: list[str], rng: np.random.Generator, question: bool) -> str:
+    """One request from its clauses: the first capitalized or not, varied joins and endings,
+    sometimes an opener ("hi, ") or a closer (" thanks"). Clause text is kept verbatim."""
+    pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
+    first = clauses[0]
+    text = first[0].upper() + first[1:] if rng.random() < 0.6 else first
+    for clause in clauses[1:]:
+        text += pick(JOINS) + clause
+    if rng.random() < 0.12:
+        opener = pick(OPENERS)
+        text = (opener[0].upper() + opener[1:] if rng.random() < 0.5 else opener) + text
+    if rng.random() < 0.08:
+        text += pick(CLOSERS)
+    if text.endswith("?"):
+        text += pick(("", "", "?"))
+    else:
+        text += "?" if question and rng.random() < 0.6 else pick(ENDINGS)
+    return text
