@@ -38,7 +38,10 @@ Typical use:
 \b
 Exit codes: 0 ok; usage 2; internal 70 (a bug: please report it).
 {exit_code_help("Input and build failures", 10, 19)}
+{exit_code_help("Outputs", 61, 69)}
+{exit_code_help("Templates", 90, 90)}
 {exit_code_help("Bundle checks (verify, inspect)", 20, 39)}
+{exit_code_help("Placement (manifest)", 100, 109)}
 With --json a failure prints {{"error": CODE, "message": ..., "details": {{...}}}} on stdout."""
 
 

@@ -34,6 +34,9 @@ Exit codes: 0 ok; usage 2; internal 70 (a bug: please report it).
 {exit_code_help("Load refusals, in load order", 20, 39)}
 {exit_code_help("Request refusals", 40, 49)}
 {exit_code_help("GPU", 50, 59)}
+{exit_code_help("Numerics", 60, 60)}
+{exit_code_help("Serving (HTTP)", 80, 89)}
+{exit_code_help("Prompt and prefix", 90, 99)}
 With --json a refusal prints {{"error": CODE, "message": ..., "details": {{...}}}} on stdout."""
 
 

@@ -204,7 +204,7 @@ def test_answers_that_always_take_the_first_candidate_are_rejected(tiny_bundle, 
 def test_a_one_tool_catalog_builds_and_loads(tmp_path, tiny_checkpoint):
     catalog = tmp_path / "one.json"
     full = json.loads(Path(CATALOG).read_text())
-    catalog.write_text(json.dumps({**full, "tools": full["tools"][:1]}))
+    catalog.write_text(json.dumps({**full, "tools": full["tools"][:1], "answer": {**full["answer"], "allow_empty": False}}))
     out = tmp_path / "one-tool"
     contract = compile_bundle(tiny_checkpoint, catalog, OPTIONS, out).contract
     text = (out / CONTRACT_FILE).read_text()

@@ -320,8 +320,8 @@ def test_gpu_engine_loads_and_both_loops_match_the_cpu(device_bundle, name):
 
 
 @pytest.mark.parametrize("precision", ["fp8_e4m3", "nvfp4"])
-def test_the_trained_head_dim_32_model_runs_on_the_emulated_device(tmp_path, precision):
-    """models/toolcall-qwen3-tiny (head_dim 32, the model the repo ships): `builder plan` for h200
+def test_the_shipped_model_runs_on_the_emulated_device(tmp_path, precision):
+    """models/toolcall-qwen3-tiny (the model the repo ships, head_dim 64): `builder plan` for h200
     suggests a build, and the CUDA backend's launch lists give the CPU tokens, a prompt past one
     attention split (> 256 positions) included."""
     from builder.cli import main as builder_cli
@@ -331,7 +331,7 @@ def test_the_trained_head_dim_32_model_runs_on_the_emulated_device(tmp_path, pre
     assert planned.exit_code == 0, planned.output
     ckpt = open_checkpoint(model_dir)
     cfg = ckpt.config
-    assert cfg.head_dim == 32
+    assert cfg.head_dim == 64
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     grammar = build_grammar(load_catalog("builder/data/tools-64.json"), tok, cfg.eos_token_ids[0])
     limits = Limits(page_size=32, num_pages=4 * 12, max_sequences=4, max_tokens_per_step=64, prefill_chunk=64,

@@ -115,7 +115,8 @@ def test_a_tools_subset_bounds_the_answer(parts, solo):
     others = tuple(i for i in range(len(names)) if names[i] not in first)[:5]
     for i, p in enumerate(parts[3][:4]):
         (res,) = gen.generate([Request(p, Sampling(1.0, 1.0, i), tools=others)])
-        assert res.finish == "done" and 1 <= len(res.tools) and set(res.tools) <= {names[t] for t in others}
+        # the catalog allows the empty answer: a subset bounds what is named, it does not force a name
+        assert res.finish == "done" and set(res.tools) <= {names[t] for t in others}
     for bad in [(), (len(names),), (1, 1), (-1,)]:
         with pytest.raises(RequestError) as e:
             gen.submit(Request(parts[3][0], tools=bad))

@@ -486,7 +486,7 @@ def test_json_output_never_holds_nan(tmp_path, tiny_checkpoint):
     from runtime.cli import main as runtime_cli
     catalog = tmp_path / "one.json"
     full = json.loads(Path(CATALOG).read_text())
-    catalog.write_text(json.dumps({**full, "tools": full["tools"][:1]}))
+    catalog.write_text(json.dumps({**full, "tools": full["tools"][:1], "answer": {**full["answer"], "allow_empty": False}}))
     built = CliRunner().invoke(builder_cli, ["compile", str(tiny_checkpoint), "--catalog", str(catalog), "--out",
                                              str(tmp_path / "b"), "--json"])
     assert built.exit_code == 0, built.output
