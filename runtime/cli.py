@@ -10,13 +10,13 @@ from common.errors import EngineError
 
 from . import progress
 from .cli_errors import TypedErrorGroup, exit_code_help, fail, json_text
+from .cpu import CPU_BACKENDS
 from .generator import HEAD_MODES, Result
 from .sampling import Sampling, sampling_problem
 
 # Requests longer than this are shown shortened in plain output (a refusal never echoes a whole document).
 ECHO_CHARS = 160
 
-CPU_BACKENDS = ("fast", "reference")  # runtime.engine.CPU_BACKENDS (not imported here: the engine loads numba)
 _backend = click.option("--backend", type=click.Choice(CPU_BACKENDS), default="fast", show_default=True,
                         help="CPU bundles: fast (numba on the stored weights) or reference (numpy float32).")
 _threads = click.option("--threads", type=int, default=None,

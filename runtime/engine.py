@@ -13,6 +13,7 @@ from .bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, check_files, rea
 from .contract import CPU_TARGET, Contract
 from .cpu.model import CpuModel
 from .cpu.dequant import load_dequantized
+from .cpu import CPU_BACKENDS
 from .cpu.fast_model import FastCpuModel, StoredWeights, load_stored
 from common.errors import CudaError, EngineError, Refusal, RequestError
 from . import progress
@@ -34,9 +35,6 @@ def check_bundle(path: str | Path, facts: MachineFacts | None = None) -> Contrac
     check_consistency(path, contract)
     check_target(contract, facts if facts is not None else facts_for(contract))
     return contract
-
-
-CPU_BACKENDS = ("fast", "reference")  # fast: numba on the stored weights; reference: numpy float32
 
 
 def load_cpu_weights(weights_path: str | Path, cfg: ModelConfig, backend: str = "reference") -> dict | StoredWeights:
