@@ -65,9 +65,9 @@ def rss_bytes(pid: int) -> int:
 class Server:
     """`runtime serve` in a subprocess on 127.0.0.1, port read from its ready line."""
 
-    def __init__(self, bundle: str, noop: bool, request_timeout_s: float):
+    def __init__(self, bundle: str, noop: bool, request_timeout_s: float, threads: int | None = None):
         cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "serve", bundle, "--port", "0",
-               "--request-timeout", str(request_timeout_s)]
+               "--request-timeout", str(request_timeout_s)] + ([] if threads is None else ["--threads", str(threads)])
         self.proc = subprocess.Popen(cmd + (["--noop-engine"] if noop else []), cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         line = []
@@ -149,12 +149,13 @@ def summarize(records: list[dict], wall: float, solo: list[list[int]] | None) ->
             "examples_lost": [r.get("exception") for r in records if "exception" in r][:5]}
 
 
-def run_one(bundle: str, noop: bool, bodies, solo, clients: int, timeout_s: float) -> dict:
+def run_one(bundle: str, noop: bool, bodies, solo, clients: int, timeout_s: float, threads: int | None) -> dict:
     import urllib.request
 
-    server = Server(bundle, noop, timeout_s)
+    server = Server(bundle, noop, timeout_s, threads)
     try:
         warm, _ = asyncio.run(burst(server.url, bodies, min(64, clients), timeout_s))  # first-call costs
+        time.sleep(2.5)  # before and after both measured idle, once the server has trimmed its heap
         rss_before = rss_bytes(server.proc.pid)
         records, wall = asyncio.run(burst(server.url, bodies, clients, timeout_s))
         time.sleep(2.5)  # the server trims its heap once idle (ticks of 1 s)
@@ -179,6 +180,7 @@ def main() -> None:
     ap.add_argument("--distinct", type=int, default=256, help="Distinct request bodies, cycled over the clients.")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="Per-client total timeout, and the server's --request-timeout, seconds.")
+    ap.add_argument("--threads", type=int, default=None, help="The server's --threads [default: its own].")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
     from runtime.serve.server import raise_open_files
@@ -194,11 +196,12 @@ def main() -> None:
     t0 = time.perf_counter()
     solo = solo_answers(args.bundle, bodies)
     solo_s = time.perf_counter() - t0
-    ours = run_one(args.bundle, False, bodies, solo, args.clients, args.timeout)
-    noop = run_one(args.bundle, True, bodies, None, args.clients, args.timeout)
+    ours = run_one(args.bundle, False, bodies, solo, args.clients, args.timeout, args.threads)
+    noop = run_one(args.bundle, True, bodies, None, args.clients, args.timeout, args.threads)
     kv_total = contract.limits.num_pages
     report = {
         "bench": "serve_burst", "bundle": str(args.bundle), "clients": args.clients, "distinct": args.distinct,
+        "threads": args.threads,
         "limits": {"max_sequences": contract.limits.max_sequences, "num_pages": kv_total},
         "solo_reference_s": solo_s, "engine": ours, "noop": noop,
         "share_of_noop_rate": ours["requests_per_s"] / max(1e-9, noop["requests_per_s"]),

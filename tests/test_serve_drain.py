@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import signal
 import subprocess
@@ -54,6 +55,9 @@ def test_sigterm_finishes_every_admitted_request_then_exits_0(tiny_bundle):
         reader.join(60)
         assert lines and lines[0].startswith("ready: "), (lines, proc.poll())
         port = int(re.search(r"127\.0\.0\.1:(\d+)", lines[0]).group(1))
+        environ = Path(f"/proc/{proc.pid}/environ")
+        if environ.exists():  # re-executed on the C allocator, same pid (see runtime/cli.py _use_system_allocator)
+            assert f"PYTHONMALLOC={os.environ.get('PYTHONMALLOC') or 'malloc'}".encode() in environ.read_bytes().split(b"\0")
         n = 96
         texts = [TEXTS[i % len(TEXTS)] for i in range(n)]
         with ThreadPoolExecutor(n) as pool:

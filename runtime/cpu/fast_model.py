@@ -179,7 +179,9 @@ class FastCpuModel:
 
     def __init__(self, cfg: ModelConfig, weights: StoredWeights, max_rows: int = 0, max_context: int = 0,
                  threads: int | None = None):
-        set_threads(threads)
+        # numba's thread count is per calling thread: kept here, applied by forward on whichever thread runs it
+        # (the server loads on one thread and steps on its engine thread)
+        self.threads = set_threads(threads)
         self.cfg, self.weights = cfg, weights
         self.embed = weights.table["model.embed_tokens.weight"]  # (vocab, hidden) u16 bf16 bits or f32
         self.head = self.embed if cfg.tie_word_embeddings else weights.table["lm_head.weight"]
@@ -245,6 +247,8 @@ class FastCpuModel:
                 trace: list | None = None) -> np.ndarray:
         """Runs rows (T,) through every layer, writing their K/V into the pool; returns (T, hidden) after the final norm."""
         cfg = self.cfg
+        if numba.get_num_threads() != self.threads:
+            numba.set_num_threads(self.threads)
         t = len(tokens)
         positions = np.ascontiguousarray(positions, np.int64)
         slots = np.ascontiguousarray(slots, np.int64)

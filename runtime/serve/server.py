@@ -10,6 +10,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import os
 import resource
 import signal
 import sys
@@ -104,7 +105,15 @@ def serve(load, host: str, port: int, config: ServeConfig, announce=None) -> Ser
     return state
 
 
-def main(path: str, host: str, port: int, config: ServeConfig, head: str = "sparse", noop: bool = False) -> None:
+def serve_threads(threads: int | None) -> int:
+    """The engine's kernel threads: as given, else the cores less one. The HTTP event loop needs a core of
+    its own: kernel threads that share every core stall at each parallel region's barrier whenever the loop
+    (or anything else) preempts one of them."""
+    return threads if threads is not None else max(1, (os.cpu_count() or 1) - 1)
+
+
+def main(path: str, host: str, port: int, config: ServeConfig, head: str = "sparse", threads: int | None = None,
+         noop: bool = False) -> None:
     """`runtime serve`: prints one ready line on stdout once bound, errors as one line on stderr."""
     from ..engine import Engine
     from .noop import load_noop
@@ -112,7 +121,7 @@ def main(path: str, host: str, port: int, config: ServeConfig, head: str = "spar
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
     def load():
-        return load_noop(path) if noop else Engine.load(path, head=head)
+        return load_noop(path) if noop else Engine.load(path, head=head, threads=serve_threads(threads))
 
     def announce(server: DrainingServer) -> None:
         e = server.state.engine

@@ -1,0 +1,35 @@
+"""Admission: a pass with every slot busy builds no refusal per waiting request, and queued
+requests still all get their solo answers once slots free up."""
+from __future__ import annotations
+
+from runtime.generator import Request
+from test_generator import alone, make, parts  # noqa: F401  (module fixtures and generator factory)
+
+
+def test_a_full_pool_admits_nobody_without_trying_each_waiting_request(parts, alone):
+    gen = make(parts, max_sequences=2)
+    prompts = parts[3]
+    handles = {gen.submit(Request(p)): i for i, p in enumerate(prompts)}
+    calls = []
+    admit = gen.kv.admit
+
+    def counting_admit(*args, **kwargs):
+        calls.append(args)
+        return admit(*args, **kwargs)
+
+    gen.kv.admit = counting_admit
+    results = {}
+    for handle, res in gen.step():  # first pass: the two slots fill
+        results[handle] = res
+    assert len(calls) == 2 and gen.kv.free_slots == 0
+    calls.clear()
+    for _ in range(1000):
+        if not gen.busy:
+            break
+        free, tried = gen.kv.free_slots, len(calls)
+        for handle, res in gen.step():
+            results[handle] = res
+        assert len(calls) - tried <= free  # a pass tries waiting requests only while a slot is free
+    assert not gen.busy
+    assert {handles[h]: r.token_ids for h, r in results.items()} == dict(enumerate(alone))
+    assert gen.kv.free_slots == gen.kv.max_seqs and gen.kv.free_pages == gen.kv.num_pages

@@ -1,0 +1,39 @@
+"""The serving engine's kernel threads: the default leaves a core to the HTTP loop, and the fast
+backend applies its thread count on whichever thread steps it (numba's count is per thread)."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+numba = pytest.importorskip("numba")
+
+
+def test_serve_default_leaves_one_core_for_the_http_loop():
+    pytest.importorskip("fastapi")
+    from runtime.serve.server import serve_threads
+
+    assert serve_threads(None) == max(1, (os.cpu_count() or 1) - 1)
+    assert serve_threads(3) == 3
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="numba has one thread on this machine: "
+                    "no other count to set")
+def test_the_fast_model_runs_with_its_own_thread_count_on_another_thread(tiny_bundle):
+    from runtime.engine import Engine
+
+    engine = Engine.load(tiny_bundle, threads=1)  # loaded on this thread, stepped on another (as `serve` does)
+    seen = {}
+
+    def step_elsewhere():
+        seen["before"] = numba.get_num_threads()
+        seen["result"] = engine.run(["Book a flight to Paris"])[0].token_ids
+        seen["after"] = numba.get_num_threads()
+
+    worker = threading.Thread(target=step_elsewhere)
+    worker.start()
+    worker.join(120)
+    assert seen["before"] == numba.config.NUMBA_NUM_THREADS  # a new thread starts at numba's default
+    assert seen["after"] == 1
+    assert seen["result"] == engine.run(["Book a flight to Paris"])[0].token_ids
