@@ -5,7 +5,7 @@ lifetime (prompt plus maximum answer) are free; it is then admitted as a running
 While a slot is free, every waiting request is tried at each admission pass, in arrival
 order, so a small request is not held behind one that does not fit its pages yet; with no
 slot free a pass tries none (thousands may wait: a refusal built per request per step
-measured ~15% of the step loop in a 2,048-request burst). A finished or aborted sequence
+measured 6-10% of the engine thread in a 2,048-request burst). A finished or aborted sequence
 gives its slot and pages back at once.
 """
 from __future__ import annotations
