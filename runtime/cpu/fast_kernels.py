@@ -322,44 +322,51 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
     or f32; block_table (max_seqs, pages_per_seq); scores (T, heads, max_ctx) f32 scratch;
     out (T, heads * head_dim) f32. Per (row, head): s_j = _dot(q, k_j) * scale over j <= pos in
     order, softmax with its max subtracted and a sequential sum, o = sum_j p_j v_j in order,
-    then / sum. Rows only read the pool: a row's result does not depend on the others.
+    then / sum. Threads split (row, kv head) pairs: each K/V row is widened to float32 once for
+    the query heads of its group. Rows only read the pool: a row's result does not depend on
+    the others.
     """
     t_rows, heads, hd = q.shape
     kv_heads = kpool.shape[2]
     page_size = kpool.shape[1]
     group = heads // kv_heads
-    for th in prange(t_rows * heads):
-        t = th // heads
-        h = th % heads
-        kvh = h // group
+    for tk in prange(t_rows * kv_heads):
+        t = tk // kv_heads
+        kvh = tk % kv_heads
+        h0 = kvh * group
         slot = slots[t]
         length = positions[t] + 1
-        qv = q[t, h]
-        kbuf = np.empty(hd, np.float32)
-        s = scores[t, h]
-        m = np.float32(-np.inf)
+        row = np.empty(hd, np.float32)  # one K or V row widened to float32
+        m = np.full(group, -np.inf, np.float32)
         for j in range(length):
             page = block_table[slot, j // page_size]
             off = j % page_size
             for d in range(hd):
-                kbuf[d] = _kv(kpool, page, off, kvh, d)
-            sj = _dot(qv, kbuf, hd) * scale
-            s[j] = sj
-            if sj > m:
-                m = sj
-        total = np.float32(0.0)
-        for j in range(length):
-            e = np.float32(math.exp(s[j] - m))
-            s[j] = e
-            total += e
-        o = out[t, h * hd:(h + 1) * hd]
-        for d in range(hd):
-            o[d] = np.float32(0.0)
+                row[d] = _kv(kpool, page, off, kvh, d)
+            for g in range(group):
+                sj = _dot(q[t, h0 + g], row, hd) * scale
+                scores[t, h0 + g, j] = sj
+                if sj > m[g]:
+                    m[g] = sj
+        total = np.zeros(group, np.float32)
+        for g in range(group):
+            s = scores[t, h0 + g]
+            for j in range(length):
+                e = np.float32(math.exp(s[j] - m[g]))
+                s[j] = e
+                total[g] += e
+        o = out[t, h0 * hd:(h0 + group) * hd]
+        for i in range(group * hd):
+            o[i] = np.float32(0.0)
         for j in range(length):
             page = block_table[slot, j // page_size]
             off = j % page_size
-            p = s[j]
             for d in range(hd):
-                o[d] += p * _kv(vpool, page, off, kvh, d)
-        for d in range(hd):
-            o[d] = o[d] / total
+                row[d] = _kv(vpool, page, off, kvh, d)
+            for g in range(group):
+                p = scores[t, h0 + g, j]
+                for d in range(hd):
+                    o[g * hd + d] += p * row[d]
+        for g in range(group):
+            for d in range(hd):
+                o[g * hd + d] = o[g * hd + d] / total[g]
