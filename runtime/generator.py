@@ -181,7 +181,9 @@ class Generator:
             self._pick([s for s, _ in samplers], hidden[[r for _, r in samplers]])
 
     def _pick(self, seqs: list[Sequence], hidden: np.ndarray) -> None:
-        states = np.stack([s.state for s in seqs])
+        states = np.empty(len(seqs), seqs[0].state.dtype)  # (B,) grammar states (np.stack of 0-d records is 10x slower)
+        for b, seq in enumerate(seqs):
+            states[b] = seq.state
         cand, edges, allowed = self.stepper.allowed_mask_batch(states)  # (B, M) token ids / edge ids, -1 padded
         safe = np.maximum(cand, 0)
         if self.head == "dense":
