@@ -63,18 +63,25 @@ class Scheduler:
         self.waiting: dict[int, _Waiting] = {}  # insertion order = arrival order
         self.running: list[Sequence] = []
         self.waiting_tokens = 0  # prompt tokens of the waiting requests
+        self._refusable = 0  # waiting requests with queue=False (refused, not kept, when nothing fits)
 
     def enqueue(self, handle: int, request: Request, queue: bool = True) -> None:
         assert handle not in self.waiting
         self.waiting[handle] = _Waiting(request, queue)
         self.waiting_tokens += len(request.prompt_ids)
+        self._refusable += not queue
 
     def admit(self) -> list[tuple[int, RequestError]]:
         """Admits every waiting request that fits now; returns the (handle, error) of those refused."""
         refused = []
+        if not self.kv.free_slots and not self._refusable:  # nothing can be admitted or refused this pass
+            return refused
         for handle, w in list(self.waiting.items()):
-            if w.queue and not self.kv.free_slots:  # no slot left: it waits, without a refusal built per pass
-                continue
+            if not self.kv.free_slots:  # no slot left: the rest wait, without a refusal built per request
+                if not self._refusable:
+                    break
+                if w.queue:
+                    continue
             try:
                 slot = self.kv.admit(len(w.request.prompt_ids) + self.max_output_tokens, w.request.prompt_ids)
             except RequestError as e:
@@ -122,3 +129,4 @@ class Scheduler:
     def _unqueue(self, handle: int) -> None:
         w = self.waiting.pop(handle)
         self.waiting_tokens -= len(w.request.prompt_ids)
+        self._refusable -= not w.queue

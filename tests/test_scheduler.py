@@ -33,3 +33,15 @@ def test_a_full_pool_admits_nobody_without_trying_each_waiting_request(parts, al
     assert not gen.busy
     assert {handles[h]: r.token_ids for h, r in results.items()} == dict(enumerate(alone))
     assert gen.kv.free_slots == gen.kv.max_seqs and gen.kv.free_pages == gen.kv.num_pages
+
+
+def test_a_request_that_must_not_wait_is_refused_behind_waiting_ones(parts):
+    gen = make(parts, max_sequences=2)
+    prompts = parts[3]
+    for p in prompts[:4]:
+        gen.submit(Request(p))  # two run, two wait
+    gen.step()
+    impatient = gen.submit(Request(prompts[0]), queue=False)
+    refused = dict((h, r) for h, r in gen.step() if h == impatient)
+    assert refused[impatient].code == "too_many_sequences"
+    assert len(gen.scheduler.waiting) == 2  # the queued ones still wait
