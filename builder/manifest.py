@@ -72,6 +72,13 @@ class ManifestOptions:
     allow_shared_gpu: bool = False  # also place on time-sliced GPUs (product label "...-SHARED")
 
 
+def engine_threads(cpu_request: str) -> int:
+    """`runtime serve --threads` for a CPU bundle: the CPUs the pod requests (rounded up) less one, which
+    the HTTP event loop keeps; the container sees the node's cores, not its request."""
+    millis = int(cpu_request[:-1]) if cpu_request.endswith("m") else round(float(cpu_request) * 1000)
+    return max(1, -(-millis // 1000) - 1)
+
+
 def _usage(message: str, **details) -> EngineError:
     return EngineError("usage", message, **details)
 
@@ -174,7 +181,8 @@ def kubernetes_manifests(contract: Contract, contract_sha256: str, o: ManifestOp
     probe = {"httpGet": {"path": "/health/ready", "port": "http"}}
     container = {
         "name": "engine", "image": o.image, "imagePullPolicy": "IfNotPresent",
-        "command": ["runtime", "serve", bundle_path, "--host", "0.0.0.0", "--port", str(PORT)],
+        "command": ["runtime", "serve", bundle_path, "--host", "0.0.0.0", "--port", str(PORT),
+                    *([] if gpu else ["--threads", str(engine_threads(o.cpu_request))])],
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "resources": resources,
         "startupProbe": {**probe, "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 5,

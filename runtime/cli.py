@@ -21,7 +21,7 @@ ECHO_CHARS = 160
 _backend = click.option("--backend", type=click.Choice(CPU_BACKENDS), default="fast", show_default=True,
                         help="CPU bundles: fast (numba on the stored weights) or reference (numpy float32).")
 _threads = click.option("--threads", type=int, default=None,
-                        help="Fast CPU backend worker threads [default: the machine's cores].")
+                        help="Fast CPU backend worker threads [default: the CPUs this process may use].")
 
 
 EPILOG = f"""\b
@@ -209,7 +209,8 @@ def _use_system_allocator() -> None:
 @click.option("--max-body-bytes", type=int, default=64 * 1024, show_default=True, help="Largest request body.")
 @click.option("--head", type=click.Choice(HEAD_MODES), default="sparse", show_default=True)
 @click.option("--threads", type=int, default=None,
-              help="Fast CPU backend worker threads [default: the machine's cores less one, kept for the HTTP loop].")
+              help="Fast CPU backend worker threads [default: the CPUs this process may use less one, kept for the "
+                   "HTTP loop].")
 @click.option("--noop-engine", is_flag=True, hidden=True, help="Benchmarks only: answer every request empty, no model.")
 def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes, head, threads,
           noop_engine):

@@ -13,7 +13,7 @@ from .bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, check_files, rea
 from .contract import CPU_TARGET, Contract
 from .cpu.model import CpuModel
 from .cpu.dequant import load_dequantized
-from .cpu import CPU_BACKENDS
+from .cpu import CPU_BACKENDS, available_cpus
 from .cpu.fast_model import FastCpuModel, StoredWeights, load_stored
 from common.errors import CudaError, EngineError, Refusal, RequestError
 from . import progress
@@ -53,8 +53,8 @@ def cpu_generator(cfg: ModelConfig, weights: dict | StoredWeights, grammar: Gram
     pool = PagedKVPool(cfg, limits.num_pages, limits.page_size, limits.max_sequences,
                        limits.max_input_tokens + limits.max_output_tokens, kv_dtype="bf16")
     if isinstance(weights, StoredWeights):
-        model = FastCpuModel(cfg, weights, limits.max_tokens_per_step,
-                             limits.max_input_tokens + limits.max_output_tokens, threads)
+        model = FastCpuModel(cfg, weights, limits.max_tokens_per_step, limits.max_input_tokens + limits.max_output_tokens,
+                             threads if threads is not None else available_cpus())
     else:
         model = CpuModel(cfg, weights)
     return Generator(model, pool, grammar, max_input_tokens=limits.max_input_tokens,
@@ -82,7 +82,7 @@ class Engine:
         ``prefix_cache``: the template's fixed prefix is prefilled once into pinned KV pages every
         sequence shares, and finished prompts' full pages stay reusable; False computes every
         prompt in full (the cross-check: same answers). ``backend`` (CPU bundles): "fast" (stored
-        weights, numba; ``threads`` workers, default the machine's cores) or "reference" (numpy
+        weights, numba; ``threads`` workers, default the CPUs this process may use) or "reference" (numpy
         float32, the source of truth)."""
         assert backend in CPU_BACKENDS, backend
         start = time.perf_counter()

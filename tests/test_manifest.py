@@ -121,6 +121,7 @@ def test_cpu_memory_is_the_contract_plus_float32_weights_plus_overhead(tiny_bund
     want = contract.memory.total_bytes + (1 << 30)
     assert c["resources"]["requests"] == {"cpu": "1500m", "memory": f"{-(-want // MIB)}Mi"}
     assert c["resources"]["limits"] == {"memory": f"{-(-want // MIB)}Mi"}
+    assert c["command"][-2:] == ["--threads", "1"]  # 1.5 CPUs requested: 2, one kept for the HTTP loop
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
 
 
@@ -209,3 +210,10 @@ def test_manifest_options_direct_use(tiny_bundle):
     sha = hashlib.sha256((tiny_bundle / "contract.json").read_bytes()).hexdigest()
     docs = kubernetes_manifests(contract, sha, ManifestOptions(image=IMAGE, source=BundleSource("pvc", "bundles")))
     assert docs == docs_of(tiny_bundle)
+
+
+@pytest.mark.parametrize("cpu,threads", [("2", 1), ("1500m", 1), ("0.5", 1), ("4", 3), ("8000m", 7), ("2.5", 2)])
+def test_cpu_engine_threads_follow_the_cpu_request(cpu, threads):
+    from builder.manifest import engine_threads
+
+    assert engine_threads(cpu) == threads

@@ -12,10 +12,32 @@ numba = pytest.importorskip("numba")
 
 def test_serve_default_leaves_one_core_for_the_http_loop():
     pytest.importorskip("fastapi")
+    from runtime.cpu import available_cpus
     from runtime.serve.server import serve_threads
 
-    assert serve_threads(None) == max(1, (os.cpu_count() or 1) - 1)
+    assert serve_threads(None) == max(1, available_cpus() - 1)
     assert serve_threads(3) == 3
+
+
+AFFINITY = len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("files,cpus", [
+    ({}, AFFINITY),  # no cgroup files: the affinity set
+    ({"cpu.max": "max 100000\n"}, AFFINITY),  # v2, no limit
+    ({"cpu.max": "150000 100000\n"}, min(AFFINITY, 2)),  # v2, 1.5 CPUs: 2
+    ({"cpu.max": "50000 100000\n"}, 1),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, AFFINITY),  # v1, no limit
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),  # v1, 1 CPU
+    ({"cpu.max": "garbage"}, AFFINITY),
+])
+def test_available_cpus_reads_the_container_limit(tmp_path, files, cpus):
+    from runtime.cpu import available_cpus
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert available_cpus(tmp_path) == cpus
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="numba has one thread on this machine: "

@@ -10,7 +10,6 @@ import ctypes
 import ctypes.util
 import gc
 import logging
-import os
 import resource
 import signal
 import sys
@@ -18,6 +17,7 @@ import sys
 import prometheus_client
 import uvicorn
 
+from ..cpu import available_cpus
 from .app import create_app
 from .state import ServeConfig, ServeState
 
@@ -106,10 +106,10 @@ def serve(load, host: str, port: int, config: ServeConfig, announce=None) -> Ser
 
 
 def serve_threads(threads: int | None) -> int:
-    """The engine's kernel threads: as given, else the cores less one. The HTTP event loop needs a core of
-    its own: kernel threads that share every core stall at each parallel region's barrier whenever the loop
-    (or anything else) preempts one of them."""
-    return threads if threads is not None else max(1, (os.cpu_count() or 1) - 1)
+    """The engine's kernel threads: as given, else the CPUs this process may use less one. The HTTP event
+    loop needs a core of its own: kernel threads that share every core stall at each parallel region's
+    barrier whenever the loop (or anything else) preempts one of them."""
+    return threads if threads is not None else max(1, available_cpus() - 1)
 
 
 def main(path: str, host: str, port: int, config: ServeConfig, head: str = "sparse", threads: int | None = None,
