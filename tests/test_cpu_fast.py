@@ -182,9 +182,9 @@ CACHE_PROBE = textwrap.dedent("""
     import json, sys
     from runtime.engine import Engine
     from runtime.machine import MachineFacts
-    from runtime.cpu import fast_kernels as fk
+    from runtime.cpu import fast_kernels as fk, linear_kernels as lk
     Engine.load(sys.argv[1], facts=MachineFacts(free_bytes=1 << 40))
-    kernels = [v for v in vars(fk).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
+    kernels = [v for m in (fk, lk) for v in vars(m).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
     print(json.dumps({k.__name__: sum(k.stats.cache_misses.values()) for k in kernels if k.signatures}))
 """)
 
@@ -194,5 +194,5 @@ def test_a_second_start_loads_the_kernels_from_the_cache(tiny_bundle):
                            text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT}) for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr
     misses = json.loads(runs[1].stdout.strip().splitlines()[-1])
-    assert "linear_fp8" in misses and "attention" in misses
+    assert "linear_fp8" in misses and "attention" in misses and "candidate_logits_bf16" in misses
     assert not any(misses.values()), f"compiled again on the second start: {misses}"

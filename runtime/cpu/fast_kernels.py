@@ -1,25 +1,13 @@
-"""numba kernels of the fast CPU backend: linear layers on the stored weight formats, norms, rope, attention.
+"""numba kernels of the fast CPU backend beside the linear layers (runtime/cpu/linear_kernels.py):
+embedding gather, rms_norm, rope, silu * up, paged attention; and the process-wide numba target setup.
 
-Every kernel computes each output element with ONE fixed reduction order, whatever the number
-of rows in the step: every dot product is one call of the one compiled dot function of its
-format (``_dot``, ``_dot_fp8``, ``_dot_bf16``: vector lanes fixed at compile time, see ``_dot``).
-Rows are never mixed: threads split the OUTPUT rows (prange), never a sum. So a row's bits do
-not depend on what else shares the step. float32 accumulate, fastmath off everywhere but the
-dot functions' reassociation (no FMA contraction), compiled once and cached beside this file (numba ``cache=True``; numba falls
-back to its user-wide cache dir, or NUMBA_CACHE_DIR, when __pycache__ is not writable).
-
-Weight formats (DESIGN.md "Weight formats"), decoded in registers:
-- fp8_e4m3: q int8 view of the E4M3 bytes [out, in], scale f32 [out]:
-  y = (sum_i x_i * e4m3(q_i)) * scale. e4m3(q) by bit arithmetic: the sign-extended byte << 20,
-  masked to bit 31 and bits 20..26, is a float32 equal to e4m3(q) * 2^-120 (code exponent 0
-  lands in float32 subnormals, which scale the same way), times 2^120 exact. That needs
-  subnormals kept (no DAZ); ``lut`` variants gather from the 256-entry table instead.
-  The NaN codes 0x7F/0xFF decode to +-480 (the builder never writes them: it clamps to 448).
-- nvfp4: packed u8 [out, in/2] (element 2k low nibble), block scales E4M3 bytes [out, in/16],
-  global f32: y = (sum_i x_i * (e2m1(c_i) * block(i // 16))) * global; e2m1 * block is exact;
-  rows decoded to float32 per 16-row block (table lookups), then ``_dot``.
-- bf16: u16 bits [out, in], read as u32 pairs: float32 bits = u16 << 16, exact.
-- f32: float32 [out, in] (checkpoints read in float32).
+Every kernel computes a row independently of the step's other rows with one fixed reduction
+order: each sum here is one call of the one compiled ``_dot`` (vector lanes fixed at compile time
+from n alone, see ``_dot``) or a sequential loop. Threads split rows or (row, head) pairs (prange),
+never a sum. So a row's bits do not depend on what else shares the step. float32 throughout,
+fastmath off everywhere but ``_dot``'s reassociation (no FMA contraction), compiled once and
+cached beside this file (numba ``cache=True``; numba falls back to its user-wide cache dir, or
+NUMBA_CACHE_DIR, when __pycache__ is not writable).
 """
 from __future__ import annotations
 
@@ -27,7 +15,6 @@ import math
 import os
 
 import llvmlite.binding as llvm
-import ml_dtypes
 import numba
 import numpy as np
 from llvmlite import ir
@@ -57,13 +44,6 @@ def _use_512_bit_vectors() -> None:
 _use_512_bit_vectors()
 from numba.extending import intrinsic, overload
 
-ROW_BLOCK = 16  # NVFP4: output rows decoded together into float32, then reused by every row of the step
-NVFP4_BLOCK = 16
-E4M3_LUT = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
-E2M1_LUT = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
-_E4M3_MASK = np.int32(0x87F0_0000 - (1 << 32))  # bit 31 and bits 20..26
-_TWO_120 = np.float32(2.0 ** 120)
-
 
 @intrinsic
 def _bits_to_f32(typingctx, bits):
@@ -76,9 +56,6 @@ def _bits_to_f32(typingctx, bits):
     return sig, codegen
 
 
-# Decoders are separate functions, not numba-inlined: LLVM inlines them with their own
-# instruction flags, so _dot_*'s reassociation never reaches the decode arithmetic (it could
-# otherwise hoist the 2^120 out of the sum and underflow the products).
 @njit(parallel=True, cache=True)
 def e4m3_nan_codes(codes):
     """How many bytes of ``codes`` (any shape, uint8) are E4M3 NaN (0x7F, 0xFF). The kernels decode
@@ -89,17 +66,6 @@ def e4m3_nan_codes(codes):
         if (flat[i] & 0x7F) == 0x7F:
             n += 1
     return n
-
-
-@njit(cache=True)
-def _e4m3(code):
-    """E4M3 byte as int8 -> float32 (bit arithmetic, see module docstring)."""
-    return _bits_to_f32((np.int32(code) << 20) & _E4M3_MASK) * _TWO_120
-
-
-@njit(cache=True)
-def _e4m3_lut(code):
-    return E4M3_LUT[np.uint8(code)]
 
 
 @njit(cache=True)
@@ -114,125 +80,15 @@ def _dot(x, w, n):
     The only kernel allowed to reassociate (and nothing else: no FMA contraction, no other
     fast-math): LLVM vectorizes the sum into fixed lanes (here 4 x 8 float32 partial sums
     over i mod 32, a fixed tree, a fixed remainder loop), chosen at compile time from ``n``
-    alone. Every dot product of the backend goes through this one compiled function, one call
-    per output element, so the order is the same whatever the batch. A separate function (not
+    alone. Every dot product of the norms and of attention goes through this one compiled
+    function, one call per output element, so the order is the same whatever the batch (the
+    linear layers have their own, written lane by lane: runtime/cpu/simd_ir.py). A separate function (not
     inlined by numba) so the flag stays on these instructions only.
     """
     s = np.float32(0.0)
     for i in range(n):
         s += x[i] * w[i]
     return s
-
-
-@njit(fastmath={"reassoc"}, cache=True)
-def _dot_fp8(x, q, n):
-    """sum_i x[i] * e4m3(q[i]): _dot's order, the weights decoded in registers (q int8 E4M3 bytes)."""
-    s = np.float32(0.0)
-    for i in range(n):
-        s += x[i] * _e4m3(q[i])
-    return s
-
-
-@njit(fastmath={"reassoc"}, cache=True)
-def _dot_fp8_lut(x, q, n):
-    s = np.float32(0.0)
-    for i in range(n):
-        s += x[i] * _e4m3_lut(q[i])
-    return s
-
-
-@njit(cache=True)
-def _bf16_low(pair):
-    """The even element of two bf16 packed in a u32 (little-endian: element 2k in the low half)."""
-    return _bits_to_f32(np.int32(pair << np.uint32(16)))
-
-
-@njit(cache=True)
-def _bf16_high(pair):
-    return _bits_to_f32(np.int32(pair & np.uint32(0xFFFF_0000)))
-
-
-@njit(fastmath={"reassoc"}, cache=True)
-def _dot_bf16(x, pairs, n):
-    """sum_i x[i] * bf16(w[i]) over even n, the row read as u32 pairs (3.4x faster measured than
-    widening each u16), in the lanes LLVM fixes for this one function."""
-    s = np.float32(0.0)
-    for k in range(n // 2):
-        u = pairs[k]
-        s += x[2 * k] * _bf16_low(u) + x[2 * k + 1] * _bf16_high(u)
-    return s
-
-
-@njit(parallel=True, cache=True)
-def linear_fp8(x, q, scale, y):
-    """x (T, in) f32, q (out, in) int8 (E4M3 bytes), scale (out,) f32 -> y (T, out) f32.
-    y[t, o] = _dot_fp8(x[t], q[o]) * scale[o], the same call for every row t."""
-    out, n = q.shape
-    for o in prange(out):
-        qo = q[o]
-        s = scale[o]
-        for t in range(x.shape[0]):
-            y[t, o] = _dot_fp8(x[t], qo, n) * s
-
-
-@njit(parallel=True, cache=True)
-def linear_fp8_lut(x, q, scale, y):
-    """linear_fp8 by table gather (for a process that flushes float32 subnormals)."""
-    out, n = q.shape
-    for o in prange(out):
-        qo = q[o]
-        s = scale[o]
-        for t in range(x.shape[0]):
-            y[t, o] = _dot_fp8_lut(x[t], qo, n) * s
-
-
-@njit(parallel=True, cache=True)
-def linear_nvfp4(x, packed, block, global_scale, y):
-    """x (T, in) f32, packed (out, in/2) u8, block (out, in/16) u8 (E4M3 bytes), global f32 -> y (T, out)."""
-    out, half = packed.shape
-    n = 2 * half
-    e4m3 = E4M3_LUT
-    e2m1 = E2M1_LUT  # a 16-entry table: measured 3x faster here than bit arithmetic with selects
-    for b in prange((out + ROW_BLOCK - 1) // ROW_BLOCK):
-        lo = b * ROW_BLOCK
-        rows = min(ROW_BLOCK, out - lo)
-        w = np.empty((ROW_BLOCK, n), np.float32)
-        for r in range(rows):
-            pr = packed[lo + r]
-            br = block[lo + r]
-            wr = w[r]
-            for k in range(n // NVFP4_BLOCK):
-                s = e4m3[br[k]]
-                for j in range(NVFP4_BLOCK // 2):  # element 2i in the low nibble of byte i
-                    byte = pr[k * 8 + j]
-                    wr[k * 16 + 2 * j] = e2m1[byte & 15] * s  # exact: 2 x 4 significant bits
-                    wr[k * 16 + 2 * j + 1] = e2m1[byte >> 4] * s
-        nt = x.shape[0]
-        for t in range(nt):
-            xt = x[t]
-            for r in range(rows):
-                y[t, lo + r] = _dot(xt, w[r], n) * global_scale
-
-
-@njit(parallel=True, cache=True)
-def linear_bf16(x, wbits, y):
-    """x (T, in) f32, wbits (out, in) u16 (bf16), in even -> y (T, out) f32; y[t, o] = _dot_bf16(x[t], wbits[o])."""
-    out, n = wbits.shape
-    pairs = wbits.view(np.uint32)
-    for o in prange(out):
-        wo = pairs[o]
-        for t in range(x.shape[0]):
-            y[t, o] = _dot_bf16(x[t], wo, n)
-
-
-@njit(parallel=True, cache=True)
-def linear_f32(x, w, y):
-    """x (T, in) f32, w (out, in) f32 -> y (T, out) f32."""
-    out, n = w.shape
-    for o in prange(out):
-        wo = w[o]
-        for t in range(x.shape[0]):
-            y[t, o] = _dot(x[t], wo, n)
 
 
 @njit(parallel=True, cache=True)
@@ -243,24 +99,6 @@ def gather_rows_bf16(wbits, ids, out):
         src = wbits[ids[t]]
         for i in range(n):
             out[t, i] = _bf16(src[i])
-
-
-@njit(parallel=True, cache=True)
-def candidate_logits_bf16(hidden, wbits, cand, out):
-    """out[t, k] = _dot(hidden[t], float32(wbits[cand[t, k]])): the sparse head, bit-equal to linear_bf16's rows."""
-    n = wbits.shape[1]
-    pairs = wbits.view(np.uint32)
-    for t in prange(cand.shape[0]):
-        for k in range(cand.shape[1]):
-            out[t, k] = _dot_bf16(hidden[t], pairs[cand[t, k]], n)
-
-
-@njit(parallel=True, cache=True)
-def candidate_logits_f32(hidden, w, cand, out):
-    n = w.shape[1]
-    for t in prange(cand.shape[0]):
-        for k in range(cand.shape[1]):
-            out[t, k] = _dot(hidden[t], w[cand[t, k]], n)
 
 
 @njit(parallel=True, cache=True)

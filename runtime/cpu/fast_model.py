@@ -17,7 +17,8 @@ import numba
 import numpy as np
 
 from . import fast_kernels as fk
-from .dequant import NVFP4_BLOCK, _expect, _refuse, subnormals_flushed
+from . import linear_kernels as lk
+from .dequant import NVFP4_BLOCK, _expect, _refuse
 from .kv_pool import PagedKVPool
 from ..model_config import ModelConfig
 from ..rope import cos_sin, inv_freq
@@ -186,7 +187,6 @@ class FastCpuModel:
         self.eps = np.float32(cfg.rms_norm_eps)
         self.freqs = inv_freq(cfg)
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
-        self._fp8 = fk.linear_fp8_lut if subnormals_flushed() else fk.linear_fp8
         self.layers = []
         v, lin = weights.vectors, weights.linear
         for layer in range(cfg.num_layers):
@@ -226,13 +226,13 @@ class FastCpuModel:
     def linear(self, lin: StoredLinear, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """y (T, out) = x (T, in) @ W.T (+ bias), on the stored format."""
         if lin.kind == "fp8":
-            self._fp8(x, lin.weight, lin.scale, y)
+            lk.linear_fp8(x, lin.weight, lin.scale, y)
         elif lin.kind == "nvfp4":
-            fk.linear_nvfp4(x, lin.weight, lin.block, np.float32(lin.global_scale), y)
+            lk.linear_nvfp4(x, lin.weight, lin.block, np.float32(lin.global_scale), y)
         elif lin.kind == "bf16":
-            fk.linear_bf16(x, lin.weight, y)
+            lk.linear_bf16(x, lin.weight, y)
         else:
-            fk.linear_f32(x, lin.weight, y)
+            lk.linear_f32(x, lin.weight, y)
         if lin.bias is not None:
             y += lin.bias
         return y
@@ -295,9 +295,9 @@ class FastCpuModel:
         hidden = np.ascontiguousarray(hidden, np.float32)
         out = np.empty((hidden.shape[0], self.head.shape[0]), np.float32)
         if self.head.dtype == np.uint16:
-            fk.linear_bf16(hidden, self.head, out)
+            lk.linear_bf16(hidden, self.head, out)
         else:
-            fk.linear_f32(hidden, self.head, out)
+            lk.linear_f32(hidden, self.head, out)
         return out
 
     def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
@@ -306,7 +306,7 @@ class FastCpuModel:
         cand = np.ascontiguousarray(candidates, np.int64)
         out = np.empty(cand.shape, np.float32)
         if self.head.dtype == np.uint16:
-            fk.candidate_logits_bf16(hidden, self.head, cand, out)
+            lk.candidate_logits_bf16(hidden, self.head, cand, out)
         else:
-            fk.candidate_logits_f32(hidden, self.head, cand, out)
+            lk.candidate_logits_f32(hidden, self.head, cand, out)
         return out

@@ -1,0 +1,301 @@
+"""numba linear layers of the fast CPU backend on the stored weight formats: y (T, out) = x (T, in) @ W.T.
+
+Each output element is one dot product in the order runtime/cpu/simd_ir.py writes down (16-lane
+blocks, two accumulators, explicit FMA, a fixed final tree), then the row's scalar tail
+(in % 16 elements, in order), then the format's scale. Activation rows are taken in tiles of
+4 rows (then 2, 1) against one weight row: the weight block is decoded once per tile, and
+a row's operations are the same in any tile, so a row's bits do not depend on what else shares
+the step. Threads split the output features (prange), never a sum.
+
+Formats (DESIGN.md "Weight formats"):
+- fp8: q int8 view of E4M3 bytes [out, in], scale f32 [out]: y = dot(x, e4m3 / 256) * (scale * 256).
+- nvfp4: packed u8 [out, in/2], block scales E4M3 bytes [out, in/16], global f32:
+  y = dot(x, e2m1 * block) * global (e2m1 * block is exact).
+- bf16: u16 bits [out, in]; f32: float32 [out, in].
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from . import fast_kernels  # noqa: F401  (sets numba's compile target before the first compile)
+from . import simd_ir as ir_
+
+LANES = ir_.LANES
+E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+BLOCK_LUT = E4M3_VALUES / np.float32(2.0)  # decode_nvfp4's scale table (exact: power of two)
+
+
+def _tile(fmt: str, rows: int, cols: int):
+    """An intrinsic tile(x, x_stride, w, w_stride, blocks, blocks_stride, lut, nblocks, out, out_stride) (byte
+    addresses and strides): the rows x cols dot products of ``rows`` activation rows with ``cols``
+    consecutive weight rows of format ``fmt``; out[r, p] at out + r * out_stride + 4 p."""
+    @intrinsic
+    def tile(typingctx, x, xs, w, ws, blocks, bs, lut, nblocks, out, os_):
+        sig = types.void(*([types.int64] * 10))
+
+        def codegen(context, builder, signature, args):
+            x, xs, w, ws, blocks, bs, lut, nb, out, os_ = args
+
+            def row(p):
+                wp = builder.add(w, builder.mul(ws, ir_.const(ir_.I64, p)))
+                bp = builder.add(blocks, builder.mul(bs, ir_.const(ir_.I64, p)))
+                return {"f32": lambda: ir_.decode_f32(wp), "bf16": lambda: ir_.decode_bf16(wp),
+                        "fp8": lambda: ir_.decode_fp8(wp), "nvfp4": lambda: ir_.decode_nvfp4(wp, bp, lut)}[fmt]()
+            ir_.emit_tile(builder, rows, nb, x, xs, out, os_, [row(p) for p in range(cols)])
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+# Tile shapes (activation rows x weight rows): 4x1 for prompt rows (one weight decode feeds 4 rows),
+# 2x2, 1x4 for the last rows (a decode row reads 4 weight rows at once), 1x1 for ragged edges.
+f32_4x1, f32_2x2, f32_1x4, f32_1x1 = (_tile("f32", r, c) for r, c in ((4, 1), (2, 2), (1, 4), (1, 1)))
+bf16_4x1, bf16_2x2, bf16_1x4, bf16_1x1 = (_tile("bf16", r, c) for r, c in ((4, 1), (2, 2), (1, 4), (1, 1)))
+fp8_4x1, fp8_2x2, fp8_1x4, fp8_1x1 = (_tile("fp8", r, c) for r, c in ((4, 1), (2, 2), (1, 4), (1, 1)))
+nvfp4_4x1, nvfp4_2x2, nvfp4_1x4, nvfp4_1x1 = (_tile("nvfp4", r, c) for r, c in ((4, 1), (2, 2), (1, 4), (1, 1)))
+GROUP = 4  # weight rows per parallel work item
+
+
+@njit(inline="always")
+def _addr(a):
+    return np.int64(a.ctypes.data)
+
+
+@intrinsic
+def _bits_to_f32(typingctx, bits):
+    """uint32 -> the float32 with those bits."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir_.F32)
+    return types.float32(types.uint32), codegen
+
+
+@njit(cache=True)
+def _bf16(bits):
+    return _bits_to_f32(np.uint32(bits) << np.uint32(16))
+
+
+# The drivers below are written out per format (numba cannot pass an intrinsic as a value). Each
+# covers weight rows [o, o + GROUP) for all T rows: 4x1 tiles while 4 rows are left, then 2x2,
+# then 1x4 (1x1 where fewer than GROUP weight rows are left).
+
+@njit(inline="always")
+def _fp8_group(xa, xs, wa, ws, nb, ya, ys, t_rows, o, cols):
+    t = 0
+    while t + 4 <= t_rows:
+        for p in range(cols):
+            fp8_4x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
+        t += 4
+    while t < t_rows:
+        if cols == GROUP and t + 2 <= t_rows:
+            fp8_2x2(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
+            fp8_2x2(xa + t * xs, xs, wa + 2 * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + 2), ys)
+            t += 2
+        elif cols == GROUP:
+            fp8_1x4(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
+            t += 1
+        else:
+            for p in range(cols):
+                fp8_1x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
+            t += 1
+
+
+@njit(parallel=True, cache=True)
+def linear_fp8(x, q, scale, y):
+    """x (T, in) f32, q (out, in) int8 (E4M3 bytes), scale (out,) f32 -> y (T, out) f32."""
+    t_rows, n = x.shape
+    out = q.shape[0]
+    assert q.shape[1] == n and x.strides[1] == 4 and y.strides[1] == 4 and q.strides[1] == 1
+    nb, xs, ys, ws = n // LANES, np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(q.strides[0])
+    xa, ya, qa = _addr(x), _addr(y), _addr(q)
+    for g in prange((out + GROUP - 1) // GROUP):
+        o = g * GROUP
+        cols = min(GROUP, out - o)
+        _fp8_group(xa, xs, qa + o * ws, ws, nb, ya, ys, t_rows, o, cols)
+        for p in range(cols):
+            s = scale[o + p] * np.float32(256.0)
+            for t in range(t_rows):
+                acc = y[t, o + p]
+                for i in range(nb * LANES, n):
+                    acc = acc + x[t, i] * (E4M3_VALUES[np.uint8(q[o + p, i])] / np.float32(256.0))
+                y[t, o + p] = acc * s
+
+
+@njit(parallel=True, cache=True)
+def _even_then_odd(x):
+    """x (T, n) f32, n % 16 == 0 -> a copy with each 16-block as its 8 even elements, then its 8 odd ones
+    (decode_nvfp4's order of a block's weights)."""
+    t_rows, n = x.shape
+    xp = np.empty((t_rows, n), np.float32)
+    for t in prange(t_rows):
+        for b in range(n // LANES):
+            for j in range(LANES // 2):
+                xp[t, b * LANES + j] = x[t, b * LANES + 2 * j]
+                xp[t, b * LANES + LANES // 2 + j] = x[t, b * LANES + 2 * j + 1]
+    return xp
+
+
+@njit(inline="always")
+def _nvfp4_group(xa, xs, wa, ws, ba, bs, la, nb, ya, ys, t_rows, o, cols):
+    t = 0
+    while t + 4 <= t_rows:
+        for p in range(cols):
+            nvfp4_4x1(xa + t * xs, xs, wa + p * ws, 0, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
+        t += 4
+    while t < t_rows:
+        if cols == GROUP and t + 2 <= t_rows:
+            nvfp4_2x2(xa + t * xs, xs, wa, ws, ba, bs, la, nb, ya + t * ys + 4 * o, ys)
+            nvfp4_2x2(xa + t * xs, xs, wa + 2 * ws, ws, ba + 2 * bs, bs, la, nb, ya + t * ys + 4 * (o + 2), ys)
+            t += 2
+        elif cols == GROUP:
+            nvfp4_1x4(xa + t * xs, xs, wa, ws, ba, bs, la, nb, ya + t * ys + 4 * o, ys)
+            t += 1
+        else:
+            for p in range(cols):
+                nvfp4_1x1(xa + t * xs, xs, wa + p * ws, 0, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
+            t += 1
+
+
+@njit(parallel=True, cache=True)
+def linear_nvfp4(x, packed, block, global_scale, y):
+    """x (T, in) f32, packed (out, in/2) u8, block (out, in/16) u8 (E4M3 bytes), global f32 -> y (T, out); in % 16 == 0."""
+    t_rows, n = x.shape
+    out = packed.shape[0]
+    assert packed.shape[1] * 2 == n and n % LANES == 0 and x.strides[1] == 4 and y.strides[1] == 4
+    assert packed.strides[1] == 1 and block.strides[1] == 1
+    nb, xs, ys = n // LANES, np.int64(n * 4), np.int64(y.strides[0])
+    ws, bs = np.int64(packed.strides[0]), np.int64(block.strides[0])
+    xp = _even_then_odd(x)
+    ya, pa, ba = _addr(y), _addr(packed), _addr(block)
+    lut = BLOCK_LUT
+    la = _addr(lut)
+    for g in prange((out + GROUP - 1) // GROUP):
+        o = g * GROUP
+        cols = min(GROUP, out - o)
+        xa = _addr(xp)  # taken here: xp must stay referenced (alive) inside the loop
+        _nvfp4_group(xa, xs, pa + o * ws, ws, ba + o * bs, bs, la, nb, ya, ys, t_rows, o, cols)
+        for p in range(cols):
+            for t in range(t_rows):
+                y[t, o + p] = y[t, o + p] * global_scale
+
+
+@njit(inline="always")
+def _bf16_group(xa, xs, wa, ws, nb, ya, ys, t_rows, o, cols):
+    t = 0
+    while t + 4 <= t_rows:
+        for p in range(cols):
+            bf16_4x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
+        t += 4
+    while t < t_rows:
+        if cols == GROUP and t + 2 <= t_rows:
+            bf16_2x2(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
+            bf16_2x2(xa + t * xs, xs, wa + 2 * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + 2), ys)
+            t += 2
+        elif cols == GROUP:
+            bf16_1x4(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
+            t += 1
+        else:
+            for p in range(cols):
+                bf16_1x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
+            t += 1
+
+
+@njit(parallel=True, cache=True)
+def linear_bf16(x, wbits, y):
+    """x (T, in) f32, wbits (out, in) u16 (bf16 bits) -> y (T, out) f32."""
+    t_rows, n = x.shape
+    out = wbits.shape[0]
+    assert wbits.shape[1] == n and x.strides[1] == 4 and y.strides[1] == 4 and wbits.strides[1] == 2
+    nb, xs, ys, ws = n // LANES, np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(wbits.strides[0])
+    xa, ya, wa = _addr(x), _addr(y), _addr(wbits)
+    for g in prange((out + GROUP - 1) // GROUP):
+        o = g * GROUP
+        cols = min(GROUP, out - o)
+        _bf16_group(xa, xs, wa + o * ws, ws, nb, ya, ys, t_rows, o, cols)
+        if nb * LANES < n:
+            for p in range(cols):
+                for t in range(t_rows):
+                    acc = y[t, o + p]
+                    for i in range(nb * LANES, n):
+                        acc = acc + x[t, i] * _bf16(wbits[o + p, i])
+                    y[t, o + p] = acc
+
+
+@njit(inline="always")
+def _f32_group(xa, xs, wa, ws, nb, ya, ys, t_rows, o, cols):
+    t = 0
+    while t + 4 <= t_rows:
+        for p in range(cols):
+            f32_4x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
+        t += 4
+    while t < t_rows:
+        if cols == GROUP and t + 2 <= t_rows:
+            f32_2x2(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
+            f32_2x2(xa + t * xs, xs, wa + 2 * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + 2), ys)
+            t += 2
+        elif cols == GROUP:
+            f32_1x4(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
+            t += 1
+        else:
+            for p in range(cols):
+                f32_1x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
+            t += 1
+
+
+@njit(parallel=True, cache=True)
+def linear_f32(x, w, y):
+    """x (T, in) f32, w (out, in) f32 -> y (T, out) f32."""
+    t_rows, n = x.shape
+    out = w.shape[0]
+    assert w.shape[1] == n and x.strides[1] == 4 and y.strides[1] == 4 and w.strides[1] == 4
+    nb, xs, ys, ws = n // LANES, np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(w.strides[0])
+    xa, ya, wa = _addr(x), _addr(y), _addr(w)
+    for g in prange((out + GROUP - 1) // GROUP):
+        o = g * GROUP
+        cols = min(GROUP, out - o)
+        _f32_group(xa, xs, wa + o * ws, ws, nb, ya, ys, t_rows, o, cols)
+        if nb * LANES < n:
+            for p in range(cols):
+                for t in range(t_rows):
+                    acc = y[t, o + p]
+                    for i in range(nb * LANES, n):
+                        acc = acc + x[t, i] * w[o + p, i]
+                    y[t, o + p] = acc
+
+
+@njit(parallel=True, cache=True)
+def candidate_logits_bf16(hidden, wbits, cand, out):
+    """out[t, k] = row cand[t, k] of linear_bf16(hidden, wbits) (the sparse head), bit-equal to it."""
+    t_rows, n = hidden.shape
+    assert wbits.shape[1] == n and hidden.strides[1] == 4 and out.strides[1] == 4 and wbits.strides[1] == 2
+    assert cand.size == 0 or (cand.min() >= 0 and cand.max() < wbits.shape[0])  # rows are read by address
+    nb, ha, oa, wa0 = n // LANES, _addr(hidden), _addr(out), _addr(wbits)
+    for t in prange(t_rows):
+        for k in range(cand.shape[1]):
+            row = cand[t, k]
+            dst = oa + t * np.int64(out.strides[0]) + 4 * k
+            bf16_1x1(ha + t * np.int64(hidden.strides[0]), 0, wa0 + row * np.int64(wbits.strides[0]), 0, 0, 0, 0, nb, dst, 0)
+            acc = out[t, k]
+            for i in range(nb * LANES, n):
+                acc = acc + hidden[t, i] * _bf16(wbits[row, i])
+            out[t, k] = acc
+
+
+@njit(parallel=True, cache=True)
+def candidate_logits_f32(hidden, w, cand, out):
+    t_rows, n = hidden.shape
+    assert w.shape[1] == n and hidden.strides[1] == 4 and out.strides[1] == 4 and w.strides[1] == 4
+    assert cand.size == 0 or (cand.min() >= 0 and cand.max() < w.shape[0])
+    nb, ha, oa, wa0 = n // LANES, _addr(hidden), _addr(out), _addr(w)
+    for t in prange(t_rows):
+        for k in range(cand.shape[1]):
+            row = cand[t, k]
+            dst = oa + t * np.int64(out.strides[0]) + 4 * k
+            f32_1x1(ha + t * np.int64(hidden.strides[0]), 0, wa0 + row * np.int64(w.strides[0]), 0, 0, 0, 0, nb, dst, 0)
+            acc = out[t, k]
+            for i in range(nb * LANES, n):
+                acc = acc + hidden[t, i] * w[row, i]
+            out[t, k] = acc

@@ -1,0 +1,242 @@
+"""LLVM IR for the fast CPU backend's dot products, written lane by lane (llvmlite; numba intrinsics in
+runtime/cpu/linear_kernels.py call these emitters).
+
+Why explicit vectors: the reduction order of every dot product must not depend on the number of
+rows in a step (bit-identical rows in any batch). Leaving it to LLVM's loop vectorizer fixed the
+order only per compiled function, vectorized a gather of table-decoded weights badly and could
+not share one weight decode between rows. Here the order is written down, the same for any tile:
+
+- a row is cut into 16-element blocks (the last ``n % 16`` elements are the caller's scalar tail);
+- block b is added into accumulator ``b % 4`` of 16 float32 lanes: lane l holds
+  fma(x[16b + l], w[16b + l], acc) chained over its blocks (``llvm.fma``: one rounding, no
+  contraction choices left to the compiler, the same result on every IEEE machine); four
+  accumulators so that a single row is not bound by the FMA latency;
+- at the end: (acc0 + acc1) + (acc2 + acc3), then the 16 lanes summed as a fixed tree (8+8, 4+4,
+  2+2, 1+1).
+
+A tile of R activation rows against one weight row decodes each weight block once and feeds R
+rows' accumulators; each row's sequence of operations is exactly the one of a tile of 1. No
+fast-math flags are set on any instruction, so LLVM may not reorder them.
+
+numba's cache keys on the source file of the jitted function only: after editing this file,
+touch runtime/cpu/linear_kernels.py (or clear its __pycache__) so cached kernels are rebuilt.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+
+LANES = 16
+ACCS = 4  # accumulators per row: block b goes into accumulator b % ACCS
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F16, F32 = ir.HalfType(), ir.FloatType()
+VF32 = ir.VectorType(F32, LANES)
+
+
+def vec(ty, n):
+    return ir.VectorType(ty, n)
+
+
+def splat(ty, n, value):
+    return ir.Constant(vec(ty, n), [value] * n)
+
+
+def load(builder: ir.IRBuilder, addr, offset, ty):
+    """Unaligned load of ``ty`` at byte address addr + offset (i64 values)."""
+    ptr = builder.inttoptr(builder.add(addr, offset), ir.PointerType(ty))
+    return builder.load(ptr, align=1, typ=ty)
+
+
+def store(builder: ir.IRBuilder, value, addr, offset) -> None:
+    ptr = builder.inttoptr(builder.add(addr, offset), ir.PointerType(value.type))
+    builder.store(value, ptr, align=1)
+
+
+def hsum(builder: ir.IRBuilder, v):
+    """The 16 lanes of v summed as a fixed tree: (l0..7 + l8..15), then halves again, down to one lane."""
+    n = LANES
+    while n > 1:
+        half = n // 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(vec(I32, half), list(range(half))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(vec(I32, half), list(range(half, n))))
+        v, n = builder.fadd(lo, hi), half
+    return builder.extract_element(v, ir.Constant(I32, 0))
+
+
+def const(ty, value):
+    return ir.Constant(ty, value)
+
+
+def _fma(module: ir.Module) -> ir.Function:
+    name = f"llvm.fma.v{LANES}f32"
+    try:
+        return module.get_global(name)
+    except KeyError:
+        return ir.Function(module, ir.FunctionType(VF32, [VF32] * 3), name)
+
+
+def emit_tile(builder: ir.IRBuilder, rows: int, nblocks, x_addr, x_stride, out_addr, out_stride, decoders) -> None:
+    """For r < rows, p < len(decoders): *(float*)(out_addr + r * out_stride + 4 p) = the dot product of
+    x row r (float32 at x_addr + r * x_stride) with weight row p, in the order of the module docstring.
+
+    ``decoders[p](builder, blk)`` emits the 16 float32 weights of block ``blk`` (i64) of weight row p,
+    exactly. A (row, weight row) pair's operations are the same in any tile shape.
+    """
+    cols = len(decoders)
+    fma = _fma(builder.module)
+    func = builder.function
+    entry = builder.block
+    header = func.append_basic_block("tile.header")
+    body = func.append_basic_block("tile.body")
+    after = func.append_basic_block("tile.after")
+    zero = splat(F32, LANES, 0.0)
+    x_rows = [builder.add(x_addr, builder.mul(x_stride, const(I64, r))) for r in range(rows)]
+    groups = builder.udiv(nblocks, const(I64, ACCS))
+    builder.branch(header)
+
+    builder.position_at_end(header)
+    i = builder.phi(I64, "group")
+    i.add_incoming(const(I64, 0), entry)
+    pairs = rows * cols
+    accs = [[builder.phi(VF32, f"acc{r}_{k}") for k in range(ACCS)] for r in range(pairs)]
+    for row in accs:
+        for a in row:
+            a.add_incoming(zero, entry)
+    builder.cbranch(builder.icmp_unsigned("<", i, groups), body, after)
+
+    def step(blk, k, current):
+        """Block ``blk`` into accumulator k of every (row, weight row): the new accumulators [rows * cols]."""
+        ws = [decode(builder, blk) for decode in decoders]
+        off = builder.mul(blk, const(I64, 4 * LANES))
+        xs = [load(builder, x_rows[r], off, VF32) for r in range(rows)]
+        return [builder.call(fma, [xs[r], ws[p], current[r * cols + p][k]])
+                for r in range(rows) for p in range(cols)]
+
+    builder.position_at_end(body)
+    first = builder.mul(i, const(I64, ACCS))
+    new = [a[:] for a in accs]
+    for k in range(ACCS):
+        col = step(builder.add(first, const(I64, k)), k, new)
+        for r in range(pairs):
+            new[r][k] = col[r]
+    body_end = builder.block
+    i.add_incoming(builder.add(i, const(I64, 1)), body_end)
+    for r in range(pairs):
+        for k in range(ACCS):
+            accs[r][k].add_incoming(new[r][k], body_end)
+    builder.branch(header)
+
+    # the last nblocks % ACCS blocks go into accumulators 0, 1, ... in order
+    builder.position_at_end(after)
+    current = [a[:] for a in accs]
+    base = builder.mul(groups, const(I64, ACCS))
+    for k in range(ACCS - 1):
+        have = builder.icmp_unsigned("<", builder.add(base, const(I64, k)), nblocks)
+        then = func.append_basic_block(f"tile.rest{k}")
+        merge = func.append_basic_block(f"tile.merged{k}")
+        before = builder.block
+        builder.cbranch(have, then, merge)
+        builder.position_at_end(then)
+        col = step(builder.add(base, const(I64, k)), k, current)
+        then_end = builder.block
+        builder.branch(merge)
+        builder.position_at_end(merge)
+        for r in range(pairs):
+            phi = builder.phi(VF32)
+            phi.add_incoming(current[r][k], before)
+            phi.add_incoming(col[r], then_end)
+            current[r][k] = phi
+    for r in range(rows):  # (acc0 + acc1) + (acc2 + acc3), then the lanes
+        for p in range(cols):
+            sums = current[r * cols + p]
+            while len(sums) > 1:
+                sums = [builder.fadd(sums[j], sums[j + 1]) for j in range(0, len(sums), 2)]
+            dst = builder.add(builder.mul(out_stride, const(I64, r)), const(I64, 4 * p))
+            store(builder, hsum(builder, sums[0]), out_addr, dst)
+
+
+# -- weight decoders: block ``blk`` (i64) of a weight row at byte address ``w`` -> 16 float32, exact --
+
+def decode_f32(w):
+    def emit(builder, blk):
+        return load(builder, w, builder.mul(blk, const(I64, 4 * LANES)), VF32)
+    return emit
+
+
+def decode_bf16(w):
+    """u16 bits [16] -> float32 bits = u16 << 16."""
+    def emit(builder, blk):
+        bits = load(builder, w, builder.mul(blk, const(I64, 2 * LANES)), vec(I16, LANES))
+        wide = builder.shl(builder.zext(bits, vec(I32, LANES)), splat(I32, LANES, 16))
+        return builder.bitcast(wide, VF32)
+    return emit
+
+
+def decode_fp8(w):
+    """E4M3 bytes [16] -> float32 of value e4m3 / 256, through float16 bits (the caller multiplies the row
+    scale by 256, exactly). E4M3 s.eeee.mmm as float16 s.0eeee.mmm0000000: the sign-extended byte << 7
+    puts exponent+mantissa at bits 7..13 and the sign at bits 14..15; clearing bit 14 leaves float16
+    2^(e-15) (1 + m/8) = e4m3 / 2^8 (code exponent 0: float16 subnormals, the same factor). The
+    float16 -> float32 conversion is exact and every result is a normal float32 (>= 2^-17): no DAZ
+    hazard. The NaN codes 0x7F/0xFF would read as +-480/256; a load refuses them beforehand."""
+    def emit(builder, blk):
+        b = load(builder, w, builder.mul(blk, const(I64, LANES)), vec(I8, LANES))
+        h = builder.shl(builder.sext(b, vec(I16, LANES)), splat(I16, LANES, 7))
+        h = builder.and_(h, splat(I16, LANES, 0xBFFF - (1 << 16)))
+        return builder.fpext(builder.bitcast(h, vec(F16, LANES)), VF32)
+    return emit
+
+
+def _x86_has(feature: str) -> bool:
+    """Whether numba compiles for an x86 target with ``feature`` (the target machine numba uses)."""
+    import llvmlite.binding as llvm
+    from numba.core import config
+    if not llvm.get_process_triple().startswith("x86_64"):
+        return False
+    features = config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+    return f"+{feature}" in features.split(",")
+
+
+# 2 * e2m1(code) for codes 0..15 (-0 as 0: its products add nothing either way)
+E2M1_TIMES_2 = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
+
+
+def _e2m1_times_2(builder, codes):
+    """<16 x i8> codes 0..15 -> <16 x i8> 2 * e2m1: one pshufb where SSSE3 is there, else arithmetic
+    (the same integers: the bits of every dot product are the same either way)."""
+    v16 = vec(I8, LANES)
+    if _x86_has("ssse3"):
+        name = "llvm.x86.ssse3.pshuf.b.128"
+        try:
+            pshufb = builder.module.get_global(name)
+        except KeyError:
+            pshufb = ir.Function(builder.module, ir.FunctionType(v16, [v16, v16]), name)
+        return builder.call(pshufb, [ir.Constant(v16, E2M1_TIMES_2), codes])
+    m = builder.and_(codes, splat(I8, LANES, 1))
+    e = builder.and_(builder.lshr(codes, splat(I8, LANES, 1)), splat(I8, LANES, 3))
+    normal = builder.shl(builder.or_(m, splat(I8, LANES, 2)), builder.sub(e, splat(I8, LANES, 1)))
+    mag = builder.select(builder.icmp_unsigned("==", e, splat(I8, LANES, 0)), m, normal)
+    neg = builder.icmp_unsigned("!=", builder.and_(codes, splat(I8, LANES, 8)), splat(I8, LANES, 0))
+    return builder.select(neg, builder.neg(mag), mag)
+
+
+_CONCAT = ir.Constant(vec(I32, LANES), list(range(LANES)))
+
+
+def decode_nvfp4(w, blocks, lut):
+    """Block ``blk``'s 8 bytes (element 2k in the low nibble of byte k) as 16 float32 e2m1 * block scale
+    in the order [low nibbles 0..7, high nibbles 0..7]: the x row must be permuted the same way
+    (each 16-block as its 8 even elements, then its 8 odd ones). 2 * e2m1 is a small integer; ``lut``
+    (float32 [256], address) holds e4m3(code) / 2, so float32(2 * e2m1) * lut[block byte] is exact."""
+    def emit(builder, blk):
+        b = load(builder, w, builder.mul(blk, const(I64, LANES // 2)), vec(I8, LANES // 2))
+        lo = builder.and_(b, splat(I8, LANES // 2, 15))
+        hi = builder.lshr(b, splat(I8, LANES // 2, 4))
+        ints = _e2m1_times_2(builder, builder.shuffle_vector(lo, hi, _CONCAT))
+        values = builder.sitofp(builder.sext(ints, vec(I32, LANES)), VF32)
+        code = builder.zext(load(builder, blocks, blk, I8), I64)
+        scale = load(builder, lut, builder.mul(code, const(I64, 4)), F32)
+        scale_v = builder.shuffle_vector(builder.insert_element(ir.Constant(VF32, ir.Undefined), scale,
+                                                                const(I32, 0)),
+                                         ir.Constant(VF32, ir.Undefined), ir.Constant(vec(I32, LANES), [0] * LANES))
+        return builder.fmul(values, scale_v)
+    return emit
