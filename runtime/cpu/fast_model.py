@@ -17,7 +17,7 @@ import numba
 import numpy as np
 
 from . import fast_kernels as fk
-from . import linear_kernels as lk
+from . import linear_high as lh, linear_kernels as lk
 from .dequant import NVFP4_BLOCK, _expect, _refuse
 from .kv_pool import PagedKVPool
 from ..model_config import ModelConfig
@@ -230,9 +230,9 @@ class FastCpuModel:
         elif lin.kind == "nvfp4":
             lk.linear_nvfp4(x, lin.weight, lin.block, np.float32(lin.global_scale), y)
         elif lin.kind == "bf16":
-            lk.linear_bf16(x, lin.weight, y)
+            lh.linear_bf16(x, lin.weight, y)
         else:
-            lk.linear_f32(x, lin.weight, y)
+            lh.linear_f32(x, lin.weight, y)
         if lin.bias is not None:
             y += lin.bias
         return y
@@ -295,9 +295,9 @@ class FastCpuModel:
         hidden = np.ascontiguousarray(hidden, np.float32)
         out = np.empty((hidden.shape[0], self.head.shape[0]), np.float32)
         if self.head.dtype == np.uint16:
-            lk.linear_bf16(hidden, self.head, out)
+            lh.linear_bf16(hidden, self.head, out)
         else:
-            lk.linear_f32(hidden, self.head, out)
+            lh.linear_f32(hidden, self.head, out)
         return out
 
     def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
@@ -306,7 +306,7 @@ class FastCpuModel:
         cand = np.ascontiguousarray(candidates, np.int64)
         out = np.empty(cand.shape, np.float32)
         if self.head.dtype == np.uint16:
-            lk.candidate_logits_bf16(hidden, self.head, cand, out)
+            lh.candidate_logits_bf16(hidden, self.head, cand, out)
         else:
-            lk.candidate_logits_f32(hidden, self.head, cand, out)
+            lh.candidate_logits_f32(hidden, self.head, cand, out)
         return out

@@ -29,10 +29,23 @@ E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3
 BLOCK_LUT = E4M3_VALUES / np.float32(2.0)  # decode_nvfp4's scale table (exact: power of two)
 
 
+def _aligned(a: np.ndarray, align: int = 64) -> np.ndarray:
+    buf = np.empty(a.nbytes + align, np.uint8)
+    start = -buf.ctypes.data % align
+    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+# decode_nvfp4_pairs' tables: [block scale code, e2m1 code] -> e2m1 * e4m3 (exact), one 64-byte line per code
+PAIR_TABLES = _aligned(E4M3_VALUES[:, None] * E2M1_VALUES[None, :])
+
+
 def _tile(fmt: str, rows: int, cols: int):
     """An intrinsic tile(x, x_stride, w, w_stride, blocks, blocks_stride, lut, nblocks, out, out_stride) (byte
     addresses and strides): the rows x cols dot products of ``rows`` activation rows with ``cols``
-    consecutive weight rows of format ``fmt``; out[r, p] at out + r * out_stride + 4 p."""
+    consecutive weight rows of format ``fmt`` (w_stride apart; also the prefetch distance); out[r, p] at
+    out + r * out_stride + 4 p."""
     @intrinsic
     def tile(typingctx, x, xs, w, ws, blocks, bs, lut, nblocks, out, os_):
         sig = types.void(*([types.int64] * 10))
@@ -44,8 +57,10 @@ def _tile(fmt: str, rows: int, cols: int):
                 wp = builder.add(w, builder.mul(ws, ir_.const(ir_.I64, p)))
                 bp = builder.add(blocks, builder.mul(bs, ir_.const(ir_.I64, p)))
                 return {"f32": lambda: ir_.decode_f32(wp), "bf16": lambda: ir_.decode_bf16(wp),
-                        "fp8": lambda: ir_.decode_fp8(wp), "nvfp4": lambda: ir_.decode_nvfp4(wp, bp, lut)}[fmt]()
-            ir_.emit_tile(builder, rows, nb, x, xs, out, os_, [row(p) for p in range(cols)])
+                        "fp8": lambda: ir_.decode_fp8(wp), "nvfp4": lambda: ir_.decode_nvfp4(wp, bp, lut),
+                        "nvfp4_pairs": lambda: ir_.decode_nvfp4_pairs(wp, bp, lut)}[fmt]()
+            ahead = builder.mul(ws, ir_.const(ir_.I64, cols))  # the next tile's weight rows
+            ir_.emit_tile(builder, rows, nb, x, xs, out, os_, [row(p) for p in range(cols)], ahead)
             return context.get_dummy_value()
         return sig, codegen
     return tile
@@ -53,10 +68,12 @@ def _tile(fmt: str, rows: int, cols: int):
 
 # Tile shapes (activation rows x weight rows): 4x1 for prompt rows (one weight decode feeds 4 rows),
 # 2x2, 1x4 for the last rows (a decode row reads 4 weight rows at once), 1x1 for ragged edges.
-f32_4x1, f32_2x2, f32_1x4, f32_1x1 = (_tile("f32", r, c) for r, c in ((4, 1), (2, 2), (1, 4), (1, 1)))
-bf16_4x1, bf16_2x2, bf16_1x4, bf16_1x1 = (_tile("bf16", r, c) for r, c in ((4, 1), (2, 2), (1, 4), (1, 1)))
-fp8_4x1, fp8_2x2, fp8_1x4, fp8_1x1 = (_tile("fp8", r, c) for r, c in ((4, 1), (2, 2), (1, 4), (1, 1)))
-nvfp4_4x1, nvfp4_2x2, nvfp4_1x4, nvfp4_1x1 = (_tile("nvfp4", r, c) for r, c in ((4, 1), (2, 2), (1, 4), (1, 1)))
+SHAPES = ((4, 1), (2, 2), (1, 4), (1, 1))
+f32_4x1, f32_2x2, f32_1x4, f32_1x1 = (_tile("f32", r, c) for r, c in SHAPES)
+bf16_4x1, bf16_2x2, bf16_1x4, bf16_1x1 = (_tile("bf16", r, c) for r, c in SHAPES)
+fp8_4x1, fp8_2x2, fp8_1x4, fp8_1x1 = (_tile("fp8", r, c) for r, c in SHAPES)
+nvfp4_4x1, nvfp4_2x2, nvfp4_1x4, nvfp4_1x1 = (_tile("nvfp4", r, c) for r, c in SHAPES)  # in % 32 == 16
+nvp_4x1, nvp_2x2, nvp_1x4, nvp_1x1 = (_tile("nvfp4_pairs", r, c) for r, c in SHAPES)  # in % 32 == 0
 GROUP = 4  # weight rows per parallel work item
 
 
@@ -87,7 +104,7 @@ def _fp8_group(xa, xs, wa, ws, nb, ya, ys, t_rows, o, cols):
     t = 0
     while t + 4 <= t_rows:
         for p in range(cols):
-            fp8_4x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
+            fp8_4x1(xa + t * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
         t += 4
     while t < t_rows:
         if cols == GROUP and t + 2 <= t_rows:
@@ -99,7 +116,7 @@ def _fp8_group(xa, xs, wa, ws, nb, ya, ys, t_rows, o, cols):
             t += 1
         else:
             for p in range(cols):
-                fp8_1x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
+                fp8_1x1(xa + t * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
             t += 1
 
 
@@ -125,177 +142,81 @@ def linear_fp8(x, q, scale, y):
 
 
 @njit(parallel=True, cache=True)
-def _even_then_odd(x):
-    """x (T, n) f32, n % 16 == 0 -> a copy with each 16-block as its 8 even elements, then its 8 odd ones
-    (decode_nvfp4's order of a block's weights)."""
+def _even_then_odd(x, unit):
+    """x (T, n) f32, n % unit == 0 -> a copy with each ``unit``-chunk as its even elements, then its odd
+    ones (the order in which the NVFP4 decoders give a chunk's weights: unit 32 for decode_nvfp4_pairs,
+    16 for decode_nvfp4)."""
     t_rows, n = x.shape
+    half = unit // 2
     xp = np.empty((t_rows, n), np.float32)
     for t in prange(t_rows):
-        for b in range(n // LANES):
-            for j in range(LANES // 2):
-                xp[t, b * LANES + j] = x[t, b * LANES + 2 * j]
-                xp[t, b * LANES + LANES // 2 + j] = x[t, b * LANES + 2 * j + 1]
+        for b in range(n // unit):
+            for j in range(half):
+                xp[t, b * unit + j] = x[t, b * unit + 2 * j]
+                xp[t, b * unit + half + j] = x[t, b * unit + 2 * j + 1]
     return xp
 
 
 @njit(inline="always")
-def _nvfp4_group(xa, xs, wa, ws, ba, bs, la, nb, ya, ys, t_rows, o, cols):
+def _nvfp4_group(pairs, xa, xs, wa, ws, ba, bs, la, nb, ya, ys, t_rows, o, cols):
     t = 0
     while t + 4 <= t_rows:
         for p in range(cols):
-            nvfp4_4x1(xa + t * xs, xs, wa + p * ws, 0, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
+            if pairs:
+                nvp_4x1(xa + t * xs, xs, wa + p * ws, ws, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
+            else:
+                nvfp4_4x1(xa + t * xs, xs, wa + p * ws, ws, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
         t += 4
     while t < t_rows:
         if cols == GROUP and t + 2 <= t_rows:
-            nvfp4_2x2(xa + t * xs, xs, wa, ws, ba, bs, la, nb, ya + t * ys + 4 * o, ys)
-            nvfp4_2x2(xa + t * xs, xs, wa + 2 * ws, ws, ba + 2 * bs, bs, la, nb, ya + t * ys + 4 * (o + 2), ys)
+            for h in range(0, GROUP, 2):
+                at = (xa + t * xs, xs, wa + h * ws, ws, ba + h * bs, bs, la, nb, ya + t * ys + 4 * (o + h), ys)
+                if pairs:
+                    nvp_2x2(*at)
+                else:
+                    nvfp4_2x2(*at)
             t += 2
         elif cols == GROUP:
-            nvfp4_1x4(xa + t * xs, xs, wa, ws, ba, bs, la, nb, ya + t * ys + 4 * o, ys)
+            if pairs:
+                nvp_1x4(xa + t * xs, xs, wa, ws, ba, bs, la, nb, ya + t * ys + 4 * o, ys)
+            else:
+                nvfp4_1x4(xa + t * xs, xs, wa, ws, ba, bs, la, nb, ya + t * ys + 4 * o, ys)
             t += 1
         else:
             for p in range(cols):
-                nvfp4_1x1(xa + t * xs, xs, wa + p * ws, 0, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
+                at = (xa + t * xs, xs, wa + p * ws, ws, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
+                if pairs:
+                    nvp_1x1(*at)
+                else:
+                    nvfp4_1x1(*at)
             t += 1
 
 
-@njit(parallel=True, cache=True)
 def linear_nvfp4(x, packed, block, global_scale, y):
     """x (T, in) f32, packed (out, in/2) u8, block (out, in/16) u8 (E4M3 bytes), global f32 -> y (T, out); in % 16 == 0."""
+    _linear_nvfp4(x, packed, block, np.float32(global_scale), PAIR_TABLES, y)
+
+
+@njit(parallel=True, cache=True)
+def _linear_nvfp4(x, packed, block, global_scale, tables, y):
+    """linear_nvfp4; ``tables``: PAIR_TABLES, passed (not a frozen global) so that it keeps its 64-byte alignment."""
     t_rows, n = x.shape
     out = packed.shape[0]
     assert packed.shape[1] * 2 == n and n % LANES == 0 and x.strides[1] == 4 and y.strides[1] == 4
     assert packed.strides[1] == 1 and block.strides[1] == 1
     nb, xs, ys = n // LANES, np.int64(n * 4), np.int64(y.strides[0])
     ws, bs = np.int64(packed.strides[0]), np.int64(block.strides[0])
-    xp = _even_then_odd(x)
+    pairs = n % 32 == 0
+    xp = _even_then_odd(x, 32 if pairs else 16)
     ya, pa, ba = _addr(y), _addr(packed), _addr(block)
-    lut = BLOCK_LUT
-    la = _addr(lut)
+    la = _addr(tables) if pairs else _addr(BLOCK_LUT)
     for g in prange((out + GROUP - 1) // GROUP):
         o = g * GROUP
         cols = min(GROUP, out - o)
         xa = _addr(xp)  # taken here: xp must stay referenced (alive) inside the loop
-        _nvfp4_group(xa, xs, pa + o * ws, ws, ba + o * bs, bs, la, nb, ya, ys, t_rows, o, cols)
+        _nvfp4_group(pairs, xa, xs, pa + o * ws, ws, ba + o * bs, bs, la, nb, ya, ys, t_rows, o, cols)
         for p in range(cols):
             for t in range(t_rows):
                 y[t, o + p] = y[t, o + p] * global_scale
 
 
-@njit(inline="always")
-def _bf16_group(xa, xs, wa, ws, nb, ya, ys, t_rows, o, cols):
-    t = 0
-    while t + 4 <= t_rows:
-        for p in range(cols):
-            bf16_4x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
-        t += 4
-    while t < t_rows:
-        if cols == GROUP and t + 2 <= t_rows:
-            bf16_2x2(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
-            bf16_2x2(xa + t * xs, xs, wa + 2 * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + 2), ys)
-            t += 2
-        elif cols == GROUP:
-            bf16_1x4(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
-            t += 1
-        else:
-            for p in range(cols):
-                bf16_1x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
-            t += 1
-
-
-@njit(parallel=True, cache=True)
-def linear_bf16(x, wbits, y):
-    """x (T, in) f32, wbits (out, in) u16 (bf16 bits) -> y (T, out) f32."""
-    t_rows, n = x.shape
-    out = wbits.shape[0]
-    assert wbits.shape[1] == n and x.strides[1] == 4 and y.strides[1] == 4 and wbits.strides[1] == 2
-    nb, xs, ys, ws = n // LANES, np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(wbits.strides[0])
-    xa, ya, wa = _addr(x), _addr(y), _addr(wbits)
-    for g in prange((out + GROUP - 1) // GROUP):
-        o = g * GROUP
-        cols = min(GROUP, out - o)
-        _bf16_group(xa, xs, wa + o * ws, ws, nb, ya, ys, t_rows, o, cols)
-        if nb * LANES < n:
-            for p in range(cols):
-                for t in range(t_rows):
-                    acc = y[t, o + p]
-                    for i in range(nb * LANES, n):
-                        acc = acc + x[t, i] * _bf16(wbits[o + p, i])
-                    y[t, o + p] = acc
-
-
-@njit(inline="always")
-def _f32_group(xa, xs, wa, ws, nb, ya, ys, t_rows, o, cols):
-    t = 0
-    while t + 4 <= t_rows:
-        for p in range(cols):
-            f32_4x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
-        t += 4
-    while t < t_rows:
-        if cols == GROUP and t + 2 <= t_rows:
-            f32_2x2(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
-            f32_2x2(xa + t * xs, xs, wa + 2 * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + 2), ys)
-            t += 2
-        elif cols == GROUP:
-            f32_1x4(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
-            t += 1
-        else:
-            for p in range(cols):
-                f32_1x1(xa + t * xs, xs, wa + p * ws, 0, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
-            t += 1
-
-
-@njit(parallel=True, cache=True)
-def linear_f32(x, w, y):
-    """x (T, in) f32, w (out, in) f32 -> y (T, out) f32."""
-    t_rows, n = x.shape
-    out = w.shape[0]
-    assert w.shape[1] == n and x.strides[1] == 4 and y.strides[1] == 4 and w.strides[1] == 4
-    nb, xs, ys, ws = n // LANES, np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(w.strides[0])
-    xa, ya, wa = _addr(x), _addr(y), _addr(w)
-    for g in prange((out + GROUP - 1) // GROUP):
-        o = g * GROUP
-        cols = min(GROUP, out - o)
-        _f32_group(xa, xs, wa + o * ws, ws, nb, ya, ys, t_rows, o, cols)
-        if nb * LANES < n:
-            for p in range(cols):
-                for t in range(t_rows):
-                    acc = y[t, o + p]
-                    for i in range(nb * LANES, n):
-                        acc = acc + x[t, i] * w[o + p, i]
-                    y[t, o + p] = acc
-
-
-@njit(parallel=True, cache=True)
-def candidate_logits_bf16(hidden, wbits, cand, out):
-    """out[t, k] = row cand[t, k] of linear_bf16(hidden, wbits) (the sparse head), bit-equal to it."""
-    t_rows, n = hidden.shape
-    assert wbits.shape[1] == n and hidden.strides[1] == 4 and out.strides[1] == 4 and wbits.strides[1] == 2
-    assert cand.size == 0 or (cand.min() >= 0 and cand.max() < wbits.shape[0])  # rows are read by address
-    nb, ha, oa, wa0 = n // LANES, _addr(hidden), _addr(out), _addr(wbits)
-    for t in prange(t_rows):
-        for k in range(cand.shape[1]):
-            row = cand[t, k]
-            dst = oa + t * np.int64(out.strides[0]) + 4 * k
-            bf16_1x1(ha + t * np.int64(hidden.strides[0]), 0, wa0 + row * np.int64(wbits.strides[0]), 0, 0, 0, 0, nb, dst, 0)
-            acc = out[t, k]
-            for i in range(nb * LANES, n):
-                acc = acc + hidden[t, i] * _bf16(wbits[row, i])
-            out[t, k] = acc
-
-
-@njit(parallel=True, cache=True)
-def candidate_logits_f32(hidden, w, cand, out):
-    t_rows, n = hidden.shape
-    assert w.shape[1] == n and hidden.strides[1] == 4 and out.strides[1] == 4 and w.strides[1] == 4
-    assert cand.size == 0 or (cand.min() >= 0 and cand.max() < w.shape[0])
-    nb, ha, oa, wa0 = n // LANES, _addr(hidden), _addr(out), _addr(w)
-    for t in prange(t_rows):
-        for k in range(cand.shape[1]):
-            row = cand[t, k]
-            dst = oa + t * np.int64(out.strides[0]) + 4 * k
-            f32_1x1(ha + t * np.int64(hidden.strides[0]), 0, wa0 + row * np.int64(w.strides[0]), 0, 0, 0, 0, nb, dst, 0)
-            acc = out[t, k]
-            for i in range(nb * LANES, n):
-                acc = acc + hidden[t, i] * w[row, i]
-            out[t, k] = acc

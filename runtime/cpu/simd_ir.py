@@ -26,7 +26,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 LANES = 16
-ACCS = 4  # accumulators per row: block b goes into accumulator b % ACCS
+ACCS = 4  # accumulators per row: block b goes into accumulator b % ACCS (even: see emit_tile's parity)
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32 = ir.HalfType(), ir.FloatType()
 VF32 = ir.VectorType(F32, LANES)
@@ -74,12 +74,15 @@ def _fma(module: ir.Module) -> ir.Function:
         return ir.Function(module, ir.FunctionType(VF32, [VF32] * 3), name)
 
 
-def emit_tile(builder: ir.IRBuilder, rows: int, nblocks, x_addr, x_stride, out_addr, out_stride, decoders) -> None:
+def emit_tile(builder: ir.IRBuilder, rows: int, nblocks, x_addr, x_stride, out_addr, out_stride, decoders,
+              ahead=None) -> None:
     """For r < rows, p < len(decoders): *(float*)(out_addr + r * out_stride + 4 p) = the dot product of
     x row r (float32 at x_addr + r * x_stride) with weight row p, in the order of the module docstring.
 
-    ``decoders[p](builder, blk)`` emits the 16 float32 weights of block ``blk`` (i64) of weight row p,
-    exactly. A (row, weight row) pair's operations are the same in any tile shape.
+    ``decoders[p](builder, blk, parity)`` emits the 16 float32 weights of block ``blk`` (i64) of weight
+    row p, exactly (parity = blk % 2, known when the code is generated). ``ahead`` (i64 bytes or None):
+    prefetch each weight row's bytes that far past those being read (the next tile's rows; speed
+    only). A (row, weight row) pair's operations are the same in any tile shape.
     """
     cols = len(decoders)
     fma = _fma(builder.module)
@@ -104,8 +107,9 @@ def emit_tile(builder: ir.IRBuilder, rows: int, nblocks, x_addr, x_stride, out_a
     builder.cbranch(builder.icmp_unsigned("<", i, groups), body, after)
 
     def step(blk, k, current):
-        """Block ``blk`` into accumulator k of every (row, weight row): the new accumulators [rows * cols]."""
-        ws = [decode(builder, blk) for decode in decoders]
+        """Block ``blk`` into accumulator k of every (row, weight row): the new accumulators [rows * cols].
+        blk % 2 == k % 2 always (groups start at multiples of ACCS): decoders get it as a constant."""
+        ws = [decode(builder, blk, k % 2) for decode in decoders]
         off = builder.mul(blk, const(I64, 4 * LANES))
         xs = [load(builder, x_rows[r], off, VF32) for r in range(rows)]
         return [builder.call(fma, [xs[r], ws[p], current[r * cols + p][k]])
@@ -113,6 +117,12 @@ def emit_tile(builder: ir.IRBuilder, rows: int, nblocks, x_addr, x_stride, out_a
 
     builder.position_at_end(body)
     first = builder.mul(i, const(I64, ACCS))
+    if ahead is not None:  # software prefetch: the bytes ``ahead`` past those this group reads, per weight row
+        for decode in decoders:
+            span = ACCS * decode.block_bytes
+            start = builder.add(builder.add(decode.row, builder.mul(first, const(I64, decode.block_bytes))), ahead)
+            for line in range(0, span, 64):
+                _prefetch(builder, builder.add(start, const(I64, line)))
     new = [a[:] for a in accs]
     for k in range(ACCS):
         col = step(builder.add(first, const(I64, k)), k, new)
@@ -154,21 +164,36 @@ def emit_tile(builder: ir.IRBuilder, rows: int, nblocks, x_addr, x_stride, out_a
             store(builder, hsum(builder, sums[0]), out_addr, dst)
 
 
+def _weights(emit, row, block_bytes):
+    """A decoder: ``emit`` plus where its weight row starts (i64 address) and its bytes per block."""
+    emit.row, emit.block_bytes = row, block_bytes
+    return emit
+
+
+def _prefetch(builder, addr) -> None:
+    name = "llvm.prefetch.p0"
+    try:
+        fn = builder.module.get_global(name)
+    except KeyError:
+        fn = ir.Function(builder.module, ir.FunctionType(ir.VoidType(), [ir.PointerType(I8), I32, I32, I32]), name)
+    builder.call(fn, [builder.inttoptr(addr, ir.PointerType(I8)), const(I32, 0), const(I32, 3), const(I32, 1)])
+
+
 # -- weight decoders: block ``blk`` (i64) of a weight row at byte address ``w`` -> 16 float32, exact --
 
 def decode_f32(w):
-    def emit(builder, blk):
+    def emit(builder, blk, parity):
         return load(builder, w, builder.mul(blk, const(I64, 4 * LANES)), VF32)
-    return emit
+    return _weights(emit, w, 64)
 
 
 def decode_bf16(w):
     """u16 bits [16] -> float32 bits = u16 << 16."""
-    def emit(builder, blk):
+    def emit(builder, blk, parity):
         bits = load(builder, w, builder.mul(blk, const(I64, 2 * LANES)), vec(I16, LANES))
         wide = builder.shl(builder.zext(bits, vec(I32, LANES)), splat(I32, LANES, 16))
         return builder.bitcast(wide, VF32)
-    return emit
+    return _weights(emit, w, 32)
 
 
 def decode_fp8(w):
@@ -178,12 +203,12 @@ def decode_fp8(w):
     2^(e-15) (1 + m/8) = e4m3 / 2^8 (code exponent 0: float16 subnormals, the same factor). The
     float16 -> float32 conversion is exact and every result is a normal float32 (>= 2^-17): no DAZ
     hazard. The NaN codes 0x7F/0xFF would read as +-480/256; a load refuses them beforehand."""
-    def emit(builder, blk):
+    def emit(builder, blk, parity):
         b = load(builder, w, builder.mul(blk, const(I64, LANES)), vec(I8, LANES))
         h = builder.shl(builder.sext(b, vec(I16, LANES)), splat(I16, LANES, 7))
         h = builder.and_(h, splat(I16, LANES, 0xBFFF - (1 << 16)))
         return builder.fpext(builder.bitcast(h, vec(F16, LANES)), VF32)
-    return emit
+    return _weights(emit, w, 16)
 
 
 def _x86_has(feature: str) -> bool:
@@ -227,7 +252,7 @@ def decode_nvfp4(w, blocks, lut):
     in the order [low nibbles 0..7, high nibbles 0..7]: the x row must be permuted the same way
     (each 16-block as its 8 even elements, then its 8 odd ones). 2 * e2m1 is a small integer; ``lut``
     (float32 [256], address) holds e4m3(code) / 2, so float32(2 * e2m1) * lut[block byte] is exact."""
-    def emit(builder, blk):
+    def emit(builder, blk, parity):
         b = load(builder, w, builder.mul(blk, const(I64, LANES // 2)), vec(I8, LANES // 2))
         lo = builder.and_(b, splat(I8, LANES // 2, 15))
         hi = builder.lshr(b, splat(I8, LANES // 2, 4))
@@ -239,4 +264,46 @@ def decode_nvfp4(w, blocks, lut):
                                                                 const(I32, 0)),
                                          ir.Constant(VF32, ir.Undefined), ir.Constant(vec(I32, LANES), [0] * LANES))
         return builder.fmul(values, scale_v)
-    return emit
+    return _weights(emit, w, 8)
+
+
+UPPER_HALF_16 = ir.Constant(vec(I32, LANES), [0] * (LANES // 2) + [16] * (LANES // 2))
+
+
+def _permute_two_tables(builder, low_table, idx, high_table):
+    """out[l] = (high_table if idx[l] & 16 else low_table)[idx[l] & 15]: one vpermi2ps with AVX-512F,
+    else lane by lane (the same values)."""
+    if _x86_has("avx512f"):
+        name = "llvm.x86.avx512.vpermi2var.ps.512"
+        try:
+            fn = builder.module.get_global(name)
+        except KeyError:
+            fn = ir.Function(builder.module, ir.FunctionType(VF32, [VF32, vec(I32, LANES), VF32]), name)
+        return builder.call(fn, [low_table, idx, high_table])
+    both = builder.shuffle_vector(low_table, high_table, ir.Constant(vec(I32, 2 * LANES), list(range(2 * LANES))))
+    out = ir.Constant(VF32, ir.Undefined)
+    for lane in range(LANES):
+        j = builder.and_(builder.extract_element(idx, const(I32, lane)), const(I32, 31))
+        out = builder.insert_element(out, builder.extract_element(both, j), const(I32, lane))
+    return out
+
+
+def decode_nvfp4_pairs(w, blocks, tables):
+    """NVFP4 for rows of a multiple of 32 elements, two 16-blocks (16 bytes) at a time: vector-block
+    2u holds the low nibbles of bytes 16u..16u+15 (elements 32u + 0, 2, ..., 30), vector-block 2u+1
+    the high nibbles (the odd elements): the x row must be permuted the same way (each 32-chunk as
+    its 16 even elements, then its 16 odd ones). Lanes 0-7 come from scale block 2u, lanes 8-15 from
+    block 2u+1: ``tables`` (float32 [256, 16], address) holds e2m1(j) * e4m3(code) (exact) and one
+    two-table permute picks every lane's value."""
+    def emit(builder, blk, parity):
+        unit = builder.lshr(blk, const(I64, 1))
+        raw = builder.zext(load(builder, w, builder.mul(unit, const(I64, LANES)), vec(I8, LANES)), vec(I32, LANES))
+        nibble = builder.and_(raw, splat(I32, LANES, 15)) if parity == 0 else builder.lshr(raw, splat(I32, LANES, 4))
+        idx = builder.or_(nibble, UPPER_HALF_16)
+        first = builder.mul(unit, const(I64, 2))
+        tabs = []
+        for j in range(2):
+            code = builder.zext(load(builder, blocks, builder.add(first, const(I64, j)), I8), I64)
+            tabs.append(load(builder, tables, builder.mul(code, const(I64, 4 * LANES)), VF32))
+        return _permute_two_tables(builder, tabs[0], idx, tabs[1])
+    return _weights(emit, w, 8)
