@@ -9,29 +9,33 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .linear_kernels import (GROUP, LANES, _addr, _bf16, bf16_1x1, bf16_1x4, bf16_2x2, bf16_4x1, f32_1x1, f32_1x4,
-                             f32_2x2, f32_4x1)
+from .linear_kernels import (GROUP, ITEM, LANES, _addr, _bf16, bf16_1x1, bf16_1x4, bf16_2x2, bf16_4x1, bf16_6x1, f32_1x1,
+                             f32_1x4, f32_2x2, f32_4x1, f32_6x1)
 
 
 @njit(inline="always")
 def _bf16_group(xa, xs, wa, ws, nb, ya, ys, t_rows, o, cols):
     t = 0
-    while t + 4 <= t_rows:
+    while t + 6 <= t_rows:
+        for p in range(cols):
+            bf16_6x1(xa + t * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
+        t += 6
+    if t + 4 <= t_rows:
         for p in range(cols):
             bf16_4x1(xa + t * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
         t += 4
-    while t < t_rows:
-        if cols == GROUP and t + 2 <= t_rows:
-            bf16_2x2(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
-            bf16_2x2(xa + t * xs, xs, wa + 2 * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + 2), ys)
-            t += 2
-        elif cols == GROUP:
-            bf16_1x4(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
-            t += 1
-        else:
-            for p in range(cols):
-                bf16_1x1(xa + t * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
-            t += 1
+    while t < t_rows:  # the last rows: 2x2 or 1x4 tiles per 4 weight rows, 1x1 for the ragged rest
+        step = 2 if t + 2 <= t_rows else 1
+        for h in range(0, cols - cols % GROUP, GROUP):
+            if step == 2:
+                bf16_2x2(xa + t * xs, xs, wa + h * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + h), ys)
+                bf16_2x2(xa + t * xs, xs, wa + (h + 2) * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + h + 2), ys)
+            else:
+                bf16_1x4(xa + t * xs, xs, wa + h * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + h), ys)
+        for r in range(step):
+            for p in range(cols - cols % GROUP, cols):
+                bf16_1x1(xa + (t + r) * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + (t + r) * ys + 4 * (o + p), ys)
+        t += step
 
 
 @njit(parallel=True, cache=True)
@@ -42,9 +46,9 @@ def linear_bf16(x, wbits, y):
     assert wbits.shape[1] == n and x.strides[1] == 4 and y.strides[1] == 4 and wbits.strides[1] == 2
     nb, xs, ys, ws = n // LANES, np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(wbits.strides[0])
     xa, ya, wa = _addr(x), _addr(y), _addr(wbits)
-    for g in prange((out + GROUP - 1) // GROUP):
-        o = g * GROUP
-        cols = min(GROUP, out - o)
+    for g in prange((out + ITEM - 1) // ITEM):
+        o = g * ITEM
+        cols = min(ITEM, out - o)
         _bf16_group(xa, xs, wa + o * ws, ws, nb, ya, ys, t_rows, o, cols)
         if nb * LANES < n:
             for p in range(cols):
@@ -58,22 +62,26 @@ def linear_bf16(x, wbits, y):
 @njit(inline="always")
 def _f32_group(xa, xs, wa, ws, nb, ya, ys, t_rows, o, cols):
     t = 0
-    while t + 4 <= t_rows:
+    while t + 6 <= t_rows:
+        for p in range(cols):
+            f32_6x1(xa + t * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
+        t += 6
+    if t + 4 <= t_rows:
         for p in range(cols):
             f32_4x1(xa + t * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
         t += 4
-    while t < t_rows:
-        if cols == GROUP and t + 2 <= t_rows:
-            f32_2x2(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
-            f32_2x2(xa + t * xs, xs, wa + 2 * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + 2), ys)
-            t += 2
-        elif cols == GROUP:
-            f32_1x4(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
-            t += 1
-        else:
-            for p in range(cols):
-                f32_1x1(xa + t * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
-            t += 1
+    while t < t_rows:  # the last rows: 2x2 or 1x4 tiles per 4 weight rows, 1x1 for the ragged rest
+        step = 2 if t + 2 <= t_rows else 1
+        for h in range(0, cols - cols % GROUP, GROUP):
+            if step == 2:
+                f32_2x2(xa + t * xs, xs, wa + h * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + h), ys)
+                f32_2x2(xa + t * xs, xs, wa + (h + 2) * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + h + 2), ys)
+            else:
+                f32_1x4(xa + t * xs, xs, wa + h * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + h), ys)
+        for r in range(step):
+            for p in range(cols - cols % GROUP, cols):
+                f32_1x1(xa + (t + r) * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + (t + r) * ys + 4 * (o + p), ys)
+        t += step
 
 
 @njit(parallel=True, cache=True)
@@ -84,9 +92,9 @@ def linear_f32(x, w, y):
     assert w.shape[1] == n and x.strides[1] == 4 and y.strides[1] == 4 and w.strides[1] == 4
     nb, xs, ys, ws = n // LANES, np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(w.strides[0])
     xa, ya, wa = _addr(x), _addr(y), _addr(w)
-    for g in prange((out + GROUP - 1) // GROUP):
-        o = g * GROUP
-        cols = min(GROUP, out - o)
+    for g in prange((out + ITEM - 1) // ITEM):
+        o = g * ITEM
+        cols = min(ITEM, out - o)
         _f32_group(xa, xs, wa + o * ws, ws, nb, ya, ys, t_rows, o, cols)
         if nb * LANES < n:
             for p in range(cols):

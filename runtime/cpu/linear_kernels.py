@@ -1,11 +1,15 @@
 """numba linear layers of the fast CPU backend on the stored weight formats: y (T, out) = x (T, in) @ W.T.
 
 Each output element is one dot product in the order runtime/cpu/simd_ir.py writes down (16-lane
-blocks, two accumulators, explicit FMA, a fixed final tree), then the row's scalar tail
+blocks, four accumulators, explicit FMA, a fixed final tree), then the row's scalar tail
 (in % 16 elements, in order), then the format's scale. Activation rows are taken in tiles of
-4 rows (then 2, 1) against one weight row: the weight block is decoded once per tile, and
-a row's operations are the same in any tile, so a row's bits do not depend on what else shares
-the step. Threads split the output features (prange), never a sum.
+6 or 4 rows against one weight row (the weight block decoded once per tile), the last rows in
+2x2 and 1x4 tiles (one row against 4 weight rows). A row's operations are the same in any tile,
+so a row's bits do not depend on what else shares the step. Threads split the output features
+(prange, ITEM rows per item), never a sum.
+
+NVFP4's decoders give a chunk's weights evens first (see simd_ir), so x is permuted to match
+once per call (``_even_then_odd``; rows of a multiple of 32 elements take the two-block path).
 
 Formats (DESIGN.md "Weight formats"):
 - fp8: q int8 view of E4M3 bytes [out, in], scale f32 [out]: y = dot(x, e4m3 / 256) * (scale * 256).
@@ -66,15 +70,17 @@ def _tile(fmt: str, rows: int, cols: int):
     return tile
 
 
-# Tile shapes (activation rows x weight rows): 4x1 for prompt rows (one weight decode feeds 4 rows),
-# 2x2, 1x4 for the last rows (a decode row reads 4 weight rows at once), 1x1 for ragged edges.
-SHAPES = ((4, 1), (2, 2), (1, 4), (1, 1))
-f32_4x1, f32_2x2, f32_1x4, f32_1x1 = (_tile("f32", r, c) for r, c in SHAPES)
-bf16_4x1, bf16_2x2, bf16_1x4, bf16_1x1 = (_tile("bf16", r, c) for r, c in SHAPES)
-fp8_4x1, fp8_2x2, fp8_1x4, fp8_1x1 = (_tile("fp8", r, c) for r, c in SHAPES)
-nvfp4_4x1, nvfp4_2x2, nvfp4_1x4, nvfp4_1x1 = (_tile("nvfp4", r, c) for r, c in SHAPES)  # in % 32 == 16
-nvp_4x1, nvp_2x2, nvp_1x4, nvp_1x1 = (_tile("nvfp4_pairs", r, c) for r, c in SHAPES)  # in % 32 == 0
-GROUP = 4  # weight rows per parallel work item
+# Tile shapes (activation rows x weight rows): 6x1 and 4x1 for prompt rows (one weight decode feeds
+# 6 rows: 24 accumulators, the most that stay in the 32 vector registers), 2x2 and 1x4 for the last
+# rows (a decode row reads 4 weight rows at once), 1x1 for ragged edges.
+SHAPES = ((6, 1), (4, 1), (2, 2), (1, 4), (1, 1))
+f32_6x1, f32_4x1, f32_2x2, f32_1x4, f32_1x1 = (_tile("f32", r, c) for r, c in SHAPES)
+bf16_6x1, bf16_4x1, bf16_2x2, bf16_1x4, bf16_1x1 = (_tile("bf16", r, c) for r, c in SHAPES)
+fp8_6x1, fp8_4x1, fp8_2x2, fp8_1x4, fp8_1x1 = (_tile("fp8", r, c) for r, c in SHAPES)
+nvfp4_6x1, nvfp4_4x1, nvfp4_2x2, nvfp4_1x4, nvfp4_1x1 = (_tile("nvfp4", r, c) for r, c in SHAPES)  # in % 32 == 16
+nvp_6x1, nvp_4x1, nvp_2x2, nvp_1x4, nvp_1x1 = (_tile("nvfp4_pairs", r, c) for r, c in SHAPES)  # in % 32 == 0
+GROUP = 4  # weight rows of a 1x4 tile
+ITEM = 64  # weight rows per parallel work item: their bytes stay in L2 while every activation row passes
 
 
 @njit(inline="always")
@@ -96,28 +102,33 @@ def _bf16(bits):
 
 
 # The drivers below are written out per format (numba cannot pass an intrinsic as a value). Each
-# covers weight rows [o, o + GROUP) for all T rows: 4x1 tiles while 4 rows are left, then 2x2,
-# then 1x4 (1x1 where fewer than GROUP weight rows are left).
+# covers weight rows [o, o + cols), cols <= ITEM, for all T rows: 6x1 tiles while 6 rows are left,
+# one 4x1, then 2x2 or 1x4 per 4 weight rows (1x1 for the ragged rest). Weight rows outer, activation
+# rows inner would stream all of x through the cache once per weight row (prefill: T * in * out bytes).
 
 @njit(inline="always")
 def _fp8_group(xa, xs, wa, ws, nb, ya, ys, t_rows, o, cols):
     t = 0
-    while t + 4 <= t_rows:
+    while t + 6 <= t_rows:
+        for p in range(cols):
+            fp8_6x1(xa + t * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
+        t += 6
+    if t + 4 <= t_rows:
         for p in range(cols):
             fp8_4x1(xa + t * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
         t += 4
-    while t < t_rows:
-        if cols == GROUP and t + 2 <= t_rows:
-            fp8_2x2(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
-            fp8_2x2(xa + t * xs, xs, wa + 2 * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + 2), ys)
-            t += 2
-        elif cols == GROUP:
-            fp8_1x4(xa + t * xs, xs, wa, ws, 0, 0, 0, nb, ya + t * ys + 4 * o, ys)
-            t += 1
-        else:
-            for p in range(cols):
-                fp8_1x1(xa + t * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + p), ys)
-            t += 1
+    while t < t_rows:  # the last rows: 2x2 or 1x4 tiles per 4 weight rows, 1x1 for the ragged rest
+        step = 2 if t + 2 <= t_rows else 1
+        for h in range(0, cols - cols % GROUP, GROUP):
+            if step == 2:
+                fp8_2x2(xa + t * xs, xs, wa + h * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + h), ys)
+                fp8_2x2(xa + t * xs, xs, wa + (h + 2) * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + h + 2), ys)
+            else:
+                fp8_1x4(xa + t * xs, xs, wa + h * ws, ws, 0, 0, 0, nb, ya + t * ys + 4 * (o + h), ys)
+        for r in range(step):
+            for p in range(cols - cols % GROUP, cols):
+                fp8_1x1(xa + (t + r) * xs, xs, wa + p * ws, ws, 0, 0, 0, nb, ya + (t + r) * ys + 4 * (o + p), ys)
+        t += step
 
 
 @njit(parallel=True, cache=True)
@@ -128,9 +139,9 @@ def linear_fp8(x, q, scale, y):
     assert q.shape[1] == n and x.strides[1] == 4 and y.strides[1] == 4 and q.strides[1] == 1
     nb, xs, ys, ws = n // LANES, np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(q.strides[0])
     xa, ya, qa = _addr(x), _addr(y), _addr(q)
-    for g in prange((out + GROUP - 1) // GROUP):
-        o = g * GROUP
-        cols = min(GROUP, out - o)
+    for g in prange((out + ITEM - 1) // ITEM):
+        o = g * ITEM
+        cols = min(ITEM, out - o)
         _fp8_group(xa, xs, qa + o * ws, ws, nb, ya, ys, t_rows, o, cols)
         for p in range(cols):
             s = scale[o + p] * np.float32(256.0)
@@ -160,36 +171,46 @@ def _even_then_odd(x, unit):
 @njit(inline="always")
 def _nvfp4_group(pairs, xa, xs, wa, ws, ba, bs, la, nb, ya, ys, t_rows, o, cols):
     t = 0
-    while t + 4 <= t_rows:
+    while t + 6 <= t_rows:
         for p in range(cols):
+            at = (xa + t * xs, xs, wa + p * ws, ws, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
             if pairs:
-                nvp_4x1(xa + t * xs, xs, wa + p * ws, ws, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
+                nvp_6x1(*at)
             else:
-                nvfp4_4x1(xa + t * xs, xs, wa + p * ws, ws, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
+                nvfp4_6x1(*at)
+        t += 6
+    if t + 4 <= t_rows:
+        for p in range(cols):
+            at = (xa + t * xs, xs, wa + p * ws, ws, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
+            if pairs:
+                nvp_4x1(*at)
+            else:
+                nvfp4_4x1(*at)
         t += 4
-    while t < t_rows:
-        if cols == GROUP and t + 2 <= t_rows:
-            for h in range(0, GROUP, 2):
+    while t < t_rows:  # the last rows: 2x2 or 1x4 tiles per 4 weight rows, 1x1 for the ragged rest
+        step = 2 if t + 2 <= t_rows else 1
+        for h in range(0, cols - cols % GROUP, GROUP):
+            if step == 2:
+                for k in range(h, h + GROUP, 2):
+                    at = (xa + t * xs, xs, wa + k * ws, ws, ba + k * bs, bs, la, nb, ya + t * ys + 4 * (o + k), ys)
+                    if pairs:
+                        nvp_2x2(*at)
+                    else:
+                        nvfp4_2x2(*at)
+            else:
                 at = (xa + t * xs, xs, wa + h * ws, ws, ba + h * bs, bs, la, nb, ya + t * ys + 4 * (o + h), ys)
                 if pairs:
-                    nvp_2x2(*at)
+                    nvp_1x4(*at)
                 else:
-                    nvfp4_2x2(*at)
-            t += 2
-        elif cols == GROUP:
-            if pairs:
-                nvp_1x4(xa + t * xs, xs, wa, ws, ba, bs, la, nb, ya + t * ys + 4 * o, ys)
-            else:
-                nvfp4_1x4(xa + t * xs, xs, wa, ws, ba, bs, la, nb, ya + t * ys + 4 * o, ys)
-            t += 1
-        else:
-            for p in range(cols):
-                at = (xa + t * xs, xs, wa + p * ws, ws, ba + p * bs, 0, la, nb, ya + t * ys + 4 * (o + p), ys)
+                    nvfp4_1x4(*at)
+        for r in range(step):
+            for p in range(cols - cols % GROUP, cols):
+                at = (xa + (t + r) * xs, xs, wa + p * ws, ws, ba + p * bs, 0, la, nb, ya + (t + r) * ys + 4 * (o + p), ys)
                 if pairs:
                     nvp_1x1(*at)
                 else:
                     nvfp4_1x1(*at)
-            t += 1
+        t += step
 
 
 def linear_nvfp4(x, packed, block, global_scale, y):
@@ -210,9 +231,9 @@ def _linear_nvfp4(x, packed, block, global_scale, tables, y):
     xp = _even_then_odd(x, 32 if pairs else 16)
     ya, pa, ba = _addr(y), _addr(packed), _addr(block)
     la = _addr(tables) if pairs else _addr(BLOCK_LUT)
-    for g in prange((out + GROUP - 1) // GROUP):
-        o = g * GROUP
-        cols = min(GROUP, out - o)
+    for g in prange((out + ITEM - 1) // ITEM):
+        o = g * ITEM
+        cols = min(ITEM, out - o)
         xa = _addr(xp)  # taken here: xp must stay referenced (alive) inside the loop
         _nvfp4_group(pairs, xa, xs, pa + o * ws, ws, ba + o * bs, bs, la, nb, ya, ys, t_rows, o, cols)
         for p in range(cols):
