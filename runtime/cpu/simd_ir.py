@@ -197,18 +197,34 @@ def decode_bf16(w):
 
 
 def decode_fp8(w):
-    """E4M3 bytes [16] -> float32 of value e4m3 / 256, through float16 bits (the caller multiplies the row
-    scale by 256, exactly). E4M3 s.eeee.mmm as float16 s.0eeee.mmm0000000: the sign-extended byte << 7
-    puts exponent+mantissa at bits 7..13 and the sign at bits 14..15; clearing bit 14 leaves float16
-    2^(e-15) (1 + m/8) = e4m3 / 2^8 (code exponent 0: float16 subnormals, the same factor). The
-    float16 -> float32 conversion is exact and every result is a normal float32 (>= 2^-17): no DAZ
-    hazard. The NaN codes 0x7F/0xFF would read as +-480/256; a load refuses them beforehand."""
+    """E4M3 bytes [16] -> float32 of value e4m3 / 256 (the caller multiplies the row scale by 256,
+    exactly). With F16C, through float16 bits: E4M3 s.eeee.mmm as float16 s.0eeee.mmm0000000 is
+    e4m3 / 2^8 (code exponent 0: float16 subnormals, the same factor); the sign-extended byte << 7
+    puts exponent+mantissa at bits 7..13 and the sign at bits 14..15, and clearing bit 14 finishes
+    it. Without F16C, the same values by integer arithmetic (``_e4m3_by_bits``). Every result is a
+    normal float32 (>= 2^-17): no DAZ hazard. The NaN codes 0x7F/0xFF would read as +-480/256; a
+    load refuses them beforehand."""
     def emit(builder, blk, parity):
         b = load(builder, w, builder.mul(blk, const(I64, LANES)), vec(I8, LANES))
+        if not _x86_has("f16c"):
+            return _e4m3_by_bits(builder, b)
         h = builder.shl(builder.sext(b, vec(I16, LANES)), splat(I16, LANES, 7))
         h = builder.and_(h, splat(I16, LANES, 0xBFFF - (1 << 16)))
         return builder.fpext(builder.bitcast(h, vec(F16, LANES)), VF32)
     return _weights(emit, w, 16)
+
+
+def _e4m3_by_bits(builder, b):
+    """<16 x i8> E4M3 -> e4m3 / 256 as float32: exponent e > 0: bits (code & 0x7F) << 20 plus (127 - 7 - 8)
+    << 23; e == 0: float(mantissa) * 2^-17 (exact); the sign bit ORed in."""
+    code = builder.zext(b, vec(I32, LANES))
+    mag = builder.and_(code, splat(I32, LANES, 0x7F))
+    normal = builder.add(builder.shl(mag, splat(I32, LANES, 20)), splat(I32, LANES, 112 << 23))
+    sub = builder.fmul(builder.sitofp(builder.and_(mag, splat(I32, LANES, 7)), VF32), splat(F32, LANES, 2.0 ** -17))
+    tiny = builder.icmp_unsigned("<", mag, splat(I32, LANES, 8))
+    bits = builder.select(tiny, builder.bitcast(sub, vec(I32, LANES)), normal)
+    sign = builder.shl(builder.and_(code, splat(I32, LANES, 0x80)), splat(I32, LANES, 24))
+    return builder.bitcast(builder.or_(bits, sign), VF32)
 
 
 def _x86_has(feature: str) -> bool:
