@@ -1,4 +1,5 @@
-"""The fast CPU backend: the forward pass on the bundle's stored weights (runtime/cpu/fast_kernels.py).
+"""The fast CPU backend: the forward pass on the bundle's stored weights (kernels: runtime/cpu/linear_kernels.py,
+linear_high.py, fast_kernels.py).
 
 Weights stay as the bundle stores them (FP8 E4M3 + per-row scales, NVFP4 + block and global
 scales, bf16), as zero-copy views of the memory-mapped weights file: the process holds the
@@ -89,7 +90,6 @@ class StoredWeights:
                 vectors[name] = _as_f32(_get_high(st, has, get, name, shape))
             elif name in ("model.embed_tokens.weight", "lm_head.weight"):
                 table[name] = _high(_get_high(st, has, get, name, shape))
-                _even_bf16(st, name, table[name])
             else:
                 linear[name[: -len(".weight")]] = _linear_from(st, has, get, name, shape)
         for name in list(linear):  # biases are listed after their weight: attach them now
@@ -104,15 +104,6 @@ class StoredWeights:
         for lin in self.linear.values():
             arrays += [a for a in (lin.weight, lin.scale, lin.block) if a is not None]
         return sum(a.nbytes for a in arrays) + 4 * sum(lin.kind == "nvfp4" for lin in self.linear.values())  # + f32 globals
-
-
-def _even_bf16(st, name, w) -> None:
-    """The bf16 kernels read a row as u32 pairs: its length must be even (every supported shape's is)."""
-    if w.dtype == np.uint16 and w.shape[-1] % 2:
-        if st is not None:
-            _refuse(st, name, f"bf16 row length {w.shape[-1]} is odd; the fast CPU backend reads rows in pairs: "
-                    "load with --backend reference")
-        raise ValueError(f"{name}: bf16 row length {w.shape[-1]} is odd; use the reference backend")
 
 
 def _missing(st, name, what):
@@ -149,7 +140,6 @@ def _linear_from(st, has, get, name, shape) -> StoredLinear:
         scale = get(name + "_scale", "F32", (rows,))
         return StoredLinear("fp8", q.view(np.int8), scale=np.asarray(scale, np.float32))
     w = _high(_get_high(st, has, get, name, shape))
-    _even_bf16(st, name, w)
     return StoredLinear("bf16" if w.dtype == np.uint16 else "f32", w)
 
 

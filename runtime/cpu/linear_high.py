@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .linear_kernels import (GROUP, ITEM, LANES, _addr, _bf16, bf16_1x1, bf16_1x4, bf16_2x2, bf16_4x1, bf16_6x1, f32_1x1,
-                             f32_1x4, f32_2x2, f32_4x1, f32_6x1)
+from .linear_kernels import (GROUP, ITEM, LANES, _addr, _bf16, bf16_1x1, bf16_1x4, bf16_2x2, bf16_4x1, bf16_6x1,
+                             f32_1x1, f32_1x4, f32_2x2, f32_4x1, f32_6x1)
 
 
 @njit(inline="always")
@@ -116,7 +116,8 @@ def candidate_logits_bf16(hidden, wbits, cand, out):
         for k in range(cand.shape[1]):
             row = cand[t, k]
             dst = oa + t * np.int64(out.strides[0]) + 4 * k
-            bf16_1x1(ha + t * np.int64(hidden.strides[0]), 0, wa0 + row * np.int64(wbits.strides[0]), 0, 0, 0, 0, nb, dst, 0)
+            src = wa0 + row * np.int64(wbits.strides[0])
+            bf16_1x1(ha + t * np.int64(hidden.strides[0]), 0, src, 0, 0, 0, 0, nb, dst, 0)
             acc = out[t, k]
             for i in range(nb * LANES, n):
                 acc = acc + hidden[t, i] * _bf16(wbits[row, i])
@@ -133,7 +134,8 @@ def candidate_logits_f32(hidden, w, cand, out):
         for k in range(cand.shape[1]):
             row = cand[t, k]
             dst = oa + t * np.int64(out.strides[0]) + 4 * k
-            f32_1x1(ha + t * np.int64(hidden.strides[0]), 0, wa0 + row * np.int64(w.strides[0]), 0, 0, 0, 0, nb, dst, 0)
+            src = wa0 + row * np.int64(w.strides[0])
+            f32_1x1(ha + t * np.int64(hidden.strides[0]), 0, src, 0, 0, 0, 0, nb, dst, 0)
             acc = out[t, k]
             for i in range(nb * LANES, n):
                 acc = acc + hidden[t, i] * w[row, i]

@@ -205,7 +205,8 @@ def _nvfp4_group(pairs, xa, xs, wa, ws, ba, bs, la, nb, ya, ys, t_rows, o, cols)
                     nvfp4_1x4(*at)
         for r in range(step):
             for p in range(cols - cols % GROUP, cols):
-                at = (xa + (t + r) * xs, xs, wa + p * ws, ws, ba + p * bs, 0, la, nb, ya + (t + r) * ys + 4 * (o + p), ys)
+                dst = ya + (t + r) * ys + 4 * (o + p)
+                at = (xa + (t + r) * xs, xs, wa + p * ws, ws, ba + p * bs, 0, la, nb, dst, ys)
                 if pairs:
                     nvp_1x1(*at)
                 else:
@@ -214,7 +215,8 @@ def _nvfp4_group(pairs, xa, xs, wa, ws, ba, bs, la, nb, ya, ys, t_rows, o, cols)
 
 
 def linear_nvfp4(x, packed, block, global_scale, y):
-    """x (T, in) f32, packed (out, in/2) u8, block (out, in/16) u8 (E4M3 bytes), global f32 -> y (T, out); in % 16 == 0."""
+    """x (T, in) f32, packed (out, in/2) u8, block (out, in/16) u8 (E4M3 bytes), global f32 -> y (T, out);
+    in % 16 == 0."""
     _linear_nvfp4(x, packed, block, np.float32(global_scale), PAIR_TABLES, y)
 
 
