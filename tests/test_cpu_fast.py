@@ -183,9 +183,9 @@ CACHE_PROBE = textwrap.dedent("""
     import json, sys
     from runtime.engine import Engine
     from runtime.machine import MachineFacts
-    from runtime.cpu import fast_kernels as fk, linear_high as lh, linear_kernels as lk
+    from runtime.cpu import attention_kernels as ak, fast_kernels as fk, linear_high as lh, linear_kernels as lk
     Engine.load(sys.argv[1], facts=MachineFacts(free_bytes=1 << 40))
-    kernels = [v for m in (fk, lk, lh) for v in vars(m).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
+    kernels = [v for m in (fk, lk, lh, ak) for v in vars(m).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
     print(json.dumps({k.__name__: sum(k.stats.cache_misses.values()) for k in kernels if k.signatures}))
 """)
 

@@ -1,5 +1,6 @@
 """numba kernels of the fast CPU backend beside the linear layers (runtime/cpu/linear_kernels.py):
-embedding gather, rms_norm, rope, silu * up, paged attention; and the process-wide numba target setup.
+embedding gather, rms_norm, rope, silu * up; and the process-wide numba target setup (attention:
+runtime/cpu/attention_kernels.py).
 
 Every kernel computes a row independently of the step's other rows with one fixed reduction
 order: each sum here is one call of the one compiled ``_dot`` (vector lanes fixed at compile time
@@ -42,7 +43,7 @@ def _use_512_bit_vectors() -> None:
 
 
 _use_512_bit_vectors()
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 
 @intrinsic
@@ -80,9 +81,9 @@ def _dot(x, w, n):
     The only kernel allowed to reassociate (and nothing else: no FMA contraction, no other
     fast-math): LLVM vectorizes the sum into fixed lanes (here 4 x 8 float32 partial sums
     over i mod 32, a fixed tree, a fixed remainder loop), chosen at compile time from ``n``
-    alone. Every dot product of the norms and of attention goes through this one compiled
+    alone. Every dot product of the norms goes through this one compiled
     function, one call per output element, so the order is the same whatever the batch (the
-    linear layers have their own, written lane by lane: runtime/cpu/simd_ir.py). A separate function (not
+    linear layers and attention's q.k have their own, written lane by lane: runtime/cpu/simd_ir.py). A separate function (not
     inlined by numba) so the flag stays on these instructions only.
     """
     s = np.float32(0.0)
@@ -133,71 +134,3 @@ def silu_times(gate, up):
         for i in range(gate.shape[1]):
             g = gate[t, i]
             gate[t, i] = (g / (np.float32(1.0) + np.float32(math.exp(-g)))) * up[t, i]
-
-
-def _to_f32(v):
-    """A K/V pool element as float32: bf16 pools are passed as their u16 bits, fp32 pools as is."""
-    raise NotImplementedError  # numba only, see the overload below
-
-
-@overload(_to_f32, inline="always")
-def _to_f32_numba(v):
-    if isinstance(v, types.Integer):
-        return lambda v: _bf16(v)
-    return lambda v: np.float32(v)
-
-
-@njit(inline="always", cache=True)
-def _kv(a, page, off, head, d):
-    return _to_f32(a[page, off, head, d])
-
-
-@njit(parallel=True, cache=True)
-def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out):
-    """Causal grouped-query attention of each row over its own sequence's positions 0..pos.
-
-    q (T, heads, head_dim) f32; kpool/vpool (pages, page_size, kv_heads, head_dim) u16 (bf16)
-    or f32; block_table (max_seqs, pages_per_seq); scores (T, heads, max_ctx) f32 scratch;
-    out (T, heads * head_dim) f32. Per (row, head): s_j = _dot(q, k_j) * scale over j <= pos in
-    order, softmax with its max subtracted and a sequential sum, o = sum_j p_j v_j in order,
-    then / sum. Rows only read the pool: a row's result does not depend on the others.
-    """
-    t_rows, heads, hd = q.shape
-    kv_heads = kpool.shape[2]
-    page_size = kpool.shape[1]
-    group = heads // kv_heads
-    for th in prange(t_rows * heads):
-        t = th // heads
-        h = th % heads
-        kvh = h // group
-        slot = slots[t]
-        length = positions[t] + 1
-        qv = q[t, h]
-        kbuf = np.empty(hd, np.float32)
-        s = scores[t, h]
-        m = np.float32(-np.inf)
-        for j in range(length):
-            page = block_table[slot, j // page_size]
-            off = j % page_size
-            for d in range(hd):
-                kbuf[d] = _kv(kpool, page, off, kvh, d)
-            sj = _dot(qv, kbuf, hd) * scale
-            s[j] = sj
-            if sj > m:
-                m = sj
-        total = np.float32(0.0)
-        for j in range(length):
-            e = np.float32(math.exp(s[j] - m))
-            s[j] = e
-            total += e
-        o = out[t, h * hd:(h + 1) * hd]
-        for d in range(hd):
-            o[d] = np.float32(0.0)
-        for j in range(length):
-            page = block_table[slot, j // page_size]
-            off = j % page_size
-            p = s[j]
-            for d in range(hd):
-                o[d] += p * _kv(vpool, page, off, kvh, d)
-        for d in range(hd):
-            o[d] = o[d] / total

@@ -1,5 +1,5 @@
 """The fast CPU backend: the forward pass on the bundle's stored weights (kernels: runtime/cpu/linear_kernels.py,
-linear_high.py, fast_kernels.py).
+linear_high.py, attention_kernels.py, fast_kernels.py).
 
 Weights stay as the bundle stores them (FP8 E4M3 + per-row scales, NVFP4 + block and global
 scales, bf16), as zero-copy views of the memory-mapped weights file: the process holds the
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from . import fast_kernels as fk
+from . import attention_kernels as ak, fast_kernels as fk
 from . import linear_high as lh, linear_kernels as lk
 from .dequant import NVFP4_BLOCK, _expect, _refuse
 from .kv_pool import PagedKVPool
@@ -260,7 +260,7 @@ class FastCpuModel:
             kp, vp = kv.k[layer], kv.v[layer]
             if kp.dtype != np.float32:
                 kp, vp = kp.view(np.uint16), vp.view(np.uint16)
-            fk.attention(q3, kp, vp, kv.block_table, slots, positions, self.scale, ws["attn_scores"],
+            ak.attention(q3, kp, vp, kv.block_table, slots, positions, self.scale, ws["attn_scores"],
                          ws["attn_out"])
             x += self.linear(w["o"], ws["attn_out"], h)
             self._norm(x, w["post_norm"], h)

@@ -323,3 +323,28 @@ def decode_nvfp4_pairs(w, blocks, tables):
             tabs.append(load(builder, tables, builder.mul(code, const(I64, 4 * LANES)), VF32))
         return _permute_two_tables(builder, tabs[0], idx, tabs[1])
     return _weights(emit, w, 8)
+
+
+def emit_axpy(builder: ir.IRBuilder, nblocks, p, o_addr, decode) -> None:
+    """o[16c + l] = fma(p, w[16c + l], o[16c + l]) for every block c < nblocks (o float32 at o_addr, w the
+    decoded weight row, p a float): attention's o += p_j v_j, elementwise, so no order to fix."""
+    fma = _fma(builder.module)
+    func = builder.function
+    entry = builder.block
+    header = func.append_basic_block("axpy.header")
+    body = func.append_basic_block("axpy.body")
+    done = func.append_basic_block("axpy.done")
+    pv = builder.shuffle_vector(builder.insert_element(ir.Constant(VF32, ir.Undefined), p, const(I32, 0)),
+                                ir.Constant(VF32, ir.Undefined), ir.Constant(vec(I32, LANES), [0] * LANES))
+    builder.branch(header)
+    builder.position_at_end(header)
+    c = builder.phi(I64, "chunk")
+    c.add_incoming(const(I64, 0), entry)
+    builder.cbranch(builder.icmp_unsigned("<", c, nblocks), body, done)
+    builder.position_at_end(body)
+    off = builder.mul(c, const(I64, 4 * LANES))
+    o = load(builder, o_addr, off, VF32)
+    store(builder, builder.call(fma, [pv, decode(builder, c, 0), o]), o_addr, off)
+    c.add_incoming(builder.add(c, const(I64, 1)), builder.block)
+    builder.branch(header)
+    builder.position_at_end(done)
