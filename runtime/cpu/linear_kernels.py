@@ -19,6 +19,8 @@ Formats (DESIGN.md "Weight formats"):
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 from numba import njit, prange, types
@@ -26,6 +28,26 @@ from numba.extending import intrinsic
 
 from . import fast_kernels  # noqa: F401  (sets numba's compile target before the first compile)
 from . import simd_ir as ir_
+
+
+def _drop_stale_cache() -> None:
+    """Delete cached kernels of the modules built from simd_ir's IR when simd_ir.py is newer than them
+    (numba's cache only watches each jitted function's own file). Speed only; errors ignored."""
+    from numba.core import config
+    here = Path(__file__).resolve().parent
+    newest = (here / "simd_ir.py").stat().st_mtime
+    dirs = [here / "__pycache__"] + ([Path(config.CACHE_DIR)] if config.CACHE_DIR else [])
+    for d in dirs:
+        for name in ("linear_kernels", "linear_high", "attention_kernels"):
+            for f in d.rglob(f"{name}*.nb[ic]") if d.is_dir() else ():
+                try:
+                    if f.stat().st_mtime < newest:
+                        f.unlink()
+                except OSError:
+                    pass
+
+
+_drop_stale_cache()
 
 LANES = ir_.LANES
 E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)

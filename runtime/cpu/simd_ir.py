@@ -8,18 +8,22 @@ not share one weight decode between rows. Here the order is written down, the sa
 
 - a row is cut into 16-element blocks (the last ``n % 16`` elements are the caller's scalar tail);
 - block b is added into accumulator ``b % 4`` of 16 float32 lanes: lane l holds
-  fma(x[16b + l], w[16b + l], acc) chained over its blocks (``llvm.fma``: one rounding, no
+  fma(x[16b + l], w[16b + l], acc) chained over its blocks (NVFP4: x permuted within each chunk to
+  the order its decoder gives the weights) (``llvm.fma``: one rounding, no
   contraction choices left to the compiler, the same result on every IEEE machine); four
   accumulators so that a single row is not bound by the FMA latency;
 - at the end: (acc0 + acc1) + (acc2 + acc3), then the 16 lanes summed as a fixed tree (8+8, 4+4,
   2+2, 1+1).
 
-A tile of R activation rows against one weight row decodes each weight block once and feeds R
-rows' accumulators; each row's sequence of operations is exactly the one of a tile of 1. No
-fast-math flags are set on any instruction, so LLVM may not reorder them.
+A tile of R activation rows against C weight rows decodes each weight block once and feeds R x C
+accumulator sets; each (row, weight row) pair's sequence of operations is exactly the one of a
+1x1 tile. No fast-math flags are set on any instruction, so LLVM may not reorder them; every
+decoder is exact, and where an x86 extension is missing (F16C, SSSE3, AVX-512) a fallback gives
+the same values, so the bits are the same on any x86-64 (tests/test_cpu_fast.py checks a baseline
+build against the host's).
 
-numba's cache keys on the source file of the jitted function only: after editing this file,
-touch runtime/cpu/linear_kernels.py (or clear its __pycache__) so cached kernels are rebuilt.
+numba's cache keys on the source file of the jitted function only, not on this file: the kernels'
+modules drop their cached entries older than this file at import (linear_kernels._drop_stale_cache).
 """
 from __future__ import annotations
 
