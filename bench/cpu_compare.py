@@ -3,6 +3,7 @@ vs llama.cpp (GGUF Q8_0, Q4_0), on the same synthetic checkpoint, same threads, 
 
     python bench/cpu_compare.py --checkpoint CKPT --bundles DIR --gguf DIR [--threads N]
         [--prefill-tokens 256] [--decode-tokens 32] [--llama-python PY] [--json OUT]
+    python bench/cpu_compare.py --kernels [--threads N]     # our linear kernels alone, ns/weight
 
 DIR holds bundles named fp8_e4m3 / nvfp4 / bf16 (``builder compile CKPT --precision P``); the
 GGUF folder holds q8_0.gguf and q4_0.gguf (made by --make-gguf bench/llama_convert.py, with
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's runtime, as in the children (PYTHONPATH=ROOT)
 OURS = ("fp8_e4m3", "nvfp4", "bf16")
 ORDER = ("ours:fp8_e4m3", "llama:q8_0", "ours:nvfp4", "llama:q4_0", "ours:bf16", "transformers:bf16")
 
@@ -151,6 +153,58 @@ def make_gguf(checkpoint: Path, out: Path, llama_python: str, converter: Path) -
             subprocess.run([llama_python, "-c", code, str(bf16), str(out / f"{name}.gguf"), ftype], check=True)
 
 
+QWEN3_06B_LINEARS = ((2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072))
+
+
+def kernels(threads: int, rows: int) -> dict:
+    """Our linear kernels on one token's worth of the 0.6B shape's matrices (28 layers x q, k, v, o,
+    gate, up, down, random weights: 440 M, more than the caches hold) and the 151,936-row bf16 head,
+    ``rows`` activation rows: best of 3 passes, ns per weight (per row) and GB/s of weights read."""
+    import numpy as np
+
+    from runtime.cpu import linear_high as lh, linear_kernels as lk
+    from runtime.cpu.fast_model import set_threads
+
+    set_threads(threads)
+    rng = np.random.default_rng(0)
+    out = {}
+    for fmt in ("fp8", "nvfp4", "bf16", "head_bf16"):
+        shapes = [(151936, 1024)] if fmt == "head_bf16" else list(QWEN3_06B_LINEARS) * 28
+        mats = []
+        for o, n in shapes:
+            if fmt == "fp8":
+                mats.append((rng.integers(-100, 100, (o, n), dtype=np.int8), rng.random(o, dtype=np.float32)))
+            elif fmt == "nvfp4":
+                mats.append((rng.integers(0, 256, (o, n // 2), dtype=np.uint8),
+                             rng.integers(8, 0x70, (o, n // 16), dtype=np.uint8)))
+            else:
+                mats.append((rng.integers(0x3C00, 0x3F00, (o, n), dtype=np.uint16),))
+        xs = {n: rng.standard_normal((rows, n), dtype=np.float32) for _, n in shapes}
+        ys = {o: np.empty((rows, o), np.float32) for o, _ in shapes}
+
+        def run():
+            for (o, n), m in zip(shapes, mats):
+                if fmt == "fp8":
+                    lk.linear_fp8(xs[n], m[0], m[1], ys[o])
+                elif fmt == "nvfp4":
+                    lk.linear_nvfp4(xs[n], m[0], m[1], np.float32(0.01), ys[o])
+                else:
+                    lh.linear_bf16(xs[n], m[0], ys[o])
+        run()
+        best = min(_timed(run) for _ in range(3))
+        weights = sum(o * n for o, n in shapes)
+        nbytes = sum(a.nbytes for m in mats for a in m)
+        out[fmt] = {"seconds": best, "weights": weights, "ns_per_weight_row": best / weights / rows * 1e9,
+                    "weight_GB_s": nbytes / best / 1e9}
+    return out
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def machine() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
     versions = {}
@@ -198,8 +252,21 @@ def main() -> None:
                     help="Comma-separated engines, in run order (also reference:fp8_e4m3, the numpy backend).")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--json", dest="json_out", type=Path, default=None)
+    ap.add_argument("--kernels", action="store_true", help="Time our linear kernels alone (no checkpoint needed).")
     ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+
+    if args.kernels:
+        info = {"machine": machine(), "threads": args.threads, "kernels": {}}
+        for rows in (1, args.prefill_tokens):
+            info["kernels"][rows] = kernels(args.threads, rows)
+        info["machine"]["loadavg_end"] = os.getloadavg()
+        print(f"cpu_compare --kernels ({args.threads} threads): " + "; ".join(
+            f"{fmt} T={rows} {k['ns_per_weight_row']:.3f} ns/weight/row ({k['weight_GB_s']:.1f} GB/s)"
+            for rows, ks in info["kernels"].items() for fmt, k in ks.items()))
+        if args.json_out:
+            args.json_out.write_text(json.dumps(info, indent=2) + "\n")
+        return
 
     if args.child:
         kind, target = args.child

@@ -75,7 +75,7 @@ def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node:
     edges = config.vocab_size if max_edges_per_node is None else max_edges_per_node
     h, i = config.hidden_size, config.intermediate_size
     if target_name == CPU_TARGET:
-        # [T, heads, max_input + max_output]: each row's scores over its positions (fast_kernels.attention)
+        # [T, heads, max_input + max_output]: each row's scores over its positions (attention_kernels.attention)
         attention = {"attn_scores": t * config.num_heads * (limits.max_input_tokens + limits.max_output_tokens) * F32}
     else:
         # [T, heads, splits, head_dim + 2]: partial outputs, running max and sum per split

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import ml_dtypes
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
@@ -182,9 +183,9 @@ CACHE_PROBE = textwrap.dedent("""
     import json, sys
     from runtime.engine import Engine
     from runtime.machine import MachineFacts
-    from runtime.cpu import fast_kernels as fk
+    from runtime.cpu import attention_kernels as ak, fast_kernels as fk, linear_high as lh, linear_kernels as lk
     Engine.load(sys.argv[1], facts=MachineFacts(free_bytes=1 << 40))
-    kernels = [v for v in vars(fk).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
+    kernels = [v for m in (fk, lk, lh, ak) for v in vars(m).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
     print(json.dumps({k.__name__: sum(k.stats.cache_misses.values()) for k in kernels if k.signatures}))
 """)
 
@@ -194,5 +195,93 @@ def test_a_second_start_loads_the_kernels_from_the_cache(tiny_bundle):
                            text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT}) for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr
     misses = json.loads(runs[1].stdout.strip().splitlines()[-1])
-    assert "linear_fp8" in misses and "attention" in misses
+    assert "linear_fp8" in misses and "attention" in misses and "candidate_logits_bf16" in misses
     assert not any(misses.values()), f"compiled again on the second start: {misses}"
+
+
+# -- the linear kernels: values, bits in any tile, the same bits without the x86 extensions --------
+
+KERNEL_INPUTS = textwrap.dedent("""
+    import hashlib, json, numpy as np, ml_dtypes
+    from runtime.cpu import linear_high as lh, linear_kernels as lk
+
+    def inputs(out, n, t_rows, seed):
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((t_rows, n)).astype(np.float32)
+        w = (rng.standard_normal((out, n)) * 0.05).astype(np.float32)
+        codes = rng.integers(0, 16, (out, n - n % 16)).astype(np.uint8)  # NVFP4 rows: whole 16-blocks
+        return dict(x=x, w=w, fp8=np.clip(w * 40, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.int8),
+                    scale=rng.random(out).astype(np.float32), bf16=w.astype(ml_dtypes.bfloat16).view(np.uint16),
+                    codes=codes, packed=(codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8),
+                    blocks=rng.integers(0x01, 0x7F, (out, n // 16)).astype(np.uint8))
+
+    def run(kind, a, x):
+        y = np.empty((x.shape[0], a["w"].shape[0]), np.float32)
+        if kind == "fp8":
+            lk.linear_fp8(x, a["fp8"], a["scale"], y)
+        elif kind == "nvfp4":
+            lk.linear_nvfp4(x, a["packed"], a["blocks"], np.float32(0.01), y)
+        elif kind == "bf16":
+            lh.linear_bf16(x, a["bf16"], y)
+        else:
+            lh.linear_f32(x, a["w"], y)
+        return y
+""")
+# (kind, out, in): 70 outputs = a 64-row work item + a ragged 6; in 96 / 80 take NVFP4's two-block and
+# one-block paths; 83 leaves a scalar tail of 3 elements.
+KERNEL_CASES = [("fp8", 70, 96), ("fp8", 70, 83), ("nvfp4", 70, 96), ("nvfp4", 70, 80), ("bf16", 70, 83),
+                ("f32", 70, 83)]
+exec(KERNEL_INPUTS)  # the same inputs in this process and in the probe below
+
+
+@pytest.mark.parametrize("kind,out,n", KERNEL_CASES)
+def test_linear_kernels_give_the_dot_product_and_the_same_bits_in_any_tile(kind, out, n):
+    a = inputs(out, n, 13, seed=n)
+    weights = {"fp8": lambda: a["fp8"].view(ml_dtypes.float8_e4m3fn).astype(np.float64) * a["scale"][:, None],
+               "nvfp4": lambda: (lk.E2M1_VALUES[a["codes"]].astype(np.float64) * 0.01
+                                 * np.repeat(lk.E4M3_VALUES[a["blocks"]], 16, axis=1)),
+               "bf16": lambda: a["bf16"].view(ml_dtypes.bfloat16).astype(np.float64),
+               "f32": lambda: a["w"].astype(np.float64)}[kind]()
+    full = run(kind, a, a["x"])
+    want = a["x"].astype(np.float64) @ weights.T
+    assert np.abs(full - want).max() <= 1e-5 * np.abs(want).max()
+    for t_rows in (1, 2, 3, 4, 5, 6, 7, 10, 12):  # every tile shape and mix of shapes, rows at both ends
+        for rows in (slice(0, t_rows), slice(13 - t_rows, 13)):
+            got = run(kind, a, np.ascontiguousarray(a["x"][rows]))
+            assert got.tobytes() == full[rows].tobytes(), f"{kind}: rows {rows} alone differ from the 13-row step"
+
+
+def test_sparse_head_is_bit_equal_to_the_dense_head():
+    a = inputs(70, 83, 5, seed=1)
+    cand = np.random.default_rng(2).integers(0, 70, (5, 9))
+    for dense, sparse, w in ((lh.linear_bf16, lh.candidate_logits_bf16, a["bf16"]),
+                             (lh.linear_f32, lh.candidate_logits_f32, a["w"])):
+        y = np.empty((5, 70), np.float32)
+        dense(a["x"], w, y)
+        got = np.empty(cand.shape, np.float32)
+        sparse(a["x"], w, cand, got)
+        assert got.tobytes() == np.take_along_axis(y, cand, axis=1).tobytes()
+
+
+BITS_PROBE = KERNEL_INPUTS + textwrap.dedent("""
+    import sys
+    cases = json.loads(sys.argv[1])
+    print(json.dumps({f"{k}:{o}x{n}": hashlib.sha256(run(k, a, a["x"]).tobytes()).hexdigest()
+                      for k, o, n in cases for a in [inputs(o, n, 7, seed=n)]}))
+""")
+
+
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="compares x86 extension paths")
+def test_the_same_bits_without_avx512_f16c_or_ssse3(tmp_path):
+    """The dot order is written down, and every decoder is exact: a baseline x86-64 build (no F16C,
+    SSSE3 or AVX-512: the arithmetic fallbacks) gives the host build's bits."""
+    cases = json.dumps([c for c in KERNEL_CASES if c[0] in ("fp8", "nvfp4")])
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    runs = []
+    for extra in ({}, {"NUMBA_CACHE_DIR": str(tmp_path), "NUMBA_CPU_NAME": "x86-64",
+                       "NUMBA_CPU_FEATURES": "+64bit,+cx8,+fxsr,+mmx,+sse,+sse2"}):
+        proc = subprocess.run([sys.executable, "-c", BITS_PROBE, cases], cwd=ROOT, capture_output=True, text=True,
+                              timeout=600, env={**env, **extra})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert runs[0] == runs[1]

@@ -1,4 +1,5 @@
-"""The fast CPU backend: the forward pass on the bundle's stored weights (runtime/cpu/fast_kernels.py).
+"""The fast CPU backend: the forward pass on the bundle's stored weights (kernels: runtime/cpu/linear_kernels.py,
+linear_high.py, attention_kernels.py, fast_kernels.py).
 
 Weights stay as the bundle stores them (FP8 E4M3 + per-row scales, NVFP4 + block and global
 scales, bf16), as zero-copy views of the memory-mapped weights file: the process holds the
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from . import fast_kernels as fk
-from .dequant import NVFP4_BLOCK, _expect, _refuse, subnormals_flushed
+from . import attention_kernels as ak, fast_kernels as fk
+from . import linear_high as lh, linear_kernels as lk
+from .dequant import NVFP4_BLOCK, _expect, _refuse
 from .kv_pool import PagedKVPool
 from ..model_config import ModelConfig
 from ..rope import cos_sin, inv_freq
@@ -88,7 +90,6 @@ class StoredWeights:
                 vectors[name] = _as_f32(_get_high(st, has, get, name, shape))
             elif name in ("model.embed_tokens.weight", "lm_head.weight"):
                 table[name] = _high(_get_high(st, has, get, name, shape))
-                _even_bf16(st, name, table[name])
             else:
                 linear[name[: -len(".weight")]] = _linear_from(st, has, get, name, shape)
         for name in list(linear):  # biases are listed after their weight: attach them now
@@ -103,15 +104,6 @@ class StoredWeights:
         for lin in self.linear.values():
             arrays += [a for a in (lin.weight, lin.scale, lin.block) if a is not None]
         return sum(a.nbytes for a in arrays) + 4 * sum(lin.kind == "nvfp4" for lin in self.linear.values())  # + f32 globals
-
-
-def _even_bf16(st, name, w) -> None:
-    """The bf16 kernels read a row as u32 pairs: its length must be even (every supported shape's is)."""
-    if w.dtype == np.uint16 and w.shape[-1] % 2:
-        if st is not None:
-            _refuse(st, name, f"bf16 row length {w.shape[-1]} is odd; the fast CPU backend reads rows in pairs: "
-                    "load with --backend reference")
-        raise ValueError(f"{name}: bf16 row length {w.shape[-1]} is odd; use the reference backend")
 
 
 def _missing(st, name, what):
@@ -148,7 +140,6 @@ def _linear_from(st, has, get, name, shape) -> StoredLinear:
         scale = get(name + "_scale", "F32", (rows,))
         return StoredLinear("fp8", q.view(np.int8), scale=np.asarray(scale, np.float32))
     w = _high(_get_high(st, has, get, name, shape))
-    _even_bf16(st, name, w)
     return StoredLinear("bf16" if w.dtype == np.uint16 else "f32", w)
 
 
@@ -188,7 +179,6 @@ class FastCpuModel:
         self.eps = np.float32(cfg.rms_norm_eps)
         self.freqs = inv_freq(cfg)
         self.scale = np.float32(1.0 / np.sqrt(cfg.head_dim))
-        self._fp8 = fk.linear_fp8_lut if subnormals_flushed() else fk.linear_fp8
         self.layers = []
         v, lin = weights.vectors, weights.linear
         for layer in range(cfg.num_layers):
@@ -228,13 +218,13 @@ class FastCpuModel:
     def linear(self, lin: StoredLinear, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """y (T, out) = x (T, in) @ W.T (+ bias), on the stored format."""
         if lin.kind == "fp8":
-            self._fp8(x, lin.weight, lin.scale, y)
+            lk.linear_fp8(x, lin.weight, lin.scale, y)
         elif lin.kind == "nvfp4":
-            fk.linear_nvfp4(x, lin.weight, lin.block, np.float32(lin.global_scale), y)
+            lk.linear_nvfp4(x, lin.weight, lin.block, np.float32(lin.global_scale), y)
         elif lin.kind == "bf16":
-            fk.linear_bf16(x, lin.weight, y)
+            lh.linear_bf16(x, lin.weight, y)
         else:
-            fk.linear_f32(x, lin.weight, y)
+            lh.linear_f32(x, lin.weight, y)
         if lin.bias is not None:
             y += lin.bias
         return y
@@ -274,7 +264,7 @@ class FastCpuModel:
             kp, vp = kv.k[layer], kv.v[layer]
             if kp.dtype != np.float32:
                 kp, vp = kp.view(np.uint16), vp.view(np.uint16)
-            fk.attention(q3, kp, vp, kv.block_table, slots, positions, self.scale, ws["attn_scores"],
+            ak.attention(q3, kp, vp, kv.block_table, slots, positions, self.scale, ws["attn_scores"],
                          ws["attn_out"])
             x += self.linear(w["o"], ws["attn_out"], h)
             self._norm(x, w["post_norm"], h)
@@ -299,9 +289,9 @@ class FastCpuModel:
         hidden = np.ascontiguousarray(hidden, np.float32)
         out = np.empty((hidden.shape[0], self.head.shape[0]), np.float32)
         if self.head.dtype == np.uint16:
-            fk.linear_bf16(hidden, self.head, out)
+            lh.linear_bf16(hidden, self.head, out)
         else:
-            fk.linear_f32(hidden, self.head, out)
+            lh.linear_f32(hidden, self.head, out)
         return out
 
     def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
@@ -310,7 +300,7 @@ class FastCpuModel:
         cand = np.ascontiguousarray(candidates, np.int64)
         out = np.empty(cand.shape, np.float32)
         if self.head.dtype == np.uint16:
-            fk.candidate_logits_bf16(hidden, self.head, cand, out)
+            lh.candidate_logits_bf16(hidden, self.head, cand, out)
         else:
-            fk.candidate_logits_f32(hidden, self.head, cand, out)
+            lh.candidate_logits_f32(hidden, self.head, cand, out)
         return out
