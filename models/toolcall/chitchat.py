@@ -74,9 +74,43 @@ def _nonsense(rng: np.random.Generator) -> str:
     return "".join(chr(97 + int(x)) for x in rng.integers(0, 26, 1 + int(rng.integers(12))))
 
 
-def no_tool_request(rng: np.random.Generator) -> str:
-    """One request that needs no tool; about 3% are empty or blank."""
+# v2b: statements and feelings that mention the catalog's things but ask for nothing ("my flight
+# was fine", "I already paid the bill"): a tool word alone is not a request.
+THINGS = ("flight", "hotel", "meeting", "email", "trip", "dinner", "lunch", "movie", "song", "weather", "train",
+          "taxi ride", "package", "call", "playlist", "party", "concert", "game", "invoice", "bill", "alarm",
+          "timer", "note", "task", "calendar", "news", "traffic", "forecast", "presentation", "report", "music",
+          "restaurant", "interview", "appointment", "holiday", "weekend", "match", "message", "exam", "delivery")
+DONE = ("paid the {t}", "booked the {t}", "sent the {t}", "cancelled the {t}", "checked the {t}", "read the {t}",
+        "finished the {t}", "got the {t}", "saw the {t}", "heard the {t}", "fixed the {t}", "moved the {t}")
+STATEMENTS = ("the {t} was {a}", "my {t} was {a}", "that {t} was {a}", "the {t} went well", "I loved the {t}",
+              "I already {d}", "I {d} yesterday", "we {d} last week", "{p} {d}", "no need, I {d}",
+              "what a {a} {t}", "thanks for the {t}", "the {t} is fine, thanks", "I hate {t}s", "{t}s are {a}",
+              "my {t} got {a}", "I'm so tired after the {t}", "the {t} was {a} lol", "just got back from the {t}",
+              "can you {x}", "do you {x}", "I'm feeling {f} today", "feeling {f}", "I feel {f}", "I'm {f}",
+              "it was a {a} {t}, wasn't it", "remember the {t}?", "never again that {t}")
+FEELINGS = ("down", "great", "sad", "happy", "stressed", "lonely", "sleepy", "excited", "nervous", "sick", "bored",
+            "a bit off", "much better", "anxious", "grateful")
+ABILITIES = ("dance", "cook", "keep quiet", "swim", "laugh", "lie", "think", "fly", "love", "read minds",
+             "feel pain", "see me", "count to ten", "speak", "get tired", "have fun", "sing", "juggle")
+STATE_ADJS = ("great", "fine", "long", "late", "boring", "amazing", "terrible", "ok", "cancelled", "delayed",
+              "awful", "fun", "short", "perfect", "weird", "cold", "expensive", "cheap")
+
+
+def statement(rng: np.random.Generator) -> str:
+    """One statement or feeling that names a catalog thing but asks for nothing."""
     pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
+    done = pick(DONE).format(t=pick(THINGS))
+    return pick(STATEMENTS).format(t=pick(THINGS), a=pick(STATE_ADJS), d=done, f=pick(FEELINGS),
+                                   x=pick(ABILITIES), p=pick(["mom", "my boss", "she", "he", "they",
+                                                              made_up_word(rng).capitalize()]))
+
+
+def no_tool_request(rng: np.random.Generator, statements: float = 0.0) -> str:
+    """One request that needs no tool; about 3% are empty or blank; with ``statements`` > 0 that share
+    are ``statement``s (v2b)."""
+    pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
+    if statements and rng.random() < statements:
+        return _cap(statement(rng), rng) + pick(PUNCT)
     r = rng.random()
     if r < 0.03:
         return pick(["", " ", "  ", "\n", "\t"])

@@ -18,13 +18,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import re
+
 from .chitchat import no_tool_request
 from .lexicon import lexicon_clauses
 from .paraphrases import PARAPHRASES
 from .phrasings import PHRASINGS
+from .phrasings_more import MORE_PHRASINGS
 from .pools import draw
 from .templates import PAIRED, SLOTS, TEMPLATES
-from .wording import join, roughen
+from .wording import TRAILERS, join, roughen
 
 SPLITS = ("train", "val", "test")
 LEXICON_ID = -1  # template id of a training-only lexicon clause
@@ -56,6 +59,22 @@ class Wording:
     pooled: float = 0.8
     typos: float = 0.03
     phrasings: bool = True
+    # v2b (all off by default: the committed v2 run's data stays as it was): ``entity`` share of name
+    # slots (hotel, song, movie...) made of everyday and cue words, ``trailers`` share of clauses with
+    # a detail that asks for nothing more, ``statements`` share of no-tool requests that are statements
+    # naming catalog things, ``more`` whether models.toolcall.phrasings_more joins the training phrasings.
+    entity: float = 0.0
+    trailers: float = 0.0
+    statements: float = 0.0
+    more: bool = False
+
+
+def entity_words() -> list[str]:
+    """Every plain word (3+ letters) of the templates and phrasings, sorted: the cue words that v2b's
+    made-up names are built from."""
+    text = " ".join([*TEMPLATES.values(), *PHRASINGS.values(), *MORE_PHRASINGS.values(),
+                     *(" ".join(v) for v in PARAPHRASES.values())])
+    return sorted({w for w in re.findall(r"(?<![{\w])[a-z]{3,}(?![}\w])", text.lower())})
 
 
 @dataclass(frozen=True)
@@ -124,7 +143,8 @@ def template_splits(seed: int) -> dict[int, str]:
     return out
 
 
-def _fill_pooled(template: str, rng: np.random.Generator, pooled: float) -> str:
+def _fill_pooled(template: str, rng: np.random.Generator, pooled: float, words: list[str] | None = None,
+                 entity: float = 0.0) -> str:
     """Replaces every {slot} with a models.toolcall.pools value (a generated one with p=``pooled``);
     {x2} differs from {x}. Paired slots are drawn apart (a made-up unit pair is still a conversion)."""
     parts = template.split("{")
@@ -132,11 +152,11 @@ def _fill_pooled(template: str, rng: np.random.Generator, pooled: float) -> str:
     for part in parts[1:]:
         name, rest = part.split("}", 1)
         base = name[:-1] if name.endswith("2") else name
-        value = draw(base, rng, pooled)
+        value = draw(base, rng, pooled, words, entity)
         for _ in range(5):
             if value != seen.get(base):
                 break
-            value = draw(base, rng, pooled)
+            value = draw(base, rng, pooled, words, entity)
         seen.setdefault(base, value)
         out.append(value + rest)
     words = "".join(out).split(" ")
@@ -197,9 +217,9 @@ QUESTION_WORDS = ("what", "what's", "how", "is", "are", "when", "which", "who", 
 
 def _example(rng: np.random.Generator, by_tool: dict[str, list[tuple[int, str]]], noise: float,
              lexicon: dict[str, list[str]] | None, lexicon_share: float,
-             counts: tuple[float, ...], v2: Wording | None = None) -> Example:
+             counts: tuple[float, ...], v2: Wording | None = None, words: list[str] | None = None) -> Example:
     if v2 is not None and rng.random() < v2.no_tool:
-        return Example(no_tool_request(rng), (), (), (), ())
+        return Example(no_tool_request(rng, v2.statements), (), (), (), ())
     names = list(by_tool)
     k = 1 + int(rng.choice(4, p=counts))
     tools = [names[int(i)] for i in rng.choice(len(names), size=k, replace=False)]
@@ -215,7 +235,9 @@ def _example(rng: np.random.Generator, by_tool: dict[str, list[tuple[int, str]]]
     last = patterns[-1].split(" ")[0]
     question = last in QUESTION_WORDS
     if v2 is not None:
-        clauses = [roughen(_fill_pooled(_perturb(p, rng, noise) if noise else p, rng, v2.pooled), rng, v2.typos)
+        clauses = [roughen(_fill_pooled(_perturb(p, rng, noise) if noise else p, rng, v2.pooled, words, v2.entity)
+                           + (TRAILERS[int(rng.integers(len(TRAILERS)))]
+                              if v2.trailers and rng.random() < v2.trailers else ""), rng, v2.typos)
                    for p in patterns]
         return Example(join(clauses, rng, question), tuple(tools), tuple(clauses), tuple(patterns), tuple(ids))
     clauses = [_fill(_perturb(p, rng, noise) if noise else p, rng) for p in patterns]
@@ -266,6 +288,10 @@ def make_split(split: str, seed: int = 0, size: int | None = None, noise: float 
     if wording is not None and wording.phrasings:
         for tool, text in PHRASINGS.items():
             by_tool[tool] += [(PHRASING_ID, p) for p in text.split("|") if not near_held_out(p, held_by_tool[tool])]
+    if wording is not None and wording.phrasings and wording.more:
+        for tool, text in MORE_PHRASINGS.items():
+            by_tool[tool] += [(PHRASING_ID, p) for p in text.split("|") if not near_held_out(p, held_by_tool[tool])]
+    words = entity_words() if wording is not None and wording.entity else None
     rng = np.random.default_rng([seed, 2, SPLITS.index(split)])
     n = SPLIT_SIZES[split] if size is None else size
-    return [_example(rng, by_tool, noise, clauses, lexicon, counts, wording) for _ in range(n)]
+    return [_example(rng, by_tool, noise, clauses, lexicon, counts, wording, words) for _ in range(n)]

@@ -7,11 +7,13 @@ comments, and the request ``<empty>`` stands for "".
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from common.errors import CatalogError
 
 HANDWRITTEN = Path(__file__).with_name("handwritten.tsv")
+DEVSET = Path(__file__).with_name("devset.tsv")  # session i19b's development set (used for decisions)
 EMPTY = "<empty>"
 
 
@@ -33,3 +35,16 @@ def load_handwritten(path: str | Path = HANDWRITTEN, tool_names=None) -> list[tu
                               f"names {unknown}; name each catalog tool at most once")
         out.append(("" if request == EMPTY else request, tools))
     return out
+
+
+def normalized(text: str) -> str:
+    """Lower case, punctuation dropped, spaces collapsed: how two requests compare as "the same"."""
+    return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
+
+
+def without_evaluation_requests(examples, paths=(HANDWRITTEN, DEVSET)) -> list:
+    """``examples`` minus those whose request equals (``normalized``) a request of the evaluation sets
+    at ``paths``, so no evaluation line is ever trained on verbatim; requests that normalize to ""
+    (empty, blank, punctuation only) are content-free and kept."""
+    held = {normalized(r) for path in paths for r, _ in load_handwritten(path)} - {""}
+    return [e for e in examples if normalized(e.request) not in held]

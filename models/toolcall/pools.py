@@ -157,9 +157,38 @@ GENERATORS = {
 }
 
 
-def draw(slot: str, rng: np.random.Generator, generated: float = 0.8) -> str:
-    """One value for ``slot``: from GENERATORS with probability ``generated`` (where one exists),
-    else from the templates' SLOTS."""
+# v2b: names made of everyday words, the catalog's cue words among them ("the Weather Inn", a song
+# "Call Me Tonight"): a word inside a name must not name a tool; only the request around it may.
+_NAMED = {
+    "hotel": ("the {A} {B} Inn", "{A} View Hotel", "Hotel {A}", "the {A} House", "{A} & {B} Suites"),
+    "restaurant": ("{A} {B}", "the {A} Kitchen", "{A} Garden", "Cafe {A}", "the {A} & {B}"),
+    "song": ("{A} {B}", "{A} {B} {C}", "{A}", "the {A} {B}", "{A} Me {B}"),
+    "movie": ("{A} {B}", "the {A}", "{A} of the {B}", "{A} {B} {C}", "{A} {N}"),
+    "artist": ("the {A} {B}s", "{A} {B}", "{A} and the {B}s"),
+    "playlist": ("{a} {b}", "{a}", "my {a} {b} mix"),
+    "team": ("the {A} {B}s", "{A} United", "{A} Rovers"),
+    "title": ("{a} {b}", "{a} list", "{a} {b} ideas"),
+    "event": ("the {a} {b}", "{a} {b} sync", "the {a} review"),
+    "doc": ("the {a} {b}", "this {a} page", "the {a} {b} report"),
+    "wiki": ("the {A} {B}", "{A} {B}", "the history of {a}"),
+}
+
+
+def named(slot: str, rng: np.random.Generator, words: list[str]) -> str:
+    """A ``slot`` value (one of ``_NAMED``) built from ``words``: {A} capitalized, {a} as is."""
+    pattern = _pick(_NAMED[slot], rng)
+    picks = [_pick(words, rng) for _ in range(3)]
+    return pattern.format(A=picks[0].capitalize(), B=picks[1].capitalize(), C=picks[2].capitalize(),
+                          a=picks[0], b=picks[1], N=_number(rng, 2, 2030))
+
+
+def draw(slot: str, rng: np.random.Generator, generated: float = 0.8, words: list[str] | None = None,
+         entity: float = 0.0) -> str:
+    """One value for ``slot``: with probability ``entity`` (given ``words``, for a ``_NAMED`` slot)
+    a name made of those words; else from GENERATORS with probability ``generated`` (where one
+    exists), else from the templates' SLOTS."""
+    if words and entity and slot in _NAMED and rng.random() < entity:
+        return named(slot, rng, words)
     gen = GENERATORS.get(slot)
     if gen is not None and rng.random() < generated:
         return gen(rng)

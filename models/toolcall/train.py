@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from builder.catalog import load_catalog, tokenize_catalog  # noqa: E402
 from builder.synth_tokenizer import END_OF_TURN, SPECIAL_TOKENS, train_tokenizer  # noqa: E402
 from models.toolcall.data import Wording, make_split  # noqa: E402
+from models.toolcall.handwritten import without_evaluation_requests  # noqa: E402
 
 CATALOG = "builder/data/tools-64.json"
 END_ID, PAD_ID = SPECIAL_TOKENS.index(END_OF_TURN), 0  # END = <|im_end|> = 2; pad never enters a loss
@@ -202,6 +203,11 @@ def main() -> None:
     ap.add_argument("--no-tool", type=float, default=0.1, help="v2: share of requests that need no tool")
     ap.add_argument("--pooled", type=float, default=0.8, help="v2: share of slot values from the generated pools")
     ap.add_argument("--typos", type=float, default=0.03, help="v2: per-word typo rate")
+    ap.add_argument("--entity", type=float, default=0.0, help="v2b: share of name slots made of everyday/cue words")
+    ap.add_argument("--trailers", type=float, default=0.0, help="v2b: share of clauses with a detail asking nothing more")
+    ap.add_argument("--statements", type=float, default=0.0,
+                    help="v2b: share of no-tool requests that are statements naming catalog things")
+    ap.add_argument("--more", action="store_true", help="v2b: add models.toolcall.phrasings_more to training")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="stop early (after a validation check) once training has run this long; the run "
                          "then reports the step it stopped at, and only a rerun that stops there repeats it")
@@ -213,6 +219,8 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=0,
                     help="drop the first N train examples (a continued run then sees new ones)")
     ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--save-every", type=int, default=0,
+                    help="also write the model at every N-th step to OUT-stepN (candidates for a choice on the dev set)")
     ap.add_argument("--v1", action="store_true", help="the v1 data (no v2 wording, phrasings or no-tool requests)")
     args = ap.parse_args()
 
@@ -224,7 +232,9 @@ def main() -> None:
     torch.use_deterministic_algorithms(True)
     start = time.perf_counter()
     catalog = load_catalog(CATALOG)
-    wording = None if args.v1 else Wording(no_tool=args.no_tool, pooled=args.pooled, typos=args.typos)
+    wording = None if args.v1 else Wording(no_tool=args.no_tool, pooled=args.pooled, typos=args.typos,
+                                           entity=args.entity, trailers=args.trailers, statements=args.statements,
+                                           more=args.more)
     train = make_split("train", args.seed, size=args.train_size, noise=args.noise, lexicon=args.lexicon,
                        counts=tuple(args.counts), paraphrases=args.paraphrases, wording=wording)
     if args.init_from:
@@ -233,6 +243,10 @@ def main() -> None:
     else:
         tokenizer = toolcall_tokenizer(train, catalog, args.vocab)
     train = train[args.skip:]
+    if not args.v1:  # no hand-written test or dev request is ever trained on verbatim
+        kept = without_evaluation_requests(train)
+        print(f"dropped {len(train) - len(kept)} train requests equal to an evaluation request", flush=True)
+        train = kept
     pairs = encode_examples(train, tokenizer, catalog)
     # Model choice: the validation templates (never trained on) with v2's wording (pooled values,
     # typos, joins) and its share of no-tool requests; never the hand-written set.
@@ -301,6 +315,9 @@ def main() -> None:
                 line += f", val answers exact {acc:.4f}"
                 if acc > best[0]:
                     best = (acc, step, {k: v.detach().clone() for k, v in averaged.state_dict().items()})
+            if args.save_every and step and step % args.save_every == 0:
+                snapshot = copy.deepcopy(averaged).eval()
+                write_folder(snapshot, tokenizer, Path(f"{args.out}-step{step}"), torch)
             print(line, flush=True)
         if out_of_time:
             print(f"stopped at step {step} of {args.steps} (--max-seconds {args.max_seconds} --stop-step "

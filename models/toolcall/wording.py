@@ -24,6 +24,14 @@ CASUAL = {"you": "u", "please": "pls", "what's": "whats", "your": "ur", "are": "
           "thanks": "thx", "to": "2", "for": "4", "want to": "wanna", "going to": "gonna", "i'm": "im",
           "don't": "dont", "can't": "cant", "i'd": "id", "it's": "its", "where's": "wheres", "how's": "hows",
           "message": "msg", "tomorrow": "tmrw", "minutes": "mins", "minute": "min", "and": "&"}
+# v2b: details after a clause that add no second request, several with "and" ("... and let me know"),
+# so that a join word alone never means a second tool.
+TRAILERS = (" for me", " if possible", ", it's urgent", " and let me know", " and tell me when it's done",
+            " when you have a sec", " for my trip", " for the weekend", " for work", " and make it quick",
+            " and get back to me", ", no rush", " as soon as possible", " and thanks", " and keep it short",
+            " for tonight", " and do it now", ", please and thank you", " and that's it", " this time",
+            " like last time", " and confirm", " and be quick about it", " again", ", the usual",
+            " and don't forget", " or whatever works", " if that's ok", " and hurry", ", as discussed")
 KEYBOARD = "qwertyuiop asdfghjkl zxcvbnm".split()
 
 
