@@ -15,6 +15,7 @@ import yaml
 from common.errors import EngineError
 from runtime.bundle import read_contract, sha256_file
 from runtime.contract import CONTRACT_FILE, Contract
+from runtime.cpu import serving_threads
 
 from .gpu_labels import GPU_RESOURCE, MIB, PRODUCT, node_selector_terms
 
@@ -73,10 +74,10 @@ class ManifestOptions:
 
 
 def engine_threads(cpu_request: str) -> int:
-    """`runtime serve --threads` for a CPU bundle: the CPUs the pod requests (rounded up) less one, which
-    the HTTP event loop keeps; the container sees the node's cores, not its request."""
+    """`runtime serve --threads` for a CPU bundle: ``serving_threads`` of the CPUs the pod requests (rounded
+    up); the container sees the node's cores, not its request."""
     millis = int(cpu_request[:-1]) if cpu_request.endswith("m") else round(float(cpu_request) * 1000)
-    return max(1, -(-millis // 1000) - 1)
+    return serving_threads(-(-millis // 1000))
 
 
 def _usage(message: str, **details) -> EngineError:

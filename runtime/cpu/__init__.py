@@ -26,3 +26,10 @@ def available_cpus(cgroup_root: Path = CGROUP_ROOT) -> int:
         except (OSError, ValueError, IndexError):
             continue
     return max(1, n)
+
+
+def serving_threads(cpus: int) -> int:
+    """Kernel threads of a serving engine on ``cpus`` CPUs: one CPU is left to the HTTP event loop.
+    Kernel threads that share every core stall at each parallel region's barrier whenever the loop
+    (or anything else) preempts one of them."""
+    return max(1, cpus - 1)

@@ -17,7 +17,7 @@ import sys
 import prometheus_client
 import uvicorn
 
-from ..cpu import available_cpus
+from ..cpu import available_cpus, serving_threads
 from .app import create_app
 from .state import ServeConfig, ServeState
 
@@ -106,10 +106,8 @@ def serve(load, host: str, port: int, config: ServeConfig, announce=None) -> Ser
 
 
 def serve_threads(threads: int | None) -> int:
-    """The engine's kernel threads: as given, else the CPUs this process may use less one. The HTTP event
-    loop needs a core of its own: kernel threads that share every core stall at each parallel region's
-    barrier whenever the loop (or anything else) preempts one of them."""
-    return threads if threads is not None else max(1, available_cpus() - 1)
+    """The engine's kernel threads: as given, else ``serving_threads`` of the CPUs this process may use."""
+    return threads if threads is not None else serving_threads(available_cpus())
 
 
 def main(path: str, host: str, port: int, config: ServeConfig, head: str = "sparse", threads: int | None = None,
