@@ -154,7 +154,7 @@ class Generator:
         return results  # type: ignore[return-value]
 
     def _finished(self, seq: Sequence) -> bool:
-        return self.stepper.done(seq.state) or len(seq.output) >= self.max_output_tokens
+        return seq.done or len(seq.output) >= self.max_output_tokens
 
     def _step(self, active: list[Sequence]) -> None:
         tokens, slots, positions, samplers = [], [], [], []  # samplers: (sequence, row) pairs picking a token
@@ -212,14 +212,17 @@ class Generator:
         assert allowed[rows, picks].all(), "a pick outside the allowed candidates"
         taken = edges[rows, picks]  # (B,) grammar edge of each pick
         new_states = self.stepper.take_edges(states, taken)
-        closed = self.grammar.edge_tool[taken]  # (B,) tool index closed by the edge, -1 if none
+        closed = self.grammar.edge_tool[taken].tolist()  # (B,) tool index closed by the edge, -1 if none
+        done = self.stepper.done_batch(new_states).tolist()
+        tokens = cand[rows, picks].tolist()
+        gaps = gaps.tolist()
         for b, seq in enumerate(seqs):
-            token = int(cand[b, picks[b]])
             seq.state = new_states[b]
-            seq.output.append(token)
+            seq.done = done[b]
+            seq.output.append(tokens[b])
             if closed[b] >= 0:
                 seq.tools.append(self.grammar.tool_names[closed[b]])
-            seq.min_margin = min(seq.min_margin, float(gaps[b]))
+            seq.min_margin = min(seq.min_margin, gaps[b])
             if seq.step_logits is not None:
                 seq.step_logits.append(logits[b].copy())
                 seq.step_candidates.append(cand[b].copy())
@@ -227,7 +230,7 @@ class Generator:
                 seq.first_token_at = now
 
     def _result(self, seq: Sequence) -> Result:
-        done = self.stepper.done(seq.state)
+        done = seq.done
         return Result(list(seq.output), list(seq.tools), "done" if done else "length", seq.min_margin,
                       seq.first_token_at - seq.start, time.perf_counter() - seq.start,
                       seq.step_logits, seq.step_candidates, seq.prompt.tolist(), seq.cached)

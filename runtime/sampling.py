@@ -42,8 +42,11 @@ def greedy(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
 
 def margins(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """(B,) top-1 minus top-2 allowed logit (inf where only one candidate is allowed)."""
-    masked = np.sort(np.where(allowed, logits, -np.inf), axis=1)
-    gap = masked[:, -1] - masked[:, -2] if masked.shape[1] > 1 else np.full(len(masked), np.inf)
+    masked = np.where(allowed, logits, -np.inf)
+    if masked.shape[1] < 2:
+        return np.full(len(masked), np.inf)
+    top2 = np.partition(masked, masked.shape[1] - 2, axis=1)[:, -2:]  # (B, 2): second best, best
+    gap = top2[:, 1] - top2[:, 0]
     return np.where(np.isfinite(gap), gap, np.inf)
 
 

@@ -47,6 +47,7 @@ class Sequence:
     step_logits: list[np.ndarray] | None = None  # kept only for Request.keep_logits
     step_candidates: list[np.ndarray] | None = None
     cached: int = 0  # prompt tokens the KV pool shared or copied at admission (prefill starts there)
+    done: bool = False  # the grammar state is terminal (END taken); set with ``state``
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Paged grouped-query attention of the fast CPU backend (numba), each row over its own sequence.
 
-Per (row, head): s_j = (q . k_j) * scale for j <= pos, the q . k_j dot products by the linear
-layers' tiles (runtime/cpu/simd_ir.py order; 1x4 tiles over 4 positions of a page, 1x1 at page
-and sequence edges: the same operations either way), softmax with its max subtracted and a
-sequential sum, o = sum_j p_j v_j in order (one fma per element and position), then / sum.
+Per (row, head): s_j = (q . k_j) * scale for j <= pos, each q . k_j in the order of the linear
+layers' 1x1 tile (runtime/cpu/simd_ir.py), softmax with its max subtracted and a sequential sum,
+o = sum_j p_j v_j in order (one fma per element and position), then / sum. Positions go in runs of
+up to 16 within a page: with head_dim 64 or 128 a run's 16 dot products reduce their lanes together
+and o stays in registers over the run (runtime/cpu/attention_ir.py); other head dims take 1x4/1x1
+tiles and one axpy per position. Both give the same bits (tests/test_cpu_attention.py).
 Rows only read the pool: a row's result does not depend on the step's other rows.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from . import simd_ir as ir_
+from . import attention_ir as air, simd_ir as ir_
 from .fast_kernels import _bf16, _exp
 from .linear_kernels import LANES, _addr, bf16_1x1, bf16_1x4, f32_1x1, f32_1x4
 
@@ -32,6 +34,54 @@ def _axpy(fmt: str):
 
 
 axpy_bf16, axpy_f32 = _axpy("bf16"), _axpy("f32")
+
+
+def _run(kind: str, fmt: str, nblocks: int):
+    """An intrinsic f(a, rows, stride, n, b) over a run of n <= 16 positions (rows ``stride`` bytes apart):
+    scores: a = q, b = s (air.emit_scores); pv: a = p, b = o (air.emit_pv)."""
+    decode = air.decode_row_bf16 if fmt == "bf16" else air.decode_row_f32
+    emit = air.emit_scores if kind == "scores" else air.emit_pv
+
+    @intrinsic
+    def run(typingctx, a, rows, stride, n, b):
+        def codegen(context, builder, signature, args):
+            emit(builder, nblocks, args[0], args[1], args[2], args[3], args[4], decode)
+            return context.get_dummy_value()
+        return types.void(types.int64, types.int64, types.int64, types.int64, types.int64), codegen
+    return run
+
+
+RUN_BLOCKS = (4, 8)  # head_dim 64 and 128 take the runs' path
+scores_bf16_4, scores_bf16_8 = _run("scores", "bf16", 4), _run("scores", "bf16", 8)
+scores_f32_4, scores_f32_8 = _run("scores", "f32", 4), _run("scores", "f32", 8)
+pv_bf16_4, pv_bf16_8 = _run("pv", "bf16", 4), _run("pv", "bf16", 8)
+pv_f32_4, pv_f32_8 = _run("pv", "f32", 4), _run("pv", "f32", 8)
+
+
+@njit(inline="always")
+def _scores_run(bf16, nb, qa, ka, stride, n, sa):
+    if bf16:
+        if nb == 4:
+            scores_bf16_4(qa, ka, stride, n, sa)
+        else:
+            scores_bf16_8(qa, ka, stride, n, sa)
+    elif nb == 4:
+        scores_f32_4(qa, ka, stride, n, sa)
+    else:
+        scores_f32_8(qa, ka, stride, n, sa)
+
+
+@njit(inline="always")
+def _pv_run(bf16, nb, pa, va, stride, n, oa):
+    if bf16:
+        if nb == 4:
+            pv_bf16_4(pa, va, stride, n, oa)
+        else:
+            pv_bf16_8(pa, va, stride, n, oa)
+    elif nb == 4:
+        pv_f32_4(pa, va, stride, n, oa)
+    else:
+        pv_f32_8(pa, va, stride, n, oa)
 
 
 def _to_f32(v):
@@ -61,10 +111,10 @@ def _qk(bf16, qa, ka, kstride, nb, dst, four):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out):
+def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out, runs=True):
     """q (T, heads, head_dim) f32; kpool/vpool (pages, page_size, kv_heads, head_dim) u16 (bf16 bits) or
     f32; block_table (max_seqs, pages_per_seq); scores (T, heads, max_ctx) f32 scratch;
-    out (T, heads * head_dim) f32."""
+    out (T, heads * head_dim) f32. ``runs=False`` forces the tiles' path (the tests compare the two)."""
     t_rows, heads, hd = q.shape
     kv_heads = kpool.shape[2]
     page_size = kpool.shape[1]
@@ -73,6 +123,7 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
     assert kpool.strides[3] == kpool.itemsize and vpool.strides[3] == vpool.itemsize and kpool.dtype == vpool.dtype
     bf16 = kpool.itemsize == 2
     nb = hd // LANES
+    runs = runs and hd % LANES == 0 and (nb == 4 or nb == 8)  # RUN_BLOCKS
     row_bytes = np.int64(kpool.strides[1])  # one position to the next within a page
     for th in prange(t_rows * heads):
         t = th // heads
@@ -84,6 +135,13 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
         s = scores[t, h]
         qa, sa, ka0 = _addr(q) + t * np.int64(q.strides[0]) + h * np.int64(q.strides[1]), _addr(s), _addr(kpool)
         j = 0
+        while runs and j < length:
+            page = block_table[slot, j // page_size]
+            off = j % page_size
+            n = min(air.RUN, page_size - off, length - j)
+            ka = ka0 + page * np.int64(kpool.strides[0]) + off * row_bytes + kvh * np.int64(kpool.strides[2])
+            _scores_run(bf16, nb, qa, ka, row_bytes, n, sa + 4 * j)
+            j += n
         while j < length:
             page = block_table[slot, j // page_size]
             off = j % page_size
@@ -111,7 +169,16 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
         for d in range(hd):
             o[d] = np.float32(0.0)
         oa, va0 = _addr(o), _addr(vpool)
-        for j in range(length):
+        j = 0
+        while runs and j < length:
+            page = block_table[slot, j // page_size]
+            off = j % page_size
+            n = min(air.RUN, page_size - off, length - j)
+            va = (va0 + page * np.int64(vpool.strides[0]) + off * np.int64(vpool.strides[1])
+                  + kvh * np.int64(vpool.strides[2]))
+            _pv_run(bf16, nb, sa + 4 * j, va, np.int64(vpool.strides[1]), n, oa)
+            j += n
+        for j in range(j, length):
             page = block_table[slot, j // page_size]
             off = j % page_size
             va = (va0 + page * np.int64(vpool.strides[0]) + off * np.int64(vpool.strides[1])

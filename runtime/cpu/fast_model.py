@@ -247,6 +247,7 @@ class FastCpuModel:
         x, h = ws["hidden"], ws["normed"]
         self.embed_rows(np.ascontiguousarray(tokens, np.int64), x)
         cos, sin = cos_sin(self.freqs, positions)
+        kv_rows = kv.rows_at(slots, positions)  # (pages, offsets), one lookup for every layer
         q3 = ws["q"].reshape(t, cfg.num_heads, cfg.head_dim)
         k3 = ws["k"].reshape(t, cfg.num_kv_heads, cfg.head_dim)
         v3 = ws["v"].reshape(t, cfg.num_kv_heads, cfg.head_dim)
@@ -260,7 +261,7 @@ class FastCpuModel:
                 self._norm(k3, w["k_norm"], k3)
             fk.rope(q3, cos, sin)
             fk.rope(k3, cos, sin)
-            kv.write(layer, slots, positions, k3, v3)
+            kv.write_at(layer, kv_rows, k3, v3)
             kp, vp = kv.k[layer], kv.v[layer]
             if kp.dtype != np.float32:
                 kp, vp = kp.view(np.uint16), vp.view(np.uint16)
