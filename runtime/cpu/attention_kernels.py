@@ -178,7 +178,8 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
                   + kvh * np.int64(vpool.strides[2]))
             _pv_run(bf16, nb, sa + 4 * j, va, np.int64(vpool.strides[1]), n, oa)
             j += n
-        for j in range(j, length):
+        done = j
+        for j in range(done, length):
             page = block_table[slot, j // page_size]
             off = j % page_size
             va = (va0 + page * np.int64(vpool.strides[0]) + off * np.int64(vpool.strides[1])
