@@ -122,6 +122,8 @@ class PageAllocator:
         """RequestError("kv_pages") if this sequence could not be admitted even into an idle pool."""
         need = self.pages_for(tokens)
         pinned = len(self.prefix_pages)
+        if need <= self.num_pages - pinned:  # fits without sharing: no need to hash the prompt
+            return
         if self.cache is not None and prompt is not None:
             _, shared, _ = self._share_plan(prompt)
             need -= sum(1 for p in shared if p in self.cache.pinned)

@@ -55,6 +55,14 @@ def sample_row(logits: np.ndarray, allowed: np.ndarray, params: Sampling, rng: n
     if params.temperature <= 0.0:
         return int(greedy(logits[None], allowed[None])[0])
     idx = np.flatnonzero(allowed)
+    if len(idx) == 1:  # a forced token (inside a tool name): what _draw gives, its one draw still taken
+        rng.random()
+        return int(idx[0])
+    return _draw(logits, idx, params, rng)
+
+
+def _draw(logits: np.ndarray, idx: np.ndarray, params: Sampling, rng: np.random.Generator) -> int:
+    """The temperature/top-p draw among the candidates ``idx`` (one ``rng.random()``)."""
     z = logits[idx].astype(np.float64) / params.temperature
     p = np.exp(z - z.max())
     p /= p.sum()

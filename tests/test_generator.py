@@ -114,3 +114,16 @@ def test_every_request_path_refuses_bad_sampling(parts, sampling):
     """The CLI's rule (runtime run) holds for any caller of the generator, the server included."""
     (res,) = make(parts).generate([Request(parts[3][0], sampling)])
     assert isinstance(res, RequestError) and res.code == "request_invalid" and "sampling" in res.message
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.95, 1e-3])
+def test_a_forced_token_is_sampled_as_the_general_path_would(top_p):
+    """sample_row's one-candidate shortcut returns the general draw's index and consumes the same draw."""
+    from runtime import sampling
+    logits = np.array([3.0, -1.0, 0.5, 7.0], np.float32)
+    for only in range(4):
+        allowed = np.arange(4) == only
+        a, b = np.random.default_rng(5), np.random.default_rng(5)
+        params = Sampling(0.8, top_p, 5)
+        assert sampling.sample_row(logits, allowed, params, a) == sampling._draw(logits, np.array([only]), params, b)
+        assert a.random() == b.random()
