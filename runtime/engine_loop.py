@@ -212,7 +212,7 @@ class EngineLoop:
             self._finish(t, t.cancel)
             return
         try:
-            t.handle = self.generator.submit(t.request)
+            t.handle = self.generator.submit(t.request, checked=True)  # submit() ran check()
         except RequestError as e:
             self._finish(t, e)
             return

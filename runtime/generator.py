@@ -86,14 +86,16 @@ class Generator:
         self.validate(request)
         self.kv.check_fits(len(request.prompt_ids) + self.max_output_tokens, request.prompt_ids)
 
-    def submit(self, request: Request, queue: bool = True) -> int:
+    def submit(self, request: Request, queue: bool = True, checked: bool = False) -> int:
         """Validates and enqueues a request; returns its handle. Raises RequestError for a request
         that can never run under these limits (prompt, vocabulary, sampling, pages in the pool).
 
         ``queue``: a request that does not fit now (slots or KV pages busy) waits for a sequence
         to finish; without it, it is refused with ``too_many_sequences``/``kv_pages`` at admission.
+        ``checked``: the caller already ran ``check`` on this request (it is not run twice).
         """
-        self.check(request)
+        if not checked:
+            self.check(request)
         handle = next(self._handles)
         self.scheduler.enqueue(handle, request, queue)
         return handle

@@ -99,7 +99,8 @@ def serve(load, host: str, port: int, config: ServeConfig, announce=None) -> Ser
     prometheus_client.disable_created_metrics()  # process-wide: no *_created series (vLLM has none)
     state = ServeState(load, config)
     uv = uvicorn.Config(create_app(state), host=host, port=port, backlog=BACKLOG, loop="uvloop", http="httptools",
-                        lifespan="on", log_level="warning", access_log=False, timeout_keep_alive=30)
+                        lifespan="on", log_level="warning", access_log=False, timeout_keep_alive=30,
+                        proxy_headers=False)  # nothing reads client addresses: no X-Forwarded-* rewrite per request
     server = DrainingServer(uv, state, announce)
     server.run()
     return state
