@@ -324,3 +324,12 @@ def test_health_is_503_while_loading_and_while_draining(engine):
     finally:
         release.set()
         srv.close()
+
+
+def test_the_noop_engine_answers_through_the_same_loop(tiny_bundle):
+    """bench/serve_burst.py's ceiling: `runtime serve --noop-engine` answers every request, empty."""
+    from runtime.serve.noop import load_noop
+    with serve(load_noop(tiny_bundle)) as srv:
+        for text in TEXTS[:3]:
+            status, _, body = srv.call("POST", "/v1/discover", {"request": text})
+            assert status == 200 and body["tools"] == [] and body["prompt_token_ids"], body
