@@ -93,9 +93,15 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+# The engine thread gives up the GIL in every kernel (nogil) and must take it back ~100 times a step;
+# while the event loop runs Python it waits up to the switch interval each time (5 ms by default).
+GIL_SWITCH_S = 0.0005
+
+
 def serve(load, host: str, port: int, config: ServeConfig, announce=None) -> ServeState:
     """Serves until SIGTERM/SIGINT; the state at the end (``failure``: the load's refusal)."""
     raise_open_files()
+    sys.setswitchinterval(GIL_SWITCH_S)
     prometheus_client.disable_created_metrics()  # process-wide: no *_created series (vLLM has none)
     state = ServeState(load, config)
     uv = uvicorn.Config(create_app(state), host=host, port=port, backlog=BACKLOG, loop="uvloop", http="httptools",
