@@ -7,6 +7,7 @@ request schemas and every route's error responses.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
 import uuid
@@ -57,6 +58,12 @@ class _Invalid(Exception):
         self.response = response
 
 
+# FastAPI >= 0.16x instruments every request for OpenTelemetry unless told not to (it looks the providers
+# up per request); this server exports Prometheus metrics only. Older FastAPI has no such argument.
+_NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
+                 if "telemetry" in inspect.signature(FastAPI).parameters else {})
+
+
 def create_app(state: ServeState) -> FastAPI:
     """The FastAPI app over a ServeState; its lifespan loads the engine in the background
     (the port answers 503 on /health meanwhile) and closes it at shutdown."""
@@ -70,7 +77,7 @@ def create_app(state: ServeState) -> FastAPI:
 
     app = FastAPI(title="toolcall runtime", version="1", lifespan=lifespan,
                   description="One contract-bound tool-discovery engine. Every error is "
-                  '{"error": {"code", "message", "details"}} with the runtime\'s stable codes.')
+                  '{"error": {"code", "message", "details"}} with the runtime\'s stable codes.', **_NO_TELEMETRY)
     app.add_exception_handler(HTTPException, http_exception_handler)
     app.add_exception_handler(_Invalid, lambda request, exc: exc.response)
     app.add_exception_handler(RequestError, lambda request, exc: typed_response(exc))
