@@ -1,6 +1,6 @@
-"""The fast backend's paged attention (runtime/cpu/attention_kernels.py) on one table of cases: the
-runs' path (head_dim 64/128: 16 positions a run, lanes reduced together) gives the tiles' path's bits,
-and both give float64 attention over the same pool to float32 accuracy."""
+"""The fast backend's paged attention (runtime/cpu/attention_kernels.py): the runs' path (head_dim 64/128:
+16 positions a run, lanes reduced together) gives the tiles' path's bits, and both give float64 attention
+over the same pool to float32 accuracy; the fused q/k norm + rope + KV store gives the separate kernels' bits."""
 import ml_dtypes
 import numpy as np
 import pytest
@@ -69,3 +69,36 @@ def test_attention_runs_give_the_tiles_bits_and_the_float64_values(rows, heads, 
     assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32))
     ref = _reference(q, k, v, table, slots, positions, float(scale))
     np.testing.assert_allclose(outs[0], ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("rows,heads,kv_heads,hd,pool,norm", [(37, 3, 1, 64, "bf16", True), (5, 16, 8, 128, "bf16", True),
+                                                             (9, 4, 2, 64, "f32", True), (6, 2, 1, 32, "bf16", False)])
+def test_fused_qk_norm_rope_kv_gives_the_separate_kernels_bits(rows, heads, kv_heads, hd, pool, norm):
+    """qk_norm_rope_kv == rms_norm per head, rope, and PagedKVPool.write's cast and store (NaN included)."""
+    from runtime.cpu import fast_kernels as fk
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((rows, heads, hd)).astype(np.float32) * 3
+    k = rng.standard_normal((rows, kv_heads, hd)).astype(np.float32) * 3
+    v = rng.standard_normal((rows, kv_heads, hd)).astype(np.float32)
+    v[0, 0, :3] = [np.nan, -np.inf, 1 + 2 ** -8]  # a NaN, an infinity, a tie that rounds to even
+    qw, kw = (rng.standard_normal(hd).astype(np.float32) if norm else np.empty(0, np.float32) for _ in range(2))
+    cos, sin = (rng.standard_normal((rows, hd)).astype(np.float32) for _ in range(2))
+    pages, offs = rng.permutation(64)[:rows].astype(np.int32), rng.integers(0, 16, rows).astype(np.int64)
+    dt = ml_dtypes.bfloat16 if pool == "bf16" else np.float32
+    eps = np.float32(1e-6)
+    q1, k1 = q.copy(), k.copy()
+    if norm:
+        fk.rms_norm(q1.reshape(-1, hd), qw, eps, q1.reshape(-1, hd))
+        fk.rms_norm(k1.reshape(-1, hd), kw, eps, k1.reshape(-1, hd))
+    fk.rope(q1, cos, sin)
+    fk.rope(k1, cos, sin)
+    kp1, vp1 = np.zeros((64, 16, kv_heads, hd), dt), np.zeros((64, 16, kv_heads, hd), dt)
+    kp1[pages, offs], vp1[pages, offs] = k1.astype(dt), v.astype(dt)
+    kp2, vp2 = np.zeros_like(kp1), np.zeros_like(vp1)
+    bits = (lambda a: a.view(np.uint16)) if pool == "bf16" else (lambda a: a)
+    fk.qk_norm_rope_kv(q, k, v, qw, kw, eps, cos, sin, bits(kp2), bits(vp2), pages, offs)
+    for a, b in [(q1, q), (k1, k), (kp1, kp2)]:
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    nan = np.isnan(vp1.astype(np.float32))
+    assert np.array_equal(nan, np.isnan(vp2.astype(np.float32)))  # NaN payloads may differ; NaN stays NaN
+    assert np.array_equal(vp1[~nan].view(np.uint8), vp2[~nan].view(np.uint8))

@@ -59,6 +59,17 @@ def _bits_to_f32(typingctx, bits):
     return sig, codegen
 
 
+@intrinsic
+def _f32_to_bits(typingctx, value):
+    """float32 -> the uint32 of its bits (a register bitcast)."""
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def e4m3_nan_codes(codes):
     """How many bytes of ``codes`` (any shape, uint8) are E4M3 NaN (0x7F, 0xFF). The kernels decode
@@ -127,6 +138,54 @@ def rope(x, cos, sin):
                 b = x[t, h, i + half]
                 x[t, h, i] = a * cos[t, i] - b * sin[t, i]  # rotated first half: -x2
                 x[t, h, i + half] = b * cos[t, i + half] + a * sin[t, i + half]
+
+
+@njit(inline="always")
+def _norm_rope_row(x, weight, eps, cos, sin):
+    """In place on one head row x (head_dim,): rms_norm (rms_norm's arithmetic, weight may be empty: none),
+    then rope (rope's arithmetic)."""
+    d = x.shape[0]
+    if weight.shape[0]:
+        var = _dot(x, x, d) / np.float32(d)
+        inv = np.float32(math.sqrt(var + eps))
+        for i in range(d):
+            x[i] = (x[i] / inv) * weight[i]
+    half = d // 2
+    for i in range(half):
+        a = x[i]
+        b = x[i + half]
+        x[i] = a * cos[i] - b * sin[i]
+        x[i + half] = b * cos[i + half] + a * sin[i + half]
+
+
+@njit(inline="always")
+def _bf16_bits(v):
+    """float32 -> bf16 bits, round to nearest even (as ml_dtypes); NaN -> a quiet NaN of its sign."""
+    bits = np.uint32(_f32_to_bits(v))
+    if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16((bits >> np.uint32(16)) | np.uint32(0x40))
+    return np.uint16((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def qk_norm_rope_kv(q, k, v, q_norm, k_norm, eps, cos, sin, kpool, vpool, pages, offsets):
+    """One step's attention inputs, in one call: q (T, heads, hd) and k (T, kv_heads, hd) f32 normed per head
+    (q_norm/k_norm (hd,), empty: no norm) and rotated, in place; then k and v (T, kv_heads, hd) stored at
+    row t's (pages[t], offsets[t]) of kpool/vpool (pages, page_size, kv_heads, hd): u16 pools take bf16 bits
+    (rounded to nearest even), f32 pools the values. The same values as rms_norm, rope and PagedKVPool.write."""
+    bits = kpool.itemsize == 2  # u16: bf16 bits
+    for t in prange(q.shape[0]):
+        for h in range(q.shape[1]):
+            _norm_rope_row(q[t, h], q_norm, eps, cos[t], sin[t])
+        for h in range(k.shape[1]):
+            _norm_rope_row(k[t, h], k_norm, eps, cos[t], sin[t])
+            for i in range(k.shape[2]):
+                if bits:
+                    kpool[pages[t], offsets[t], h, i] = _bf16_bits(k[t, h, i])
+                    vpool[pages[t], offsets[t], h, i] = _bf16_bits(v[t, h, i])
+                else:
+                    kpool[pages[t], offsets[t], h, i] = k[t, h, i]
+                    vpool[pages[t], offsets[t], h, i] = v[t, h, i]
 
 
 _LOG2E = np.float32(1.4426950408889634)

@@ -158,6 +158,9 @@ def load_stored(weights_path: str | os.PathLike, cfg: ModelConfig) -> StoredWeig
     return StoredWeights.from_file(cfg, SafetensorsFile(weights_path))
 
 
+NO_NORM = np.empty(0, np.float32)  # qk_norm_rope_kv's "no q/k norm" (families without qk_norm)
+
+
 def set_threads(threads: int | None) -> int:
     """numba's worker threads for the kernels (None: leave as is; the default is the machine's cores)."""
     if threads is not None:
@@ -247,7 +250,7 @@ class FastCpuModel:
         x, h = ws["hidden"], ws["normed"]
         self.embed_rows(np.ascontiguousarray(tokens, np.int64), x)
         cos, sin = cos_sin(self.freqs, positions)
-        kv_rows = kv.rows_at(slots, positions)  # (pages, offsets), one lookup for every layer
+        kv_rows = kv.rows_at(slots, positions)  # (pages, offsets) (T,) int64, checked once for every layer
         q3 = ws["q"].reshape(t, cfg.num_heads, cfg.head_dim)
         k3 = ws["k"].reshape(t, cfg.num_kv_heads, cfg.head_dim)
         v3 = ws["v"].reshape(t, cfg.num_kv_heads, cfg.head_dim)
@@ -256,15 +259,11 @@ class FastCpuModel:
             self.linear(w["q"], h, ws["q"])
             self.linear(w["k"], h, ws["k"])
             self.linear(w["v"], h, ws["v"])
-            if cfg.qk_norm:
-                self._norm(q3, w["q_norm"], q3)
-                self._norm(k3, w["k_norm"], k3)
-            fk.rope(q3, cos, sin)
-            fk.rope(k3, cos, sin)
-            kv.write_at(layer, kv_rows, k3, v3)
             kp, vp = kv.k[layer], kv.v[layer]
             if kp.dtype != np.float32:
                 kp, vp = kp.view(np.uint16), vp.view(np.uint16)
+            qn, kn = (w["q_norm"], w["k_norm"]) if cfg.qk_norm else (NO_NORM, NO_NORM)
+            fk.qk_norm_rope_kv(q3, k3, v3, qn, kn, self.eps, cos, sin, kp, vp, *kv_rows)
             ak.attention(q3, kp, vp, kv.block_table, slots, positions, self.scale, ws["attn_scores"],
                          ws["attn_out"])
             x += self.linear(w["o"], ws["attn_out"], h)
