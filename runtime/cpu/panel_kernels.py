@@ -1,0 +1,144 @@
+"""numba linear layers on output panels (runtime/cpu/panel_ir.py): y (T, out) = x (T, in) @ W.T with W
+repacked at load into (out/P, in, P) in its stored format (``repack``).
+
+Work items are (panel, group of up to ROWS activation rows), panel-major so a panel's bytes stay in
+cache while the row groups pass; prange splits the items (threads never split a sum). The last
+group of a step has T % ROWS rows and takes the tile of that many rows: the same operations per
+(row, output) in every tile (panel_ir), so a row's bits do not depend on the step. A ragged last
+panel (out % P) is zero-padded at load and computed into a scratch tile whose first outputs are
+copied out.
+
+Formats: fp8 int8 panels of E4M3 bytes, ``scale`` float32 [out padded] = stored scale * 256 (the
+decoder gives e4m3 / 256); bf16 u16 bits; f32.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from . import linear_kernels as lk  # noqa: F401  (numba target and stale-cache setup before any compile)
+from . import panel_ir as pir
+
+PANEL = 32  # outputs per panel: 2 zmm of float32 accumulators per row
+ROWS = 8  # rows per tile: 8 x 2 accumulators + 2 weight vectors + 8 broadcasts fit the 32 vector registers
+
+
+def repack(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
+    """(out, in) -> (ceil(out / panel), in, panel), the same dtype and values, outputs past ``out`` zero."""
+    out, n = w.shape
+    groups = -(-out // panel)
+    packed = np.zeros((groups, n, panel), w.dtype)
+    for g in range(groups):
+        rows = w[g * panel:(g + 1) * panel]
+        packed[g, :, :rows.shape[0]] = rows.T
+    return packed
+
+
+def padded_scale(scale: np.ndarray, panel: int = PANEL) -> np.ndarray:
+    """fp8 row scales (out,) -> float32 (ceil(out / panel) * panel,) of scale * 256 (exact), 0 past ``out``."""
+    out = np.zeros(-(-scale.shape[0] // panel) * panel, np.float32)
+    out[:scale.shape[0]] = np.asarray(scale, np.float32) * np.float32(256.0)
+    return out
+
+
+def _tile(fmt: str, panel: int = PANEL, most: int = ROWS):
+    """An intrinsic tile(r, x, x_stride, w, n, out, out_stride, scale) (byte addresses and strides, scale 0
+    unless fp8): the r x panel outputs of one panel, 1 <= r <= ``most`` (a switch over the r-row tiles)."""
+    @intrinsic
+    def tile(typingctx, r, x, xs, w, n, out, os_, scale):
+        sig = types.void(*([types.int64] * 8))
+
+        def codegen(context, builder, signature, args):
+            r, x, xs, w, n, out, os_, scale = args
+            merge = builder.append_basic_block("tile.merge")
+            switch = builder.switch(r, merge)
+            for rows in range(1, most + 1):
+                case = builder.append_basic_block(f"tile.rows{rows}")
+                switch.add_case(pir.ir.Constant(pir.ir.IntType(64), rows), case)
+                builder.position_at_end(case)
+                pir.emit_panel_tile(builder, fmt, rows, panel, n, x, xs, w, out, os_,
+                                    scale if fmt == "fp8" else None)
+                builder.branch(merge)
+            builder.position_at_end(merge)
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+fp8_tile, bf16_tile, f32_tile = _tile("fp8"), _tile("bf16"), _tile("f32")
+
+
+@njit(inline="always")
+def _addr(a):
+    return np.int64(a.ctypes.data)
+
+
+@njit(inline="always")
+def _check(x, w, y, out):
+    t_rows, n = x.shape
+    assert w.ndim == 3 and w.shape[1] == n and w.shape[2] == PANEL and n > 0
+    assert w.shape[0] * PANEL >= out and (w.shape[0] - 1) * PANEL < out
+    assert y.shape[0] == t_rows and y.shape[1] == out and x.strides[1] == 4 and y.strides[1] == 4
+    assert w.flags.c_contiguous
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def linear_fp8_panels(x, w, scale, y):
+    """x (T, in) f32, w (out/P, in, P) int8 E4M3 panels, scale (out/P * P,) f32 (stored * 256) -> y (T, out)."""
+    out = y.shape[1]
+    _check(x, w, y, out)
+    assert scale.shape[0] == w.shape[0] * PANEL
+    t_rows, n = x.shape
+    groups = (t_rows + ROWS - 1) // ROWS
+    xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
+    for item in prange(w.shape[0] * groups):
+        g, t = item // groups, (item % groups) * ROWS
+        r = min(ROWS, t_rows - t)
+        xa, wa, sa = _addr(x) + t * xs, _addr(w) + g * pb, _addr(scale) + 4 * g * PANEL
+        if (g + 1) * PANEL <= out:
+            fp8_tile(r, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, sa)
+        else:  # the ragged last panel: its zero-padded outputs go to a scratch tile
+            tmp = np.empty((ROWS, PANEL), np.float32)
+            fp8_tile(r, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), sa)
+            y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def linear_bf16_panels(x, w, y):
+    """x (T, in) f32, w (out/P, in, P) u16 bf16-bit panels -> y (T, out) f32."""
+    out = y.shape[1]
+    _check(x, w, y, out)
+    t_rows, n = x.shape
+    groups = (t_rows + ROWS - 1) // ROWS
+    xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
+    for item in prange(w.shape[0] * groups):
+        g, t = item // groups, (item % groups) * ROWS
+        r = min(ROWS, t_rows - t)
+        xa, wa = _addr(x) + t * xs, _addr(w) + g * pb
+        if (g + 1) * PANEL <= out:
+            bf16_tile(r, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, 0)
+        else:
+            tmp = np.empty((ROWS, PANEL), np.float32)
+            bf16_tile(r, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), 0)
+            y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def linear_f32_panels(x, w, y):
+    """x (T, in) f32, w (out/P, in, P) f32 panels -> y (T, out) f32."""
+    out = y.shape[1]
+    _check(x, w, y, out)
+    t_rows, n = x.shape
+    groups = (t_rows + ROWS - 1) // ROWS
+    xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
+    for item in prange(w.shape[0] * groups):
+        g, t = item // groups, (item % groups) * ROWS
+        r = min(ROWS, t_rows - t)
+        xa, wa = _addr(x) + t * xs, _addr(w) + g * pb
+        if (g + 1) * PANEL <= out:
+            f32_tile(r, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, 0)
+        else:
+            tmp = np.empty((ROWS, PANEL), np.float32)
+            f32_tile(r, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), 0)
+            y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
