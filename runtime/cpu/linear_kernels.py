@@ -31,14 +31,14 @@ from . import simd_ir as ir_
 
 
 def _drop_stale_cache() -> None:
-    """Delete cached kernels of the modules built from simd_ir's IR when simd_ir.py is newer than them
-    (numba's cache only watches each jitted function's own file). Speed only; errors ignored."""
+    """Delete cached kernels of the modules built from simd_ir's / panel_ir's IR when either file is newer
+    than them (numba's cache only watches each jitted function's own file). Speed only; errors ignored."""
     from numba.core import config
     here = Path(__file__).resolve().parent
-    newest = (here / "simd_ir.py").stat().st_mtime
+    newest = max((here / "simd_ir.py").stat().st_mtime, (here / "panel_ir.py").stat().st_mtime)
     dirs = [here / "__pycache__"] + ([Path(config.CACHE_DIR)] if config.CACHE_DIR else [])
     for d in dirs:
-        for name in ("linear_kernels", "linear_high", "attention_kernels"):
+        for name in ("linear_kernels", "linear_high", "attention_kernels", "panel_kernels"):
             for f in d.rglob(f"{name}*.nb[ic]") if d.is_dir() else ():
                 try:
                     if f.stat().st_mtime < newest:
