@@ -26,6 +26,7 @@ from llvmlite import ir  # noqa: F401  (panel_kernels builds its switch with it)
 from . import simd_ir as s
 
 KB = 64  # input features per block (see the docstring)
+AHEAD = 4096  # bytes of each panel stream prefetched ahead of the reads (speed only; measured 1-8 KB alike)
 ELEM_BYTES = {"fp8": 1, "bf16": 2, "f32": 4}
 DECODERS = {"fp8": s.decode_fp8, "bf16": s.decode_bf16, "f32": s.decode_f32}
 
@@ -36,17 +37,19 @@ def _splat(builder, value):
                                                                                      [0] * s.LANES))
 
 
-def _chain(builder, fmt, rows, vecs, k_from, k_to, x_rows, w, unroll):
-    """The accumulators [rows][vecs] after k in [k_from, k_to) (i64), starting from +0.0: a loop of
-    ``unroll`` features per pass, then one feature per pass for the rest (the same operations per k)."""
+def _chain(builder, fmt, rows, vpp, k_from, k_to, x_rows, bases, unroll, ahead):
+    """The accumulators [rows][len(bases) * vpp] after k in [k_from, k_to) (i64), starting from +0.0, for the
+    panels at ``bases`` (vpp vectors each): a loop of ``unroll`` features per pass, then one feature per
+    pass for the rest (the same operations per k)."""
     fma = s._fma(builder.module)
     func = builder.function
-    decode = DECODERS[fmt](w)
+    decoders = [DECODERS[fmt](w) for w in bases]
+    vecs = vpp * len(bases)
     zero = s.splat(s.F32, s.LANES, 0.0)
 
     def one_k(k, accs):
-        ws = [decode(builder, builder.add(builder.mul(k, s.const(s.I64, vecs)), s.const(s.I64, v)), 0)
-              for v in range(vecs)]
+        first = builder.mul(k, s.const(s.I64, vpp))
+        ws = [decoders[v // vpp](builder, builder.add(first, s.const(s.I64, v % vpp)), 0) for v in range(vecs)]
         xo = builder.mul(k, s.const(s.I64, 4))
         xs = [_splat(builder, s.load(builder, x_rows[r], xo, s.F32)) for r in range(rows)]
         return [[builder.call(fma, [xs[r], ws[v], accs[r][v]]) for v in range(vecs)] for r in range(rows)]
@@ -66,6 +69,12 @@ def _chain(builder, fmt, rows, vecs, k_from, k_to, x_rows, w, unroll):
         more = builder.icmp_unsigned("<=", builder.add(k, s.const(s.I64, step)), limit)
         builder.cbranch(more, body, after)
         builder.position_at_end(body)
+        if step > 1 and ahead:  # software prefetch of the panel stream ``ahead`` bytes on (speed only)
+            span = step * vpp * s.LANES * ELEM_BYTES[fmt]  # bytes of each panel this pass reads
+            for w in bases:
+                start = builder.add(builder.add(w, builder.mul(k, s.const(s.I64, span // step))), s.const(s.I64, ahead))
+                for line in range(0, span, 64):
+                    s._prefetch(builder, builder.add(start, s.const(s.I64, line)))
         new = accs
         for u in range(step):
             new = one_k(builder.add(k, s.const(s.I64, u)), new)
@@ -85,12 +94,14 @@ def _chain(builder, fmt, rows, vecs, k_from, k_to, x_rows, w, unroll):
 
 
 def emit_panel_tile(builder: ir.IRBuilder, fmt: str, rows: int, panel: int, n, x_addr, x_stride, w_addr,
-                    out_addr, out_stride, scale_addr=None, unroll: int = 2) -> None:
-    """For r < rows, j < panel: *(float*)(out_addr + r * out_stride + 4 j) = output j of activation row r
-    (float32 at x_addr + r * x_stride, n features) against the panel at w_addr ((n, panel) of ``fmt``),
-    in the order of the module docstring; ``scale_addr``: fp8's float32 [panel] of scale * 256."""
-    vecs = panel // s.LANES
-    assert panel % s.LANES == 0 and vecs >= 1
+                    out_addr, out_stride, scale_addr=None, width: int = 1, unroll: int = 2, ahead: int = AHEAD) -> None:
+    """For r < rows, j < width * panel: *(float*)(out_addr + r * out_stride + 4 j) = output j of activation row
+    r (float32 at x_addr + r * x_stride, n features) against the ``width`` consecutive panels at w_addr
+    ((n, panel) of ``fmt`` each), in the order of the module docstring; ``scale_addr``: fp8's float32
+    [width * panel] of scale * 256. width > 1 (few rows): more streams and accumulator chains in flight."""
+    vpp = panel // s.LANES
+    vecs = vpp * width
+    assert panel % s.LANES == 0 and vpp >= 1
     func = builder.function
     entry = builder.block
     x_rows = [builder.add(x_addr, builder.mul(x_stride, s.const(s.I64, r))) for r in range(rows)]
@@ -107,7 +118,9 @@ def emit_panel_tile(builder: ir.IRBuilder, fmt: str, rows: int, panel: int, n, x
     builder.position_at_end(body)
     end = builder.add(k0, s.const(s.I64, KB))
     k1 = builder.select(builder.icmp_unsigned("<", end, n), end, n)
-    accs = _chain(builder, fmt, rows, vecs, k0, k1, x_rows, w_addr, unroll)
+    pb = builder.mul(n, s.const(s.I64, panel * ELEM_BYTES[fmt]))
+    bases = [builder.add(w_addr, builder.mul(pb, s.const(s.I64, i))) for i in range(width)]
+    accs = _chain(builder, fmt, rows, vpp, k0, k1, x_rows, bases, unroll, ahead)
     builder.cbranch(builder.icmp_unsigned("==", k0, s.const(s.I64, 0)), first, combine)
 
     builder.position_at_end(first)  # y = s_0

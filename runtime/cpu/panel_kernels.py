@@ -42,23 +42,25 @@ def padded_scale(scale: np.ndarray, panel: int = PANEL) -> np.ndarray:
     return out
 
 
-def _tile(fmt: str, panel: int = PANEL, most: int = ROWS):
-    """An intrinsic tile(r, x, x_stride, w, n, out, out_stride, scale) (byte addresses and strides, scale 0
-    unless fp8): the r x panel outputs of one panel, 1 <= r <= ``most`` (a switch over the r-row tiles)."""
+def _tile(fmt: str, panel: int = PANEL):
+    """An intrinsic tile(r, width, x, x_stride, w, n, out, out_stride, scale) (byte addresses and strides,
+    scale 0 unless fp8): the r x (width * panel) outputs of ``width`` consecutive panels, for the shapes in
+    TILES (a switch over them; another shape computes nothing)."""
     @intrinsic
-    def tile(typingctx, r, x, xs, w, n, out, os_, scale):
-        sig = types.void(*([types.int64] * 8))
+    def tile(typingctx, r, width, x, xs, w, n, out, os_, scale):
+        sig = types.void(*([types.int64] * 9))
 
         def codegen(context, builder, signature, args):
-            r, x, xs, w, n, out, os_, scale = args
+            r, width, x, xs, w, n, out, os_, scale = args
             merge = builder.append_basic_block("tile.merge")
-            switch = builder.switch(r, merge)
-            for rows in range(1, most + 1):
-                case = builder.append_basic_block(f"tile.rows{rows}")
-                switch.add_case(pir.ir.Constant(pir.ir.IntType(64), rows), case)
+            key = builder.add(builder.mul(width, pir.ir.Constant(pir.ir.IntType(64), 16)), r)
+            switch = builder.switch(key, merge)
+            for rows, wide in TILES:
+                case = builder.append_basic_block(f"tile.{rows}x{wide}")
+                switch.add_case(pir.ir.Constant(pir.ir.IntType(64), 16 * wide + rows), case)
                 builder.position_at_end(case)
                 pir.emit_panel_tile(builder, fmt, rows, panel, n, x, xs, w, out, os_,
-                                    scale if fmt == "fp8" else None)
+                                    scale if fmt == "fp8" else None, width=wide)
                 builder.branch(merge)
             builder.position_at_end(merge)
             return context.get_dummy_value()
@@ -66,6 +68,10 @@ def _tile(fmt: str, panel: int = PANEL, most: int = ROWS):
     return tile
 
 
+# (rows, panels side by side): ROWS x 1 and its shorter groups; a step of 1 or 2 rows (decode) takes WIDE
+# panels at once: 4 weight streams and 8 or 16 accumulator chains in flight, like the row kernels' 1x4 tiles
+WIDE = 4
+TILES = [(r, 1) for r in range(1, ROWS + 1)] + [(1, WIDE), (2, WIDE)]
 fp8_tile, bf16_tile, f32_tile = _tile("fp8"), _tile("bf16"), _tile("f32")
 
 
@@ -83,6 +89,22 @@ def _check(x, w, y, out):
     assert w.flags.c_contiguous
 
 
+@njit(inline="always")
+def _plan(t_rows, out):
+    """Work items as (units of panels) x (row groups): groups, rows per group, panels per wide unit, wide units."""
+    wide = WIDE if t_rows <= 2 else 1
+    return (t_rows + ROWS - 1) // ROWS, ROWS, wide, (out // PANEL) // wide
+
+
+@njit(inline="always")
+def _unit(item, groups, rows, wide, n_wide, t_rows):
+    """Item -> (first panel, panels, first row, rows): n_wide units of ``wide`` panels, then single panels."""
+    u, t = item // groups, (item % groups) * rows
+    if u < n_wide:
+        return u * wide, wide, t, min(rows, t_rows - t)
+    return n_wide * wide + (u - n_wide), 1, t, min(rows, t_rows - t)
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def linear_fp8_panels(x, w, scale, y):
     """x (T, in) f32, w (out/P, in, P) int8 E4M3 panels, scale (out/P * P,) f32 (stored * 256) -> y (T, out)."""
@@ -90,17 +112,16 @@ def linear_fp8_panels(x, w, scale, y):
     _check(x, w, y, out)
     assert scale.shape[0] == w.shape[0] * PANEL
     t_rows, n = x.shape
-    groups = (t_rows + ROWS - 1) // ROWS
+    groups, rows, wide, n_wide = _plan(t_rows, out)
     xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
-    for item in prange(w.shape[0] * groups):
-        g, t = item // groups, (item % groups) * ROWS
-        r = min(ROWS, t_rows - t)
+    for item in prange((n_wide + w.shape[0] - n_wide * wide) * groups):
+        g, width, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
         xa, wa, sa = _addr(x) + t * xs, _addr(w) + g * pb, _addr(scale) + 4 * g * PANEL
-        if (g + 1) * PANEL <= out:
-            fp8_tile(r, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, sa)
+        if (g + width) * PANEL <= out:
+            fp8_tile(r, width, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, sa)
         else:  # the ragged last panel: its zero-padded outputs go to a scratch tile
             tmp = np.empty((ROWS, PANEL), np.float32)
-            fp8_tile(r, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), sa)
+            fp8_tile(r, 1, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), sa)
             y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
 
 
@@ -110,17 +131,16 @@ def linear_bf16_panels(x, w, y):
     out = y.shape[1]
     _check(x, w, y, out)
     t_rows, n = x.shape
-    groups = (t_rows + ROWS - 1) // ROWS
+    groups, rows, wide, n_wide = _plan(t_rows, out)
     xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
-    for item in prange(w.shape[0] * groups):
-        g, t = item // groups, (item % groups) * ROWS
-        r = min(ROWS, t_rows - t)
+    for item in prange((n_wide + w.shape[0] - n_wide * wide) * groups):
+        g, width, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
         xa, wa = _addr(x) + t * xs, _addr(w) + g * pb
-        if (g + 1) * PANEL <= out:
-            bf16_tile(r, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, 0)
+        if (g + width) * PANEL <= out:
+            bf16_tile(r, width, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, 0)
         else:
             tmp = np.empty((ROWS, PANEL), np.float32)
-            bf16_tile(r, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), 0)
+            bf16_tile(r, 1, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), 0)
             y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
 
 
@@ -130,15 +150,14 @@ def linear_f32_panels(x, w, y):
     out = y.shape[1]
     _check(x, w, y, out)
     t_rows, n = x.shape
-    groups = (t_rows + ROWS - 1) // ROWS
+    groups, rows, wide, n_wide = _plan(t_rows, out)
     xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
-    for item in prange(w.shape[0] * groups):
-        g, t = item // groups, (item % groups) * ROWS
-        r = min(ROWS, t_rows - t)
+    for item in prange((n_wide + w.shape[0] - n_wide * wide) * groups):
+        g, width, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
         xa, wa = _addr(x) + t * xs, _addr(w) + g * pb
-        if (g + 1) * PANEL <= out:
-            f32_tile(r, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, 0)
+        if (g + width) * PANEL <= out:
+            f32_tile(r, width, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, 0)
         else:
             tmp = np.empty((ROWS, PANEL), np.float32)
-            f32_tile(r, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), 0)
+            f32_tile(r, 1, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), 0)
             y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
