@@ -145,3 +145,22 @@ def emit_panel_tile(builder: ir.IRBuilder, fmt: str, rows: int, panel: int, n, x
             for r in range(rows):
                 y = s.load(builder, dst[r][v], s.const(s.I64, 0), s.VF32)
                 s.store(builder, builder.fmul(y, sv), dst[r][v], s.const(s.I64, 0))
+
+
+def emit_decode(builder: ir.IRBuilder, fmt: str, nblocks, w_addr, dst_addr) -> None:
+    """float32 at dst_addr [16 * nblocks] = the ``fmt`` elements at w_addr decoded, exactly as the tile's
+    decoder gives them (fp8: e4m3 / 256), so a tile over the copy (fmt f32, the same scale) has the same bits."""
+    func = builder.function
+    decode = DECODERS[fmt](w_addr)
+    entry = builder.block
+    header, body, done = (func.append_basic_block(f"decode.{n}") for n in ("header", "body", "done"))
+    builder.branch(header)
+    builder.position_at_end(header)
+    b = builder.phi(s.I64, "block")
+    b.add_incoming(s.const(s.I64, 0), entry)
+    builder.cbranch(builder.icmp_unsigned("<", b, nblocks), body, done)
+    builder.position_at_end(body)
+    s.store(builder, decode(builder, b, 0), dst_addr, builder.mul(b, s.const(s.I64, 4 * s.LANES)))
+    b.add_incoming(builder.add(b, s.const(s.I64, 1)), builder.block)
+    builder.branch(header)
+    builder.position_at_end(done)

@@ -42,9 +42,9 @@ def padded_scale(scale: np.ndarray, panel: int = PANEL) -> np.ndarray:
     return out
 
 
-def _tile(fmt: str, panel: int = PANEL):
+def _tile(fmt: str, panel: int = PANEL, scaled: bool = False):
     """An intrinsic tile(r, width, x, x_stride, w, n, out, out_stride, scale) (byte addresses and strides,
-    scale 0 unless fp8): the r x (width * panel) outputs of ``width`` consecutive panels, for the shapes in
+    scale read for fp8 or ``scaled``, else 0): the r x (width * panel) outputs of ``width`` consecutive panels, for the shapes in
     TILES (a switch over them; another shape computes nothing)."""
     @intrinsic
     def tile(typingctx, r, width, x, xs, w, n, out, os_, scale):
@@ -60,7 +60,7 @@ def _tile(fmt: str, panel: int = PANEL):
                 switch.add_case(pir.ir.Constant(pir.ir.IntType(64), 16 * wide + rows), case)
                 builder.position_at_end(case)
                 pir.emit_panel_tile(builder, fmt, rows, panel, n, x, xs, w, out, os_,
-                                    scale if fmt == "fp8" else None, width=wide)
+                                    scale if fmt == "fp8" or scaled else None, width=wide)
                 builder.branch(merge)
             builder.position_at_end(merge)
             return context.get_dummy_value()
@@ -73,6 +73,22 @@ def _tile(fmt: str, panel: int = PANEL):
 WIDE = 4
 TILES = [(r, 1) for r in range(1, ROWS + 1)] + [(1, WIDE), (2, WIDE)]
 fp8_tile, bf16_tile, f32_tile = _tile("fp8"), _tile("bf16"), _tile("f32")
+f32_scaled_tile = _tile("f32", scaled=True)  # an fp8 panel decoded to float32 once (``fp8_to_f32``), many row groups
+
+
+def _to_f32(fmt: str):
+    """An intrinsic decode(w, nblocks, dst): float32 at dst [16 * nblocks] = the ``fmt`` elements at w as
+    the ``fmt`` tile decodes them (fp8: e4m3 / 256)."""
+    @intrinsic
+    def decode(typingctx, w, nblocks, dst):
+        def codegen(context, builder, signature, args):
+            pir.emit_decode(builder, fmt, args[1], args[0], args[2])
+            return context.get_dummy_value()
+        return types.void(types.int64, types.int64, types.int64), codegen
+    return decode
+
+
+fp8_to_f32, bf16_to_f32 = _to_f32("fp8"), _to_f32("bf16")
 
 
 @njit(inline="always")
@@ -114,6 +130,19 @@ def linear_fp8_panels(x, w, scale, y):
     t_rows, n = x.shape
     groups, rows, wide, n_wide = _plan(t_rows, out)
     xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
+    if groups > 1:  # each panel decoded to float32 once, then every row group (the same values and bits)
+        for g in prange(w.shape[0]):
+            f = np.empty((n, PANEL), np.float32)
+            fp8_to_f32(_addr(w) + g * pb, np.int64(n * PANEL // 16), _addr(f))
+            tmp = np.empty((ROWS, PANEL), np.float32)
+            for t in range(0, t_rows, ROWS):
+                r, xa, sa = min(ROWS, t_rows - t), _addr(x) + t * xs, _addr(scale) + 4 * g * PANEL
+                if (g + 1) * PANEL <= out:
+                    f32_scaled_tile(r, 1, xa, xs, _addr(f), n, _addr(y) + t * ys + 4 * g * PANEL, ys, sa)
+                else:
+                    f32_scaled_tile(r, 1, xa, xs, _addr(f), n, _addr(tmp), np.int64(4 * PANEL), sa)
+                    y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
+        return
     for item in prange((n_wide + w.shape[0] - n_wide * wide) * groups):
         g, width, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
         xa, wa, sa = _addr(x) + t * xs, _addr(w) + g * pb, _addr(scale) + 4 * g * PANEL
@@ -133,6 +162,19 @@ def linear_bf16_panels(x, w, y):
     t_rows, n = x.shape
     groups, rows, wide, n_wide = _plan(t_rows, out)
     xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
+    if groups > 1:  # each panel decoded to float32 once, then every row group (the same values and bits)
+        for g in prange(w.shape[0]):
+            f = np.empty((n, PANEL), np.float32)
+            bf16_to_f32(_addr(w) + g * pb, np.int64(n * PANEL // 16), _addr(f))
+            tmp = np.empty((ROWS, PANEL), np.float32)
+            for t in range(0, t_rows, ROWS):
+                r, xa = min(ROWS, t_rows - t), _addr(x) + t * xs
+                if (g + 1) * PANEL <= out:
+                    f32_tile(r, 1, xa, xs, _addr(f), n, _addr(y) + t * ys + 4 * g * PANEL, ys, 0)
+                else:
+                    f32_tile(r, 1, xa, xs, _addr(f), n, _addr(tmp), np.int64(4 * PANEL), 0)
+                    y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
+        return
     for item in prange((n_wide + w.shape[0] - n_wide * wide) * groups):
         g, width, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
         xa, wa = _addr(x) + t * xs, _addr(w) + g * pb
