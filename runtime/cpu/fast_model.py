@@ -1,5 +1,5 @@
-"""The fast CPU backend: the forward pass on the bundle's stored weights (kernels: runtime/cpu/linear_kernels.py,
-linear_high.py, attention_kernels.py, fast_kernels.py).
+"""The fast CPU backend: the forward pass on the bundle's stored weights (kernels: runtime/cpu/panel_kernels.py,
+linear_kernels.py, linear_high.py, attention_kernels.py, fast_kernels.py).
 
 Weights stay in their stored format (FP8 E4M3 + per-row scales, NVFP4 + block and global scales, bf16):
 NVFP4 and the embedding/head as zero-copy views of the memory-mapped weights file, FP8/bf16/f32 linears
@@ -42,7 +42,6 @@ class StoredLinear:
     global_scale: float = 1.0
     bias: np.ndarray | None = None  # f32 [out]
     panel: int = 0
-    out_features: int = 0
 
 
 def _high(a: np.ndarray) -> np.ndarray:
@@ -105,15 +104,11 @@ class StoredWeights:
         return sum(a.nbytes for a in arrays) + 4 * sum(lin.kind == "nvfp4" for lin in self.linear.values())  # + f32 globals
 
 
-def _missing(st, name, what):
-    if st is not None:
-        _refuse(st, name, f"missing; expected {what}")
-    raise KeyError(f"{name}: missing; expected {what}")
-
-
 def _get_high(st, has, get, name, shape):
     if not has(name):
-        _missing(st, name, f"BF16{list(shape)}")
+        if st is not None:
+            _refuse(st, name, f"missing; expected BF16{list(shape)}")
+        raise KeyError(f"{name}: missing; expected BF16{list(shape)}")
     if st is not None:
         dtype = st.tensors[name].dtype
         if dtype not in ("BF16", "F32", "F16"):
@@ -132,17 +127,15 @@ def _linear_from(st, has, get, name, shape) -> StoredLinear:
         _no_nan_codes(st, name + "_scale", block)
         global_ = get(name + "_scale_2", "F32", ())
         return StoredLinear("nvfp4", packed.view(np.uint8), block=block.view(np.uint8),
-                            global_scale=float(np.float32(global_[()])), out_features=rows)
+                            global_scale=float(np.float32(global_[()])))
     if has(name + "_scale"):
         q = get(name, "F8_E4M3", shape)
         _no_nan_codes(st, name, q)
         scale = get(name + "_scale", "F32", (rows,))
-        lin = StoredLinear("fp8", pk.repack(q.view(np.int8)), scale=pk.padded_scale(scale), panel=pk.PANEL,
-                           out_features=rows)
+        lin = StoredLinear("fp8", pk.repack(q.view(np.int8)), scale=pk.padded_scale(scale), panel=pk.PANEL)
     else:
         w = _high(_get_high(st, has, get, name, shape))
-        kind = "bf16" if w.dtype == np.uint16 else "f32"
-        lin = StoredLinear(kind, pk.repack(w), panel=pk.PANEL, out_features=rows)
+        lin = StoredLinear("bf16" if w.dtype == np.uint16 else "f32", pk.repack(w), panel=pk.PANEL)
     if st is not None:  # the panels are a copy: the file's pages of this tensor are no longer read
         st.release(name)
     return lin
