@@ -74,7 +74,8 @@ class StoredWeights:
 
     @classmethod
     def from_file(cls, cfg: ModelConfig, st: SafetensorsFile) -> "StoredWeights":
-        """From a bundle's weights file, checked tensor by tensor (Refusal ``bundle_invalid``), zero-copy."""
+        """From a bundle's weights file, checked tensor by tensor (Refusal ``bundle_invalid``): views of its map,
+        fp8/bf16/f32 linears repacked into panels."""
         def get(name, dtype, shape):
             return _expect(st, name, dtype, shape)
         return cls._build(cfg, lambda n: n in st.tensors, get, st)
