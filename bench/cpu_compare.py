@@ -162,7 +162,7 @@ def kernels(threads: int, rows: int) -> dict:
     ``rows`` activation rows: best of 3 passes, ns per weight (per row) and GB/s of weights read."""
     import numpy as np
 
-    from runtime.cpu import linear_high as lh, linear_kernels as lk
+    from runtime.cpu import linear_high as lh, linear_kernels as lk, panel_kernels as pk
     from runtime.cpu.fast_model import set_threads
 
     set_threads(threads)
@@ -172,24 +172,26 @@ def kernels(threads: int, rows: int) -> dict:
         shapes = [(151936, 1024)] if fmt == "head_bf16" else list(QWEN3_06B_LINEARS) * 28
         mats = []
         for o, n in shapes:
-            if fmt == "fp8":
-                mats.append((rng.integers(-100, 100, (o, n), dtype=np.int8), rng.random(o, dtype=np.float32)))
+            if fmt == "fp8":  # fp8 / bf16 linears as the model holds them: output panels (old: bench/panel_kernels.py)
+                q, s = rng.integers(-100, 100, (o, n), dtype=np.int8), rng.random(o, dtype=np.float32)
+                mats.append((pk.repack(q), pk.padded_scale(s)))
             elif fmt == "nvfp4":
                 mats.append((rng.integers(0, 256, (o, n // 2), dtype=np.uint8),
                              rng.integers(8, 0x70, (o, n // 16), dtype=np.uint8)))
             else:
-                mats.append((rng.integers(0x3C00, 0x3F00, (o, n), dtype=np.uint16),))
+                w = rng.integers(0x3C00, 0x3F00, (o, n), dtype=np.uint16)
+                mats.append((w if fmt == "head_bf16" else pk.repack(w),))
         xs = {n: rng.standard_normal((rows, n), dtype=np.float32) for _, n in shapes}
         ys = {o: np.empty((rows, o), np.float32) for o, _ in shapes}
 
         def run():
             for (o, n), m in zip(shapes, mats):
                 if fmt == "fp8":
-                    lk.linear_fp8(xs[n], m[0], m[1], ys[o])
+                    pk.linear_fp8_panels(xs[n], m[0], m[1], ys[o])
                 elif fmt == "nvfp4":
                     lk.linear_nvfp4(xs[n], m[0], m[1], np.float32(0.01), ys[o])
                 else:
-                    lh.linear_bf16(xs[n], m[0], ys[o])
+                    (lh.linear_bf16 if fmt == "head_bf16" else pk.linear_bf16_panels)(xs[n], m[0], ys[o])
         run()
         best = min(_timed(run) for _ in range(3))
         weights = sum(o * n for o, n in shapes)

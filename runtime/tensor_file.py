@@ -188,6 +188,16 @@ class SafetensorsFile:
         raw = np.frombuffer(self._mm, dtype=np.uint8, count=info.nbytes, offset=self._data_start + info.begin)
         return raw.view(DTYPES[info.dtype]).reshape(info.shape)
 
+    def release(self, name: str) -> None:
+        """Drop this process's resident pages inside tensor ``name``'s bytes (after copying it: RSS stops
+        counting them). Views stay valid: a later read faults the pages in again from the file."""
+        info = self.tensors[name]
+        page = mmap.PAGESIZE
+        start = -(-(self._data_start + info.begin) // page) * page  # whole pages only: neighbours keep theirs
+        end = (self._data_start + info.end) // page * page
+        if self._mm is not None and end > start and hasattr(mmap, "MADV_DONTNEED"):
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def close(self) -> None:
         # Views handed out keep the mmap alive through their buffer; closing only drops our references.
         self._mm = None

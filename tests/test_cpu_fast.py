@@ -184,8 +184,9 @@ CACHE_PROBE = textwrap.dedent("""
     from runtime.engine import Engine
     from runtime.machine import MachineFacts
     from runtime.cpu import attention_kernels as ak, fast_kernels as fk, linear_high as lh, linear_kernels as lk
+    from runtime.cpu import panel_kernels as pk
     Engine.load(sys.argv[1], facts=MachineFacts(free_bytes=1 << 40))
-    kernels = [v for m in (fk, lk, lh, ak) for v in vars(m).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
+    kernels = [v for m in (fk, lk, lh, ak, pk) for v in vars(m).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
     print(json.dumps({k.__name__: sum(k.stats.cache_misses.values()) for k in kernels if k.signatures}))
 """)
 
@@ -195,7 +196,7 @@ def test_a_second_start_loads_the_kernels_from_the_cache(tiny_bundle):
                            text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT}) for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr
     misses = json.loads(runs[1].stdout.strip().splitlines()[-1])
-    assert "linear_fp8" in misses and "attention" in misses and "candidate_logits_bf16" in misses
+    assert "linear_fp8_panels" in misses and "attention" in misses and "candidate_logits_bf16" in misses
     assert not any(misses.values()), f"compiled again on the second start: {misses}"
 
 
@@ -203,7 +204,7 @@ def test_a_second_start_loads_the_kernels_from_the_cache(tiny_bundle):
 
 KERNEL_INPUTS = textwrap.dedent("""
     import hashlib, json, numpy as np, ml_dtypes
-    from runtime.cpu import linear_high as lh, linear_kernels as lk
+    from runtime.cpu import linear_high as lh, linear_kernels as lk, panel_kernels as pk
 
     def inputs(out, n, t_rows, seed):
         rng = np.random.default_rng(seed)
@@ -223,14 +224,22 @@ KERNEL_INPUTS = textwrap.dedent("""
             lk.linear_nvfp4(x, a["packed"], a["blocks"], np.float32(0.01), y)
         elif kind == "bf16":
             lh.linear_bf16(x, a["bf16"], y)
-        else:
+        elif kind == "f32":
             lh.linear_f32(x, a["w"], y)
+        elif kind == "fp8/panel":
+            pk.linear_fp8_panels(x, pk.repack(a["fp8"]), pk.padded_scale(a["scale"]), y)
+        elif kind == "bf16/panel":
+            pk.linear_bf16_panels(x, pk.repack(a["bf16"]), y)
+        else:
+            pk.linear_f32_panels(x, pk.repack(a["w"]), y)
         return y
 """)
 # (kind, out, in): 70 outputs = a 64-row work item + a ragged 6; in 96 / 80 take NVFP4's two-block and
-# one-block paths; 83 leaves a scalar tail of 3 elements.
+# one-block paths; 83 leaves a scalar tail of 3 elements. Panels (32 outputs): 70 = 2 panels + a zero-padded
+# 6, 64 exactly 2; in 200 = 3 blocks of 64 features + a short one, 83 one block + a short one.
 KERNEL_CASES = [("fp8", 70, 96), ("fp8", 70, 83), ("nvfp4", 70, 96), ("nvfp4", 70, 80), ("bf16", 70, 83),
-                ("f32", 70, 83)]
+                ("f32", 70, 83), ("fp8/panel", 70, 200), ("fp8/panel", 64, 83), ("bf16/panel", 70, 83),
+                ("bf16/panel", 64, 200), ("f32/panel", 70, 200), ("f32/panel", 64, 16)]
 exec(KERNEL_INPUTS)  # the same inputs in this process and in the probe below
 
 
@@ -241,11 +250,11 @@ def test_linear_kernels_give_the_dot_product_and_the_same_bits_in_any_tile(kind,
                "nvfp4": lambda: (lk.E2M1_VALUES[a["codes"]].astype(np.float64) * 0.01
                                  * np.repeat(lk.E4M3_VALUES[a["blocks"]], 16, axis=1)),
                "bf16": lambda: a["bf16"].view(ml_dtypes.bfloat16).astype(np.float64),
-               "f32": lambda: a["w"].astype(np.float64)}[kind]()
+               "f32": lambda: a["w"].astype(np.float64)}[kind.split("/")[0]]()
     full = run(kind, a, a["x"])
     want = a["x"].astype(np.float64) @ weights.T
     assert np.abs(full - want).max() <= 1e-5 * np.abs(want).max()
-    for t_rows in (1, 2, 3, 4, 5, 6, 7, 10, 12):  # every tile shape and mix of shapes, rows at both ends
+    for t_rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12):  # every tile shape and mix of shapes, rows at both ends
         for rows in (slice(0, t_rows), slice(13 - t_rows, 13)):
             got = run(kind, a, np.ascontiguousarray(a["x"][rows]))
             assert got.tobytes() == full[rows].tobytes(), f"{kind}: rows {rows} alone differ from the 13-row step"
@@ -275,7 +284,7 @@ BITS_PROBE = KERNEL_INPUTS + textwrap.dedent("""
 def test_the_same_bits_without_avx512_f16c_or_ssse3(tmp_path):
     """The dot order is written down, and every decoder is exact: a baseline x86-64 build (no F16C,
     SSSE3 or AVX-512: the arithmetic fallbacks) gives the host build's bits."""
-    cases = json.dumps([c for c in KERNEL_CASES if c[0] in ("fp8", "nvfp4")])
+    cases = json.dumps([c for c in KERNEL_CASES if c[0] in ("fp8", "nvfp4", "fp8/panel", "bf16/panel")])
     env = {**os.environ, "PYTHONPATH": ROOT}
     runs = []
     for extra in ({}, {"NUMBA_CACHE_DIR": str(tmp_path), "NUMBA_CPU_NAME": "x86-64",

@@ -1,10 +1,12 @@
-"""The fast CPU backend: the forward pass on the bundle's stored weights (kernels: runtime/cpu/linear_kernels.py,
-linear_high.py, attention_kernels.py, fast_kernels.py).
+"""The fast CPU backend: the forward pass on the bundle's stored weights (kernels: runtime/cpu/panel_kernels.py,
+linear_kernels.py, linear_high.py, attention_kernels.py, fast_kernels.py).
 
-Weights stay as the bundle stores them (FP8 E4M3 + per-row scales, NVFP4 + block and global
-scales, bf16), as zero-copy views of the memory-mapped weights file: the process holds the
-contract's weight bytes, not a float32 copy. Activations are float32 in buffers allocated once
-for ``max_rows`` rows (the contract's workspace), KV in the shared paged pool. Every kernel
+Weights stay in their stored format (FP8 E4M3 + per-row scales, NVFP4 + block and global scales, bf16):
+NVFP4 and the embedding/head as zero-copy views of the memory-mapped weights file, FP8/bf16/f32 linears
+repacked at load into output panels (runtime/cpu/panel_kernels.py), one tensor at a time, the file's
+pages of each dropped once copied: the process holds the contract's weight bytes, not a float32 copy.
+Activations are float32 in buffers allocated once for ``max_rows`` rows (the contract's workspace), KV
+in the shared paged pool. Every kernel
 computes a row independently of the step's other rows in a fixed reduction order, so a
 sequence's logits have the same bits alone, in any batch and in any prefill chunking.
 ``CpuModel`` (runtime/cpu/model.py, numpy float32) stays the reference its tokens must equal.
@@ -18,21 +20,20 @@ import numba
 import numpy as np
 
 from . import attention_kernels as ak, fast_kernels as fk
-from . import linear_high as lh, linear_kernels as lk
+from . import linear_high as lh, linear_kernels as lk, panel_kernels as pk
 from .dequant import NVFP4_BLOCK, _expect, _refuse
 from .kv_pool import PagedKVPool
 from ..model_config import ModelConfig
 from ..rope import cos_sin, inv_freq
 from ..tensor_file import SafetensorsFile
 
-_HIGH = {"BF16": np.uint16, "F32": np.float32}
-
 
 @dataclass(frozen=True)
 class StoredLinear:
     """One weight matrix as stored. kind: fp8 (weight int8 [out, in] E4M3 bytes, scale f32 [out]),
     nvfp4 (weight u8 [out, in/2], block u8 [out, in/16] E4M3 bytes, global_scale), bf16
-    (weight u16 bits [out, in]) or f32 (weight f32 [out, in])."""
+    (weight u16 bits [out, in]) or f32 (weight f32 [out, in]). ``panel`` P > 0: weight repacked as
+    [ceil(out/P), in, P] (the same element format), fp8 scale as [ceil(out/P) * P] of stored scale * 256."""
 
     kind: str
     weight: np.ndarray
@@ -40,10 +41,7 @@ class StoredLinear:
     block: np.ndarray | None = None
     global_scale: float = 1.0
     bias: np.ndarray | None = None  # f32 [out]
-
-    @property
-    def out_features(self) -> int:
-        return self.weight.shape[0]
+    panel: int = 0
 
 
 def _high(a: np.ndarray) -> np.ndarray:
@@ -76,7 +74,8 @@ class StoredWeights:
 
     @classmethod
     def from_file(cls, cfg: ModelConfig, st: SafetensorsFile) -> "StoredWeights":
-        """From a bundle's weights file, checked tensor by tensor (Refusal ``bundle_invalid``), zero-copy."""
+        """From a bundle's weights file, checked tensor by tensor (Refusal ``bundle_invalid``): views of its map,
+        fp8/bf16/f32 linears repacked into panels."""
         def get(name, dtype, shape):
             return _expect(st, name, dtype, shape)
         return cls._build(cfg, lambda n: n in st.tensors, get, st)
@@ -106,15 +105,11 @@ class StoredWeights:
         return sum(a.nbytes for a in arrays) + 4 * sum(lin.kind == "nvfp4" for lin in self.linear.values())  # + f32 globals
 
 
-def _missing(st, name, what):
-    if st is not None:
-        _refuse(st, name, f"missing; expected {what}")
-    raise KeyError(f"{name}: missing; expected {what}")
-
-
 def _get_high(st, has, get, name, shape):
     if not has(name):
-        _missing(st, name, f"BF16{list(shape)}")
+        if st is not None:
+            _refuse(st, name, f"missing; expected BF16{list(shape)}")
+        raise KeyError(f"{name}: missing; expected BF16{list(shape)}")
     if st is not None:
         dtype = st.tensors[name].dtype
         if dtype not in ("BF16", "F32", "F16"):
@@ -138,9 +133,13 @@ def _linear_from(st, has, get, name, shape) -> StoredLinear:
         q = get(name, "F8_E4M3", shape)
         _no_nan_codes(st, name, q)
         scale = get(name + "_scale", "F32", (rows,))
-        return StoredLinear("fp8", q.view(np.int8), scale=np.asarray(scale, np.float32))
-    w = _high(_get_high(st, has, get, name, shape))
-    return StoredLinear("bf16" if w.dtype == np.uint16 else "f32", w)
+        lin = StoredLinear("fp8", pk.repack(q.view(np.int8)), scale=pk.padded_scale(scale), panel=pk.PANEL)
+    else:
+        w = _high(_get_high(st, has, get, name, shape))
+        lin = StoredLinear("bf16" if w.dtype == np.uint16 else "f32", pk.repack(w), panel=pk.PANEL)
+    if st is not None:  # the panels are a copy: the file's pages of this tensor are no longer read
+        st.release(name)
+    return lin
 
 
 def _no_nan_codes(st, name, e4m3) -> None:
@@ -220,14 +219,14 @@ class FastCpuModel:
 
     def linear(self, lin: StoredLinear, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """y (T, out) = x (T, in) @ W.T (+ bias), on the stored format."""
-        if lin.kind == "fp8":
-            lk.linear_fp8(x, lin.weight, lin.scale, y)
-        elif lin.kind == "nvfp4":
+        if lin.kind == "nvfp4":
             lk.linear_nvfp4(x, lin.weight, lin.block, np.float32(lin.global_scale), y)
+        elif lin.kind == "fp8":
+            pk.linear_fp8_panels(x, lin.weight, lin.scale, y)
         elif lin.kind == "bf16":
-            lh.linear_bf16(x, lin.weight, y)
+            pk.linear_bf16_panels(x, lin.weight, y)
         else:
-            lh.linear_f32(x, lin.weight, y)
+            pk.linear_f32_panels(x, lin.weight, y)
         if lin.bias is not None:
             y += lin.bias
         return y

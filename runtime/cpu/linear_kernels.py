@@ -31,14 +31,15 @@ from . import simd_ir as ir_
 
 
 def _drop_stale_cache() -> None:
-    """Delete cached kernels of the modules built from simd_ir's or attention_ir's IR when either file is
-    newer than them (numba's cache only watches each jitted function's own file). Speed only; errors ignored."""
+    """Delete cached kernels of the modules built from the IR emitters (simd_ir, panel_ir, attention_ir) when
+    one of those files is newer than them (numba's cache only watches each jitted function's own file).
+    Speed only; errors ignored."""
     from numba.core import config
     here = Path(__file__).resolve().parent
-    newest = max((here / name).stat().st_mtime for name in ("simd_ir.py", "attention_ir.py"))
+    newest = max((here / name).stat().st_mtime for name in ("simd_ir.py", "panel_ir.py", "attention_ir.py"))
     dirs = [here / "__pycache__"] + ([Path(config.CACHE_DIR)] if config.CACHE_DIR else [])
     for d in dirs:
-        for name in ("linear_kernels", "linear_high", "attention_kernels"):
+        for name in ("linear_kernels", "linear_high", "attention_kernels", "panel_kernels"):
             for f in d.rglob(f"{name}*.nb[ic]") if d.is_dir() else ():
                 try:
                     if f.stat().st_mtime < newest:

@@ -1,0 +1,166 @@
+"""LLVM IR for the fast CPU backend's output-panel ("broadcast") linear tile (llvmlite; numba intrinsics
+in runtime/cpu/panel_kernels.py call it).
+
+Weights are repacked at load into panels: panel g holds outputs [gP, gP + P) as (in, P), the P
+weights of one input feature k contiguous (the stored format: E4M3 bytes, bf16 bits or float32).
+A tile is R activation rows x P outputs: per k, the P weights are decoded once (P/16 vectors of
+16 lanes, runtime/cpu/simd_ir.py's exact decoders), x[t, k] is broadcast per row, and R * P/16
+FMAs follow. Output j of row t is therefore a plain chain over k, with no horizontal reduction:
+
+- k is cut into blocks of KB = 64 features (the last block shorter); within block b,
+  acc = fma(x[t, k], w[k, j], acc) over its k in increasing order, starting from +0.0
+  (``llvm.fma``: one rounding, no fast-math flags, so LLVM may not reorder);
+- the block sums are added in order: y = s_0, then y = y + s_b (float32, through memory: the
+  output row holds the running sum, so the tile needs no second set of registers). Blocks keep the
+  rounding error of a 3072-feature row near that of a 64-term chain;
+- fp8: finally y = y * (scale[j] * 256) (the decoder gives e4m3 / 256; x 256 is exact).
+
+Every (row, output) pair runs this same sequence in a tile of any R, whichever tile it lands in,
+so a row's bits do not depend on the rows beside it. The decoders have the same fallbacks as
+simd_ir's (no F16C: integer arithmetic), so the bits are the same on any x86-64.
+"""
+from __future__ import annotations
+
+from llvmlite import ir  # noqa: F401  (panel_kernels builds its switch with it)
+
+from . import simd_ir as s
+
+KB = 64  # input features per block (see the docstring)
+AHEAD = 4096  # bytes of each panel stream prefetched ahead of the reads (speed only; measured 1-8 KB alike)
+ELEM_BYTES = {"fp8": 1, "bf16": 2, "f32": 4}
+DECODERS = {"fp8": s.decode_fp8, "bf16": s.decode_bf16, "f32": s.decode_f32}
+
+
+def _splat(builder, value):
+    v = builder.insert_element(ir.Constant(s.VF32, ir.Undefined), value, s.const(s.I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(s.VF32, ir.Undefined), ir.Constant(s.vec(s.I32, s.LANES),
+                                                                                     [0] * s.LANES))
+
+
+def _chain(builder, fmt, rows, vpp, k_from, k_to, x_rows, bases, unroll, ahead):
+    """The accumulators [rows][len(bases) * vpp] after k in [k_from, k_to) (i64), starting from +0.0, for the
+    panels at ``bases`` (vpp vectors each): a loop of ``unroll`` features per pass, then one feature per
+    pass for the rest (the same operations per k)."""
+    fma = s._fma(builder.module)
+    func = builder.function
+    decoders = [DECODERS[fmt](w) for w in bases]
+    vecs = vpp * len(bases)
+    zero = s.splat(s.F32, s.LANES, 0.0)
+
+    def one_k(k, accs):
+        first = builder.mul(k, s.const(s.I64, vpp))
+        ws = [decoders[v // vpp](builder, builder.add(first, s.const(s.I64, v % vpp)), 0) for v in range(vecs)]
+        xo = builder.mul(k, s.const(s.I64, 4))
+        xs = [_splat(builder, s.load(builder, x_rows[r], xo, s.F32)) for r in range(rows)]
+        return [[builder.call(fma, [xs[r], ws[v], accs[r][v]]) for v in range(vecs)] for r in range(rows)]
+
+    def loop(start, accs_in, step, limit):
+        """Passes of ``step`` features while k + step <= limit; returns (k after, accumulators)."""
+        entry = builder.block
+        header, body, after = (func.append_basic_block(f"panel.{n}") for n in ("header", "body", "after"))
+        builder.branch(header)
+        builder.position_at_end(header)
+        k = builder.phi(s.I64)
+        k.add_incoming(start, entry)
+        accs = [[builder.phi(s.VF32) for _ in range(vecs)] for _ in range(rows)]
+        for r in range(rows):
+            for v in range(vecs):
+                accs[r][v].add_incoming(accs_in[r][v], entry)
+        more = builder.icmp_unsigned("<=", builder.add(k, s.const(s.I64, step)), limit)
+        builder.cbranch(more, body, after)
+        builder.position_at_end(body)
+        if step > 1 and ahead:  # software prefetch of the panel stream ``ahead`` bytes on (speed only)
+            span = step * vpp * s.LANES * ELEM_BYTES[fmt]  # bytes of each panel this pass reads
+            for w in bases:
+                start = builder.add(builder.add(w, builder.mul(k, s.const(s.I64, span // step))), s.const(s.I64, ahead))
+                for line in range(0, span, 64):
+                    s._prefetch(builder, builder.add(start, s.const(s.I64, line)))
+        new = accs
+        for u in range(step):
+            new = one_k(builder.add(k, s.const(s.I64, u)), new)
+        end = builder.block
+        k.add_incoming(builder.add(k, s.const(s.I64, step)), end)
+        for r in range(rows):
+            for v in range(vecs):
+                accs[r][v].add_incoming(new[r][v], end)
+        builder.branch(header)
+        builder.position_at_end(after)
+        return k, accs
+
+    accs = [[zero] * vecs for _ in range(rows)]
+    k, accs = loop(k_from, accs, unroll, k_to) if unroll > 1 else (k_from, accs)
+    _, accs = loop(k, accs, 1, k_to)
+    return accs
+
+
+def emit_panel_tile(builder: ir.IRBuilder, fmt: str, rows: int, panel: int, n, x_addr, x_stride, w_addr,
+                    out_addr, out_stride, scale_addr=None, width: int = 1, unroll: int = 2, ahead: int = AHEAD) -> None:
+    """For r < rows, j < width * panel: *(float*)(out_addr + r * out_stride + 4 j) = output j of activation row
+    r (float32 at x_addr + r * x_stride, n features) against the ``width`` consecutive panels at w_addr
+    ((n, panel) of ``fmt`` each), in the order of the module docstring; ``scale_addr``: fp8's float32
+    [width * panel] of scale * 256. width > 1 (few rows): more streams and accumulator chains in flight."""
+    vpp = panel // s.LANES
+    vecs = vpp * width
+    assert panel % s.LANES == 0 and vpp >= 1
+    func = builder.function
+    entry = builder.block
+    x_rows = [builder.add(x_addr, builder.mul(x_stride, s.const(s.I64, r))) for r in range(rows)]
+    dst = [[builder.add(out_addr, builder.add(builder.mul(out_stride, s.const(s.I64, r)),
+                                              s.const(s.I64, 64 * v))) for v in range(vecs)] for r in range(rows)]
+    header, body, first, combine, latch, done = (func.append_basic_block(f"blocks.{n}") for n in
+                                                 ("header", "body", "first", "combine", "latch", "done"))
+    builder.branch(header)
+    builder.position_at_end(header)
+    k0 = builder.phi(s.I64, "k0")
+    k0.add_incoming(s.const(s.I64, 0), entry)
+    builder.cbranch(builder.icmp_unsigned("<", k0, n), body, done)
+
+    builder.position_at_end(body)
+    end = builder.add(k0, s.const(s.I64, KB))
+    k1 = builder.select(builder.icmp_unsigned("<", end, n), end, n)
+    pb = builder.mul(n, s.const(s.I64, panel * ELEM_BYTES[fmt]))
+    bases = [builder.add(w_addr, builder.mul(pb, s.const(s.I64, i))) for i in range(width)]
+    accs = _chain(builder, fmt, rows, vpp, k0, k1, x_rows, bases, unroll, ahead)
+    builder.cbranch(builder.icmp_unsigned("==", k0, s.const(s.I64, 0)), first, combine)
+
+    builder.position_at_end(first)  # y = s_0
+    for r in range(rows):
+        for v in range(vecs):
+            s.store(builder, accs[r][v], dst[r][v], s.const(s.I64, 0))
+    builder.branch(latch)
+    builder.position_at_end(combine)  # y = y + s_b
+    for r in range(rows):
+        for v in range(vecs):
+            y = s.load(builder, dst[r][v], s.const(s.I64, 0), s.VF32)
+            s.store(builder, builder.fadd(y, accs[r][v]), dst[r][v], s.const(s.I64, 0))
+    builder.branch(latch)
+    builder.position_at_end(latch)
+    k0.add_incoming(k1, latch)
+    builder.branch(header)
+
+    builder.position_at_end(done)
+    if scale_addr is not None:
+        for v in range(vecs):
+            sv = s.load(builder, scale_addr, s.const(s.I64, 64 * v), s.VF32)
+            for r in range(rows):
+                y = s.load(builder, dst[r][v], s.const(s.I64, 0), s.VF32)
+                s.store(builder, builder.fmul(y, sv), dst[r][v], s.const(s.I64, 0))
+
+
+def emit_decode(builder: ir.IRBuilder, fmt: str, nblocks, w_addr, dst_addr) -> None:
+    """float32 at dst_addr [16 * nblocks] = the ``fmt`` elements at w_addr decoded, exactly as the tile's
+    decoder gives them (fp8: e4m3 / 256), so a tile over the copy (fmt f32, the same scale) has the same bits."""
+    func = builder.function
+    decode = DECODERS[fmt](w_addr)
+    entry = builder.block
+    header, body, done = (func.append_basic_block(f"decode.{n}") for n in ("header", "body", "done"))
+    builder.branch(header)
+    builder.position_at_end(header)
+    b = builder.phi(s.I64, "block")
+    b.add_incoming(s.const(s.I64, 0), entry)
+    builder.cbranch(builder.icmp_unsigned("<", b, nblocks), body, done)
+    builder.position_at_end(body)
+    s.store(builder, decode(builder, b, 0), dst_addr, builder.mul(b, s.const(s.I64, 4 * s.LANES)))
+    b.add_incoming(builder.add(b, s.const(s.I64, 1)), builder.block)
+    builder.branch(header)
+    builder.position_at_end(done)
