@@ -96,9 +96,15 @@ def test_fused_qk_norm_rope_kv_gives_the_separate_kernels_bits(rows, heads, kv_h
     kp1[pages, offs], vp1[pages, offs] = k1.astype(dt), v.astype(dt)
     kp2, vp2 = np.zeros_like(kp1), np.zeros_like(vp1)
     bits = (lambda a: a.view(np.uint16)) if pool == "bf16" else (lambda a: a)
-    fk.qk_norm_rope_kv(q, k, v, qw, kw, eps, cos, sin, bits(kp2), bits(vp2), pages, offs)
-    for a, b in [(q1, q), (k1, k), (kp1, kp2)]:
+    qkv = np.concatenate([a.reshape(rows, -1) for a in (q, k, v)], axis=1)  # the model's q|k|v buffer
+    fk.qk_norm_rope_kv(qkv, heads, qw, kw, eps, cos, sin, bits(kp2), bits(vp2), pages, offs)
+    q2, k2 = qkv[:, :heads * hd].reshape(q.shape), qkv[:, heads * hd:(heads + kv_heads) * hd].reshape(k.shape)
+    for a, b in [(q1, q2), (k1, k2), (kp1, kp2)]:
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    one = np.concatenate([a[2:3].reshape(1, -1) for a in (q, k, v)], axis=1)  # row 2 alone: the same bits
+    fk.qk_norm_rope_kv(one, heads, qw, kw, eps, cos[2:3], sin[2:3], bits(np.zeros_like(kp1)),
+                       bits(np.zeros_like(vp1)), pages[2:3], offs[2:3])
+    assert np.array_equal(one.view(np.uint8), qkv[2:3].view(np.uint8))
     nan = np.isnan(vp1.astype(np.float32))
     assert np.array_equal(nan, np.isnan(vp2.astype(np.float32)))  # NaN payloads may differ; NaN stays NaN
     assert np.array_equal(vp1[~nan].view(np.uint8), vp2[~nan].view(np.uint8))

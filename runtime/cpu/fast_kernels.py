@@ -168,24 +168,32 @@ def _bf16_bits(v):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def qk_norm_rope_kv(q, k, v, q_norm, k_norm, eps, cos, sin, kpool, vpool, pages, offsets):
-    """One step's attention inputs, in one call: q (T, heads, hd) and k (T, kv_heads, hd) f32 normed per head
-    (q_norm/k_norm (hd,), empty: no norm) and rotated, in place; then k and v (T, kv_heads, hd) stored at
-    row t's (pages[t], offsets[t]) of kpool/vpool (pages, page_size, kv_heads, hd): u16 pools take bf16 bits
+def qk_norm_rope_kv(qkv, heads, q_norm, k_norm, eps, cos, sin, kpool, vpool, pages, offsets):
+    """One step's attention inputs, in one call. qkv (T, (heads + 2 kv_heads) * hd) f32, C-contiguous: q|k|v
+    of each row side by side (so every head row below is a C-contiguous slice, whatever T: ``_dot``'s
+    vector code, hence the norm's bits, depends on the layout it is compiled for). q and k are normed per
+    head (q_norm/k_norm (hd,); empty: no norm) and rotated in place; then k and v are stored at row t's
+    (pages[t], offsets[t]) of kpool/vpool (pages, page_size, kv_heads, hd): u16 pools take bf16 bits
     (rounded to nearest even), f32 pools the values. The same values as rms_norm, rope and PagedKVPool.write."""
     bits = kpool.itemsize == 2  # u16: bf16 bits
-    for t in prange(q.shape[0]):
-        for h in range(q.shape[1]):
-            _norm_rope_row(q[t, h], q_norm, eps, cos[t], sin[t])
-        for h in range(k.shape[1]):
-            _norm_rope_row(k[t, h], k_norm, eps, cos[t], sin[t])
-            for i in range(k.shape[2]):
+    kv_heads, hd = kpool.shape[2], kpool.shape[3]
+    assert qkv.shape[1] == (heads + 2 * kv_heads) * hd
+    k0, v0 = heads * hd, (heads + kv_heads) * hd
+    for t in prange(qkv.shape[0]):
+        row = qkv[t]
+        for h in range(heads):
+            _norm_rope_row(row[h * hd:(h + 1) * hd], q_norm, eps, cos[t], sin[t])
+        for h in range(kv_heads):
+            k = row[k0 + h * hd:k0 + (h + 1) * hd]
+            v = row[v0 + h * hd:v0 + (h + 1) * hd]
+            _norm_rope_row(k, k_norm, eps, cos[t], sin[t])
+            for i in range(hd):
                 if bits:
-                    kpool[pages[t], offsets[t], h, i] = _bf16_bits(k[t, h, i])
-                    vpool[pages[t], offsets[t], h, i] = _bf16_bits(v[t, h, i])
+                    kpool[pages[t], offsets[t], h, i] = _bf16_bits(k[i])
+                    vpool[pages[t], offsets[t], h, i] = _bf16_bits(v[i])
                 else:
-                    kpool[pages[t], offsets[t], h, i] = k[t, h, i]
-                    vpool[pages[t], offsets[t], h, i] = v[t, h, i]
+                    kpool[pages[t], offsets[t], h, i] = k[i]
+                    vpool[pages[t], offsets[t], h, i] = v[i]
 
 
 _LOG2E = np.float32(1.4426950408889634)
