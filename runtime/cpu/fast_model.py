@@ -142,7 +142,7 @@ class FastCpuModel:
             else:
                 self.linear(w["gate"], h, gate)
                 self.linear(w["up"], h, up)
-            fk.silu_times(gate, up)
+            fk.silu_times(gate_up)
             x += self.linear(w["down"], gate, h)
             if trace is not None:
                 trace.append(float(np.sqrt(np.mean(x * x))))
