@@ -67,6 +67,9 @@ class Wording:
     trailers: float = 0.0
     statements: float = 0.0
     more: bool = False
+    # v2c (off by default): ``swap`` share of proper-noun slots (pools.SWAPPABLE) filled with another
+    # such slot's generated value.
+    swap: float = 0.0
 
 
 def entity_words() -> list[str]:
@@ -144,7 +147,7 @@ def template_splits(seed: int) -> dict[int, str]:
 
 
 def _fill_pooled(template: str, rng: np.random.Generator, pooled: float, words: list[str] | None = None,
-                 entity: float = 0.0) -> str:
+                 entity: float = 0.0, swap: float = 0.0) -> str:
     """Replaces every {slot} with a models.toolcall.pools value (a generated one with p=``pooled``);
     {x2} differs from {x}. Paired slots are drawn apart (a made-up unit pair is still a conversion)."""
     parts = template.split("{")
@@ -152,11 +155,11 @@ def _fill_pooled(template: str, rng: np.random.Generator, pooled: float, words: 
     for part in parts[1:]:
         name, rest = part.split("}", 1)
         base = name[:-1] if name.endswith("2") else name
-        value = draw(base, rng, pooled, words, entity)
+        value = draw(base, rng, pooled, words, entity, swap)
         for _ in range(5):
             if value != seen.get(base):
                 break
-            value = draw(base, rng, pooled, words, entity)
+            value = draw(base, rng, pooled, words, entity, swap)
         seen.setdefault(base, value)
         out.append(value + rest)
     words = "".join(out).split(" ")
@@ -235,7 +238,8 @@ def _example(rng: np.random.Generator, by_tool: dict[str, list[tuple[int, str]]]
     last = patterns[-1].split(" ")[0]
     question = last in QUESTION_WORDS
     if v2 is not None:
-        clauses = [roughen(_fill_pooled(_perturb(p, rng, noise) if noise else p, rng, v2.pooled, words, v2.entity)
+        clauses = [roughen(_fill_pooled(_perturb(p, rng, noise) if noise else p, rng, v2.pooled, words, v2.entity,
+                                        v2.swap)
                            + (TRAILERS[int(rng.integers(len(TRAILERS)))]
                               if v2.trailers and rng.random() < v2.trailers else ""), rng, v2.typos)
                    for p in patterns]

@@ -182,11 +182,20 @@ def named(slot: str, rng: np.random.Generator, words: list[str]) -> str:
                           a=picks[0], b=picks[1], N=_number(rng, 2, 2030))
 
 
+# v2c: proper-noun slots whose values may trade places ("weather in Tobin" with a person's name, "call
+# Brailen Vale" with a city's): the tool comes from the words around a name, never from the name's kind.
+SWAPPABLE = ("person", "surname", "city", "stock", "artist", "movie", "song", "team")
+
+
 def draw(slot: str, rng: np.random.Generator, generated: float = 0.8, words: list[str] | None = None,
-         entity: float = 0.0) -> str:
-    """One value for ``slot``: with probability ``entity`` (given ``words``, for a ``_NAMED`` slot)
+         entity: float = 0.0, swap: float = 0.0) -> str:
+    """One value for ``slot``: with probability ``swap`` (for a SWAPPABLE slot) a generated value of
+    another SWAPPABLE slot; else with probability ``entity`` (given ``words``, for a ``_NAMED`` slot)
     a name made of those words; else from GENERATORS with probability ``generated`` (where one
-    exists), else from the templates' SLOTS."""
+    exists), else from the templates' SLOTS. With ``swap`` 0 no extra draw is made."""
+    if swap and slot in SWAPPABLE and rng.random() < swap:
+        others = [s for s in SWAPPABLE if s != slot]
+        return GENERATORS[_pick(others, rng)](rng)
     if words and entity and slot in _NAMED and rng.random() < entity:
         return named(slot, rng, words)
     gen = GENERATORS.get(slot)

@@ -203,6 +203,8 @@ def main() -> None:
     ap.add_argument("--no-tool", type=float, default=0.1, help="v2: share of requests that need no tool")
     ap.add_argument("--pooled", type=float, default=0.8, help="v2: share of slot values from the generated pools")
     ap.add_argument("--typos", type=float, default=0.03, help="v2: per-word typo rate")
+    ap.add_argument("--swap", type=float, default=0.0,
+                    help="v2c: share of proper-noun slots (person, city, artist...) filled with another such slot's value")
     ap.add_argument("--entity", type=float, default=0.0, help="v2b: share of name slots made of everyday/cue words")
     ap.add_argument("--trailers", type=float, default=0.0, help="v2b: share of clauses with a detail asking nothing more")
     ap.add_argument("--statements", type=float, default=0.0,
@@ -233,7 +235,7 @@ def main() -> None:
     start = time.perf_counter()
     catalog = load_catalog(CATALOG)
     wording = None if args.v1 else Wording(no_tool=args.no_tool, pooled=args.pooled, typos=args.typos,
-                                           entity=args.entity, trailers=args.trailers, statements=args.statements,
+                                           entity=args.entity, swap=args.swap, trailers=args.trailers, statements=args.statements,
                                            more=args.more)
     train = make_split("train", args.seed, size=args.train_size, noise=args.noise, lexicon=args.lexicon,
                        counts=tuple(args.counts), paraphrases=args.paraphrases, wording=wording)
