@@ -294,3 +294,33 @@ def test_the_same_bits_without_avx512_f16c_or_ssse3(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("kind", ["fp8", "bf16"])
+def test_joined_linears_give_each_parts_bits(kind):
+    """join_panels: q|k|v side by side in one linear give each part's outputs, byte for byte; outputs that are
+    not whole panels are not joined."""
+    from runtime.cpu import panel_kernels as pk
+    from runtime.cpu.stored_weights import StoredLinear, join_panels
+    rng = np.random.default_rng(4)
+    n, outs = 96, [192, 64, 64]
+    parts = []
+    for out in outs:
+        w = (rng.standard_normal((out, n)) * 0.1).astype(np.float32)
+        if kind == "fp8":
+            codes = w.astype(ml_dtypes.float8_e4m3fn).view(np.int8)
+            scale = rng.uniform(0.5, 2.0, out).astype(np.float32)
+            parts.append(StoredLinear("fp8", pk.repack(codes), scale=pk.padded_scale(scale), panel=pk.PANEL))
+        else:
+            parts.append(StoredLinear("bf16", pk.repack(w.astype(ml_dtypes.bfloat16).view(np.uint16)), panel=pk.PANEL))
+    joined = join_panels(parts, outs)
+    model = FastCpuModel.__new__(FastCpuModel)  # only .linear is used: it reads nothing of the model
+    for rows in (1, 3, 11):
+        x = rng.standard_normal((rows, n)).astype(np.float32)
+        together = model.linear(joined, x, np.zeros((rows, sum(outs)), np.float32))
+        start = 0
+        for part, out in zip(parts, outs):
+            alone = model.linear(part, x, np.zeros((rows, out), np.float32))
+            assert np.array_equal(alone.view(np.uint32), together[:, start:start + out].view(np.uint32))
+            start += out
+    assert join_panels(parts, [192, 64, 48]) is None

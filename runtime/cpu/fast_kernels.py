@@ -177,7 +177,7 @@ def qk_norm_rope_kv(qkv, heads, q_norm, k_norm, eps, cos, sin, kpool, vpool, pag
     (rounded to nearest even), f32 pools the values. The same values as rms_norm, rope and PagedKVPool.write."""
     bits = kpool.itemsize == 2  # u16: bf16 bits
     kv_heads, hd = kpool.shape[2], kpool.shape[3]
-    assert qkv.shape[1] == (heads + 2 * kv_heads) * hd
+    assert qkv.shape[1] == (heads + 2 * kv_heads) * hd and qkv.flags.c_contiguous
     k0, v0 = heads * hd, (heads + kv_heads) * hd
     for t in prange(qkv.shape[0]):
         row = qkv[t]

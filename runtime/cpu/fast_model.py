@@ -2,11 +2,11 @@
 linear_kernels.py, linear_high.py, attention_kernels.py, fast_kernels.py).
 
 Weights stay in their stored format (runtime/cpu/stored_weights.py): the process holds the contract's
-weight bytes, not a float32 copy. Activations are float32 in buffers allocated once for ``max_rows`` rows (the contract's workspace), KV
-in the shared paged pool. Every kernel
-computes a row independently of the step's other rows in a fixed reduction order, so a
-sequence's logits have the same bits alone, in any batch and in any prefill chunking.
-``CpuModel`` (runtime/cpu/model.py, numpy float32) stays the reference its tokens must equal.
+weight bytes, not a float32 copy. Activations are float32 in buffers allocated once for ``max_rows`` rows
+(the contract's workspace; q|k|v and gate|up side by side, as the joined linears write them), KV in the
+shared paged pool. Every kernel computes a row independently of the step's other rows in a fixed
+reduction order, so a sequence's logits have the same bits alone, in any batch and in any prefill
+chunking. ``CpuModel`` (runtime/cpu/model.py, numpy float32) stays the reference its tokens must equal.
 """
 from __future__ import annotations
 
