@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .simd_ir import ACCS, I32, I64, LANES, VF32, _fma, const, load, splat, store, vec
+from .simd_ir import ACCS, I32, I64, LANES, VF32, _fma, const, decode_bf16, decode_f32, load, splat, store, vec
 
 I1 = ir.IntType(1)
 
@@ -120,10 +120,9 @@ def emit_pv(builder: ir.IRBuilder, nblocks: int, p_addr, v_addr, stride, n, o_ad
 
 
 def decode_row_bf16(builder, row, b):
-    """Block b of a bf16 row (u16 bits) at byte address ``row``: 16 float32."""
-    bits = load(builder, row, const(I64, 2 * LANES * b), vec(ir.IntType(16), LANES))
-    return builder.bitcast(builder.shl(builder.zext(bits, vec(I32, LANES)), splat(I32, LANES, 16)), VF32)
+    """Block b (an int) of the bf16 row (u16 bits) at byte address ``row``: simd_ir's decoder."""
+    return decode_bf16(row)(builder, const(I64, b), b % 2)
 
 
 def decode_row_f32(builder, row, b):
-    return load(builder, row, const(I64, 4 * LANES * b), VF32)
+    return decode_f32(row)(builder, const(I64, b), b % 2)
