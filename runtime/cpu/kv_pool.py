@@ -36,18 +36,14 @@ class PagedKVPool(PageAllocator):
 
     def write(self, layer: int, slots: np.ndarray, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Stores k, v (T, kv_heads, head_dim) float32 at each row's (slot, position)."""
-        self.write_at(layer, self.rows_at(slots, positions), k, v)
+        pages, offsets = self.rows_at(slots, positions)
+        self.k[layer][pages, offsets] = k.astype(self.dtype)
+        self.v[layer][pages, offsets] = v.astype(self.dtype)
 
     def rows_at(self, slots: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(pages, offsets) (T,) of each row's (slot, position), checked; the same for every layer of a step."""
         self.check_rows(slots, positions)
         return self.block_table[slots, positions // self.page_size], positions % self.page_size
-
-    def write_at(self, layer: int, rows: tuple[np.ndarray, np.ndarray], k: np.ndarray, v: np.ndarray) -> None:
-        """``write`` at rows from ``rows_at``."""
-        pages, offsets = rows
-        self.k[layer][pages, offsets] = k.astype(self.dtype)
-        self.v[layer][pages, offsets] = v.astype(self.dtype)
 
     def gather(self, layer: int, slot: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         """(length, kv_heads, head_dim) float32 K and V of positions 0..length-1 of a slot."""
