@@ -46,7 +46,7 @@ def solo_answers(bundle: str, bodies: list[dict]) -> list[list[int]]:
     from runtime.engine import Engine
     from runtime.sampling import Sampling
 
-    engine = Engine.load(bundle)
+    engine = Engine.load(bundle, threads=1)  # one kernel thread: no barrier stalls when the machine is busy
     out = []
     for b in bodies:
         s = Sampling(b.get("temperature", 0.0), b.get("top_p", 1.0), b.get("seed", 0))

@@ -3,10 +3,16 @@
 Incremental: ``submit`` a request at any time (a handle back), ``step`` (admit what fits,
 run one step, return the requests that finished), ``abort`` a handle (its pages freed at
 once). New requests join between steps. Each step is a set of rows (token, slot,
-position): one decode row for every sequence that is answering, then prefill chunks of
+position): the decode rows of every sequence that is answering, then prefill chunks of
 admitted prompts up to ``max_tokens_per_step``, so a long prompt never blocks short ones.
 A sequence's tokens depend only on its own rows, grammar state and sampling seed, never
 on what else shares the step. ``generate(list)`` is a loop over the same core.
+
+Forced tokens (the grammar allows one candidate: inside a tool name) need no logits: after a
+pick they are appended at once (a sampled sequence still takes each one's draw, as
+``sample_row`` does), and the next step feeds them as one chunk of decode rows, its last row
+sampled: the same tokens in fewer steps, with fewer head rows. A request that keeps its
+logits (``keep_logits``: canary, parity and bit tests) takes every token in its own step.
 """
 from __future__ import annotations
 
@@ -160,11 +166,17 @@ class Generator:
 
     def _step(self, active: list[Sequence]) -> None:
         tokens, slots, positions, samplers = [], [], [], []  # samplers: (sequence, row) pairs picking a token
-        for seq in active:
-            if seq.prefilled == len(seq.prompt):
-                tokens.append(seq.output[-1])
-                slots.append(seq.slot)
-                positions.append(len(seq.prompt) + len(seq.output) - 1)
+        answering = [seq for seq in active if seq.prefilled == len(seq.prompt)]
+        spare = self.max_tokens_per_step - len(answering)  # rows past one each (the build keeps this >= 0)
+        for seq in answering:  # each has output tokens not yet fed: the last pick and the forced ones after it
+            n = min(len(seq.output) - seq.fed, 1 + spare)
+            spare -= n - 1
+            start = len(seq.prompt) + seq.fed
+            tokens.extend(seq.output[seq.fed:seq.fed + n])
+            slots.extend([seq.slot] * n)
+            positions.extend(range(start, start + n))
+            seq.fed += n
+            if seq.fed == len(seq.output):  # a chunk cut short by the budget picks nothing this step
                 samplers.append((seq, len(tokens) - 1))
         budget = self.max_tokens_per_step - len(tokens)
         for seq in active:
@@ -212,24 +224,50 @@ class Generator:
                                   dense=[int(cand[b, p]) for b, p in enumerate(dense_picks)])
         rows = np.arange(len(seqs))
         assert allowed[rows, picks].all(), "a pick outside the allowed candidates"
-        taken = edges[rows, picks]  # (B,) grammar edge of each pick
-        new_states = self.stepper.take_edges(states, taken)
-        closed = self.grammar.edge_tool[taken].tolist()  # (B,) tool index closed by the edge, -1 if none
-        done = self.stepper.done_batch(new_states).tolist()
-        tokens = cand[rows, picks].tolist()
+        self._advance(seqs, states, edges[rows, picks], cand[rows, picks])
         gaps = gaps.tolist()
         for b, seq in enumerate(seqs):
-            seq.state = new_states[b]
-            seq.done = done[b]
-            seq.output.append(tokens[b])
-            if closed[b] >= 0:
-                seq.tools.append(self.grammar.tool_names[closed[b]])
             seq.min_margin = min(seq.min_margin, gaps[b])
             if seq.step_logits is not None:
                 seq.step_logits.append(logits[b].copy())
                 seq.step_candidates.append(cand[b].copy())
             if len(seq.output) == 1:
                 seq.first_token_at = now
+        self._append_forced([s for s in seqs if s.step_logits is None])
+
+    def _advance(self, seqs: list[Sequence], states: np.ndarray, taken: np.ndarray, tokens: np.ndarray) -> None:
+        """Each sequence takes its grammar edge ``taken`` (B,), appending its token ``tokens`` (B,)."""
+        new_states = self.stepper.take_edges(states, taken)
+        closed = self.grammar.edge_tool[taken].tolist()  # (B,) tool index closed by the edge, -1 if none
+        done = self.stepper.done_batch(new_states).tolist()
+        tokens = tokens.tolist()
+        for b, seq in enumerate(seqs):
+            seq.state = new_states[b]
+            seq.done = done[b]
+            seq.output.append(tokens[b])
+            if closed[b] >= 0:
+                seq.tools.append(self.grammar.tool_names[closed[b]])
+
+    def _append_forced(self, seqs: list[Sequence]) -> None:
+        """Appends each sequence's run of forced tokens (one allowed candidate), as many rounds as the
+        longest run; a sampled sequence takes one draw a token, as ``sample_row`` does for a forced one."""
+        while True:
+            seqs = [s for s in seqs if not s.done and len(s.output) < self.max_output_tokens]
+            if not seqs:
+                return
+            states = np.empty(len(seqs), seqs[0].state.dtype)
+            for b, seq in enumerate(seqs):
+                states[b] = seq.state
+            cand, edges, allowed = self.stepper.allowed_mask_batch(states)
+            forced = np.flatnonzero(allowed.sum(axis=1) == 1)
+            if not len(forced):
+                return
+            col = allowed[forced].argmax(axis=1)
+            seqs = [seqs[b] for b in forced.tolist()]
+            for seq in seqs:
+                if seq.sampling.temperature > 0:
+                    seq.rng.random()
+            self._advance(seqs, states[forced], edges[forced, col], cand[forced, col])
 
     def _result(self, seq: Sequence) -> Result:
         done = seq.done

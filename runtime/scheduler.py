@@ -40,6 +40,7 @@ class Sequence:
     state: np.ndarray  # 0-d grammar state
     prefilled: int = 0  # prompt tokens whose K/V are in the slot's pages
     output: list[int] = field(default_factory=list)
+    fed: int = 0  # output tokens whose K/V are in the slot's pages (the rest ride in the next step's rows)
     tools: list[str] = field(default_factory=list)  # names closed so far, in order
     min_margin: float = float("inf")
     start: float = 0.0  # admission time (perf_counter)

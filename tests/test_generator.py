@@ -127,3 +127,35 @@ def test_a_forced_token_is_sampled_as_the_general_path_would(top_p):
         params = Sampling(0.8, top_p, 5)
         assert sampling.sample_row(logits, allowed, params, a) == sampling._draw(logits, np.array([only]), params, b)
         assert a.random() == b.random()
+
+
+@pytest.mark.parametrize("max_tokens_per_step", [64, 9])
+def test_forced_tokens_ride_in_fewer_steps_with_the_same_answers(parts, max_tokens_per_step):
+    """Forced runs appended after a pick (keep_logits off) give what one token a step gives (keep_logits
+    on): tokens, tools, finish and margins, greedy and sampled, a tools subset, a cut by max_output_tokens;
+    in fewer steps, and no more rows (a forced last token, END among them, is never fed). 9 rows a step
+    for 8 sequences cuts chunks short."""
+    prompts = parts[3]
+    plans = [(p, Sampling(1.3, 0.9, i) if i % 2 else Sampling(), (3, 5, 7, 11) if i == 4 else None)
+             for i, p in enumerate(prompts)]
+
+    def run(keep: bool, max_output: int | None = None):
+        gen = make(parts, max_tokens_per_step=max_tokens_per_step)
+        if max_output is not None:
+            gen.max_output_tokens = gen.scheduler.max_output_tokens = max_output
+        calls, rows, forward = [0], [0], gen.model.forward
+
+        def counted(tokens, *a, **k):
+            calls[0] += 1
+            rows[0] += len(tokens)
+            return forward(tokens, *a, **k)
+        gen.model.forward = counted
+        res = gen.generate([Request(p, s, keep_logits=keep, tools=t) for p, s, t in plans])
+        return [(r.token_ids, r.tools, r.finish, r.min_margin) for r in res], calls[0], rows[0]
+
+    stepwise, steps, rows = run(True)
+    jumped, jump_steps, jump_rows = run(False)
+    assert jumped == stepwise and jump_rows <= rows and jump_steps < steps
+    assert any(len(t) > 1 for t, *_ in stepwise)
+    cut, _, _ = run(False, max_output=3)
+    assert cut == run(True, max_output=3)[0] and "length" in {f for _, _, f, _ in cut}
