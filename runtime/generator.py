@@ -189,10 +189,11 @@ class Generator:
                 budget -= n
                 if seq.prefilled == len(seq.prompt):
                     samplers.append((seq, len(tokens) - 1))
+        outputs = np.asarray([r for _, r in samplers], np.int64)  # the rows whose logits are sampled
         hidden = self.model.forward(np.asarray(tokens, np.int64), np.asarray(slots, np.int64),
-                                    np.asarray(positions, np.int64), self.kv)
+                                    np.asarray(positions, np.int64), self.kv, outputs=outputs)
         if samplers:
-            self._pick([s for s, _ in samplers], hidden[[r for _, r in samplers]])
+            self._pick([s for s, _ in samplers], hidden)
 
     def _pick(self, seqs: list[Sequence], hidden: np.ndarray) -> None:
         states = np.empty(len(seqs), seqs[0].state.dtype)  # (B,) grammar states (np.stack of 0-d records is 10x slower)

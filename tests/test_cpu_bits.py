@@ -80,3 +80,20 @@ def test_requests_really_shared_steps(parts):
     finally:
         gen.model.forward = forward
     assert max(sizes) > 64 and min(sizes) < 8
+
+
+def test_output_rows_have_the_full_passs_bits(parts):
+    """forward(..., outputs=rows) returns those rows of the full pass, bit for bit (the fast backend runs
+    the last layer's attention and MLP on them alone), and stores the same K/V for every row."""
+    gen = make(parts)
+    model, kv, prompt = gen.model, gen.kv, parts[3][7]
+    n = len(prompt)
+    slot = kv.admit(n + 4)
+    args = np.asarray(prompt, np.int64), np.full(n, slot, np.int64), np.arange(n, dtype=np.int64), kv
+    full = model.forward(*args).copy()
+    keys = [k.copy() for k in kv.k]
+    for rows in ([], [n - 1], [0, 3, n - 1], list(range(n))):
+        got = model.forward(*args, outputs=np.asarray(rows, np.int64))
+        assert got.shape == (len(rows), full.shape[1])
+        assert got.tobytes() == full[rows].tobytes()
+        assert all(np.array_equal(a, b) for a, b in zip(keys, kv.k))

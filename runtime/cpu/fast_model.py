@@ -100,8 +100,10 @@ class FastCpuModel:
         return out
 
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: PagedKVPool,
-                trace: list | None = None) -> np.ndarray:
-        """Runs rows (T,) through every layer, writing their K/V into the pool; returns (T, hidden) after the final norm."""
+                trace: list | None = None, outputs: np.ndarray | None = None) -> np.ndarray:
+        """Runs rows (T,) through every layer, writing their K/V into the pool; returns (T, hidden) after the
+        final norm, or only the rows ``outputs`` (R,) sorted: the last layer stores every row's K/V, then
+        runs attention, o_proj and the MLP on those rows alone (each row's bits as in a full pass)."""
         cfg = self.cfg
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
@@ -109,45 +111,59 @@ class FastCpuModel:
         positions = np.ascontiguousarray(positions, np.int64)
         slots = np.ascontiguousarray(slots, np.int64)
         self._reserve(t, int(positions.max()) + 1 if t else 0)
-        ws = {name: a[:t] for name, a in self.ws.items()}
-        qd, kvd, inter = cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
-        qkv, gate_up = ws["qkv"], ws["gate_up"]
-        q, k, v = qkv[:, :qd], qkv[:, qd:qd + kvd], qkv[:, qd + kvd:]
-        gate, up = gate_up[:, :inter], gate_up[:, inter:]
-        x, h = ws["hidden"], ws["normed"]
-        self.embed_rows(np.ascontiguousarray(tokens, np.int64), x)
+        v = self._views(t)
+        self.embed_rows(np.ascontiguousarray(tokens, np.int64), v["hidden"])
         cos, sin = cos_sin(self.freqs, positions)
         kv_rows = kv.rows_at(slots, positions)  # (pages, offsets) (T,) int64, checked once for every layer
-        q3 = q.reshape(t, cfg.num_heads, cfg.head_dim)  # a view of qkv (rows strided), not a copy
-        assert t == 0 or np.may_share_memory(q3, qkv)
+        last = len(self.layers) - 1
         for layer, w in enumerate(self.layers):
+            x, h, qkv = v["hidden"], v["normed"], v["qkv"]
             self._norm(x, w["in_norm"], h)
             if w["qkv"] is not None:
                 self.linear(w["qkv"], h, qkv)
             else:
-                self.linear(w["q"], h, q)
-                self.linear(w["k"], h, k)
-                self.linear(w["v"], h, v)
+                self.linear(w["q"], h, v["q"])
+                self.linear(w["k"], h, v["k"])
+                self.linear(w["v"], h, v["v"])
             kp, vp = kv.k[layer], kv.v[layer]
             if kp.dtype != np.float32:
                 kp, vp = kp.view(np.uint16), vp.view(np.uint16)
             qn, kn = (w["q_norm"], w["k_norm"]) if cfg.qk_norm else (NO_NORM, NO_NORM)
             fk.qk_norm_rope_kv(qkv, cfg.num_heads, qn, kn, self.eps, cos, sin, kp, vp, *kv_rows)
-            ak.attention(q3, kp, vp, kv.block_table, slots, positions, self.scale, ws["attn_scores"],
-                         ws["attn_out"])
-            x += self.linear(w["o"], ws["attn_out"], h)
+            if layer == last and outputs is not None:  # every row's K/V is stored: the rest is for the outputs
+                rows = np.ascontiguousarray(outputs, np.int64)
+                assert np.all(rows[1:] > rows[:-1]) and (len(rows) == 0 or 0 <= rows[0] <= rows[-1] < t)
+                t, slots, positions = len(rows), slots[rows], positions[rows]
+                x[:t], qkv[:t] = x[rows], qkv[rows]  # compacted in place: rows ascend, so row i <- rows[i] >= i
+                v = self._views(t)
+                x, h, qkv = v["hidden"], v["normed"], v["qkv"]
+            ak.attention(v["q3"], kp, vp, kv.block_table, slots, positions, self.scale, v["attn_scores"],
+                         v["attn_out"])
+            x += self.linear(w["o"], v["attn_out"], h)
             self._norm(x, w["post_norm"], h)
             if w["gate_up"] is not None:
-                self.linear(w["gate_up"], h, gate_up)
+                self.linear(w["gate_up"], h, v["gate_up"])
             else:
-                self.linear(w["gate"], h, gate)
-                self.linear(w["up"], h, up)
-            fk.silu_times(gate_up)
-            x += self.linear(w["down"], gate, h)
+                self.linear(w["gate"], h, v["gate"])
+                self.linear(w["up"], h, v["up"])
+            fk.silu_times(v["gate_up"])
+            x += self.linear(w["down"], v["gate"], h)
             if trace is not None:
                 trace.append(float(np.sqrt(np.mean(x * x))))
-        out = np.empty_like(x)
-        return self._norm(x, self.final_norm, out)
+        out = np.empty_like(v["hidden"])
+        return self._norm(v["hidden"], self.final_norm, out)
+
+    def _views(self, t: int) -> dict[str, np.ndarray]:
+        """The workspace's first ``t`` rows, with q/k/v and gate/up as column views of their joined buffers."""
+        cfg = self.cfg
+        qd, kvd, inter = cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+        v = {name: a[:t] for name, a in self.ws.items()}
+        qkv, gate_up = v["qkv"], v["gate_up"]
+        v.update(q=qkv[:, :qd], k=qkv[:, qd:qd + kvd], v=qkv[:, qd + kvd:], gate=gate_up[:, :inter],
+                 up=gate_up[:, inter:])
+        v["q3"] = v["q"].reshape(t, cfg.num_heads, cfg.head_dim)  # a view of qkv (rows strided), not a copy
+        assert t == 0 or np.may_share_memory(v["q3"], qkv)
+        return v
 
     def embed_rows(self, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
         if self.embed.dtype == np.uint16:

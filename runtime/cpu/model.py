@@ -82,10 +82,11 @@ class CpuModel:
         return y + bias if bias is not None else y
 
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: PagedKVPool,
-                trace: list | None = None) -> np.ndarray:
+                trace: list | None = None, outputs: np.ndarray | None = None) -> np.ndarray:
         """Runs rows (T,) through every layer, writing their K/V into the pool; returns (T, hidden) after the final norm.
 
         ``trace``, if given, receives the residual stream's RMS after each layer (activation-range checks).
+        ``outputs`` (R,) row indices: only those rows' hidden states are returned, (R, hidden).
         """
         cfg = self.cfg
         t = len(tokens)
@@ -112,6 +113,7 @@ class CpuModel:
             x = x + self._linear(mlp, p + "mlp.down_proj", answer)
             if trace is not None:
                 trace.append(float(np.sqrt(np.mean(x * x))))
+        x = x if outputs is None else x[outputs]
         return rms_norm(x, self.w["model.norm.weight"], cfg.rms_norm_eps)
 
     def _attention(self, layer: int, q: np.ndarray, slots: np.ndarray, positions: np.ndarray,

@@ -145,9 +145,10 @@ class CudaModel:
 
     # ---- CpuModel interface ----
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: CudaKVPool,
-                trace: list | None = None) -> np.ndarray:
+                trace: list | None = None, outputs: np.ndarray | None = None) -> np.ndarray:
         """Runs rows (T,) through every layer, writing their K/V into the pool; returns (T, hidden)
-        float32 after the final norm. (``trace`` is a CPU-backend feature: ignored.)"""
+        float32 after the final norm, or only the rows ``outputs`` (R,). (``trace`` is a CPU-backend
+        feature: ignored.)"""
         t_max, T = self.limits.max_tokens_per_step, len(tokens)
         assert kv is self.kv and 0 < T <= t_max, f"{T} rows; this backend takes 1..{t_max} on its own pool"
         slots, positions = np.asarray(slots), np.asarray(positions)
@@ -161,7 +162,8 @@ class CudaModel:
         self.gpu.copy_in(self.ws["rows"], rows)
         self.program(("forward", T, len(start)), lambda: self._forward_launches(T, len(start))).run()
         self.sync()
-        return self.gpu.download(self.ws["normed"], (T, self.cfg.hidden_size), np.float32)
+        hidden = self.gpu.download(self.ws["normed"], (T, self.cfg.hidden_size), np.float32)
+        return hidden if outputs is None else hidden[outputs]
 
     def _forward_launches(self, T: int, n_tiles: int):
         r, step = self.ws["rows"], 4 * self.limits.max_tokens_per_step
