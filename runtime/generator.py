@@ -195,10 +195,15 @@ class Generator:
         if samplers:
             self._pick([s for s, _ in samplers], hidden)
 
-    def _pick(self, seqs: list[Sequence], hidden: np.ndarray) -> None:
+    @staticmethod
+    def _states(seqs: list[Sequence]) -> np.ndarray:
         states = np.empty(len(seqs), seqs[0].state.dtype)  # (B,) grammar states (np.stack of 0-d records is 10x slower)
         for b, seq in enumerate(seqs):
             states[b] = seq.state
+        return states
+
+    def _pick(self, seqs: list[Sequence], hidden: np.ndarray) -> None:
+        states = self._states(seqs)
         cand, edges, allowed = self.stepper.allowed_mask_batch(states)  # (B, M) token ids / edge ids, -1 padded
         safe = np.maximum(cand, 0)
         if self.head == "dense":
@@ -256,9 +261,7 @@ class Generator:
             seqs = [s for s in seqs if not s.done and len(s.output) < self.max_output_tokens]
             if not seqs:
                 return
-            states = np.empty(len(seqs), seqs[0].state.dtype)
-            for b, seq in enumerate(seqs):
-                states[b] = seq.state
+            states = self._states(seqs)
             cand, edges, allowed = self.stepper.allowed_mask_batch(states)
             forced = np.flatnonzero(allowed.sum(axis=1) == 1)
             if not len(forced):
