@@ -24,6 +24,7 @@ from .chitchat import no_tool_request
 from .lexicon import lexicon_clauses
 from .paraphrases import PARAPHRASES
 from .phrasings import PHRASINGS
+from .phrasings_d import PHRASINGS_D
 from .phrasings_more import MORE_PHRASINGS
 from .pools import draw
 from .templates import PAIRED, SLOTS, TEMPLATES
@@ -70,6 +71,15 @@ class Wording:
     # v2c (off by default): ``swap`` share of proper-noun slots (pools.SWAPPABLE) filled with another
     # such slot's generated value.
     swap: float = 0.0
+    # v2d (all off by default): ``names`` share of pools.NAMEABLE slots (language, restaurant, place...)
+    # given a person-like name or an address; ``listed`` share of pools.LISTABLE slots holding a list of
+    # two or three values; ``lists`` share of multi-intent requests joined as one list ("a, b and c",
+    # "1) a 2) b", "first a, then b, and finally c": wording.list_join); ``extra`` whether
+    # models.toolcall.phrasings_d joins the training phrasings.
+    names: float = 0.0
+    listed: float = 0.0
+    lists: float = 0.0
+    extra: bool = False
 
 
 def entity_words() -> list[str]:
@@ -147,7 +157,7 @@ def template_splits(seed: int) -> dict[int, str]:
 
 
 def _fill_pooled(template: str, rng: np.random.Generator, pooled: float, words: list[str] | None = None,
-                 entity: float = 0.0, swap: float = 0.0) -> str:
+                 entity: float = 0.0, swap: float = 0.0, names: float = 0.0, listed: float = 0.0) -> str:
     """Replaces every {slot} with a models.toolcall.pools value (a generated one with p=``pooled``);
     {x2} differs from {x}. Paired slots are drawn apart (a made-up unit pair is still a conversion)."""
     parts = template.split("{")
@@ -155,11 +165,11 @@ def _fill_pooled(template: str, rng: np.random.Generator, pooled: float, words: 
     for part in parts[1:]:
         name, rest = part.split("}", 1)
         base = name[:-1] if name.endswith("2") else name
-        value = draw(base, rng, pooled, words, entity, swap)
+        value = draw(base, rng, pooled, words, entity, swap, names, listed)
         for _ in range(5):
             if value != seen.get(base):
                 break
-            value = draw(base, rng, pooled, words, entity, swap)
+            value = draw(base, rng, pooled, words, entity, swap, names, listed)
         seen.setdefault(base, value)
         out.append(value + rest)
     words = "".join(out).split(" ")
@@ -239,11 +249,11 @@ def _example(rng: np.random.Generator, by_tool: dict[str, list[tuple[int, str]]]
     question = last in QUESTION_WORDS
     if v2 is not None:
         clauses = [roughen(_fill_pooled(_perturb(p, rng, noise) if noise else p, rng, v2.pooled, words, v2.entity,
-                                        v2.swap)
+                                        v2.swap, v2.names, v2.listed)
                            + (TRAILERS[int(rng.integers(len(TRAILERS)))]
                               if v2.trailers and rng.random() < v2.trailers else ""), rng, v2.typos)
                    for p in patterns]
-        return Example(join(clauses, rng, question), tuple(tools), tuple(clauses), tuple(patterns), tuple(ids))
+        return Example(join(clauses, rng, question, v2.lists), tuple(tools), tuple(clauses), tuple(patterns), tuple(ids))
     clauses = [_fill(_perturb(p, rng, noise) if noise else p, rng) for p in patterns]
     text = clauses[0][0].upper() + clauses[0][1:]
     for clause in clauses[1:]:
@@ -294,6 +304,9 @@ def make_split(split: str, seed: int = 0, size: int | None = None, noise: float 
             by_tool[tool] += [(PHRASING_ID, p) for p in text.split("|") if not near_held_out(p, held_by_tool[tool])]
     if wording is not None and wording.phrasings and wording.more:
         for tool, text in MORE_PHRASINGS.items():
+            by_tool[tool] += [(PHRASING_ID, p) for p in text.split("|") if not near_held_out(p, held_by_tool[tool])]
+    if wording is not None and wording.phrasings and wording.extra:
+        for tool, text in PHRASINGS_D.items():
             by_tool[tool] += [(PHRASING_ID, p) for p in text.split("|") if not near_held_out(p, held_by_tool[tool])]
     words = entity_words() if wording is not None and wording.entity else None
     rng = np.random.default_rng([seed, 2, SPLITS.index(split)])

@@ -187,12 +187,51 @@ def named(slot: str, rng: np.random.Generator, words: list[str]) -> str:
 SWAPPABLE = ("person", "surname", "city", "stock", "artist", "movie", "song", "team")
 
 
+# v2d: slots whose capitalized values a person may write as any name ("in Portuguese" -> a made-up
+# language, "at Osteria Nonna", "to 14 Elm Street"): they may take a person-like name or, for a place,
+# a street address, so a name's look never picks the tool.
+NAMEABLE = ("lang", "restaurant", "hotel", "region", "shop", "cuisine", "place", "road", "wiki", "playlist")
+_STREETS = ("Street", "St", "Road", "Rd", "Avenue", "Ave", "Lane", "Drive", "Way", "Square", "Boulevard")
+# v2d: slots that may hold a list of values inside one clause ("with Tobin, Ama and Rhys"): commas and
+# "and" inside a clause must not mean another request.
+LISTABLE = ("person", "song", "artist", "city", "stock", "ticker", "task", "dish", "lang", "file", "movie",
+            "team", "genre", "cuisine", "email", "keyword", "topic")
+_LIST_JOINS = (" and ", ", ", " & ", " or ", ", and ")
+
+
+def _address(rng) -> str:
+    return f"{_number(rng, 1, 400)}{_pick(['', 'B', 'a'], rng)} {_name(rng)} {_pick(_STREETS, rng)}"
+
+
+def _any_name(slot: str, rng) -> str:
+    """A person-like name (one or two capitalized made-up words), or for ``place`` sometimes an address."""
+    if slot == "place" and rng.random() < 0.5:
+        return _address(rng)
+    return _name(rng) if rng.random() < 0.5 else f"{_name(rng)} {_name(rng)}"
+
+
+def _listed(slot: str, rng, generated: float, words, entity: float, swap: float, names: float) -> str:
+    """Two or three values of ``slot`` (distinct draws) joined as a person lists them."""
+    values = [draw(slot, rng, generated, words, entity, swap, names) for _ in range(2 + int(rng.integers(2)))]
+    if len(values) == 2:
+        return values[0] + _pick(_LIST_JOINS, rng) + values[1]
+    last = _pick((" and ", ", and ", " & ", ", "), rng)
+    return ", ".join(values[:-1]) + last + values[-1]
+
+
 def draw(slot: str, rng: np.random.Generator, generated: float = 0.8, words: list[str] | None = None,
-         entity: float = 0.0, swap: float = 0.0) -> str:
-    """One value for ``slot``: with probability ``swap`` (for a SWAPPABLE slot) a generated value of
-    another SWAPPABLE slot; else with probability ``entity`` (given ``words``, for a ``_NAMED`` slot)
+         entity: float = 0.0, swap: float = 0.0, names: float = 0.0, listed: float = 0.0) -> str:
+    """One value for ``slot``: with probability ``listed`` (for a LISTABLE slot) a list of two or
+    three values; else with probability ``swap`` (for a SWAPPABLE slot) a generated value of
+    another SWAPPABLE slot; else with probability ``names`` (for a NAMEABLE slot) a person-like
+    name or an address; else with probability ``entity`` (given ``words``, for a ``_NAMED`` slot)
     a name made of those words; else from GENERATORS with probability ``generated`` (where one
-    exists), else from the templates' SLOTS. With ``swap`` 0 no extra draw is made."""
+    exists), else from the templates' SLOTS. With ``listed``, ``swap`` and ``names`` 0 no extra
+    draw is made (the v2b/v2c data stay as they were)."""
+    if listed and slot in LISTABLE and rng.random() < listed:
+        return _listed(slot, rng, generated, words, entity, swap, names)
+    if names and slot in NAMEABLE and rng.random() < names:
+        return _any_name(slot, rng)
     if swap and slot in SWAPPABLE and rng.random() < swap:
         others = [s for s in SWAPPABLE if s != slot]
         return GENERATORS[_pick(others, rng)](rng)

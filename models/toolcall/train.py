@@ -205,6 +205,11 @@ def main() -> None:
     ap.add_argument("--typos", type=float, default=0.03, help="v2: per-word typo rate")
     ap.add_argument("--swap", type=float, default=0.0,
                     help="v2c: share of proper-noun slots (person, city, artist...) filled with another such slot's value")
+    ap.add_argument("--names", type=float, default=0.0,
+                    help="v2d: share of language/restaurant/place... slots given a person-like name or an address")
+    ap.add_argument("--listed", type=float, default=0.0, help="v2d: share of name/item slots holding a list of 2-3 values")
+    ap.add_argument("--lists", type=float, default=0.0, help="v2d: share of multi-intent requests joined as one list")
+    ap.add_argument("--extra", action="store_true", help="v2d: add models.toolcall.phrasings_d to training")
     ap.add_argument("--entity", type=float, default=0.0, help="v2b: share of name slots made of everyday/cue words")
     ap.add_argument("--trailers", type=float, default=0.0, help="v2b: share of clauses with a detail asking nothing more")
     ap.add_argument("--statements", type=float, default=0.0,
@@ -236,7 +241,8 @@ def main() -> None:
     catalog = load_catalog(CATALOG)
     wording = None if args.v1 else Wording(no_tool=args.no_tool, pooled=args.pooled, typos=args.typos,
                                            entity=args.entity, swap=args.swap, trailers=args.trailers, statements=args.statements,
-                                           more=args.more)
+                                           more=args.more, names=args.names, listed=args.listed, lists=args.lists,
+                                           extra=args.extra)
     train = make_split("train", args.seed, size=args.train_size, noise=args.noise, lexicon=args.lexicon,
                        counts=tuple(args.counts), paraphrases=args.paraphrases, wording=wording)
     if args.init_from:

@@ -79,14 +79,40 @@ def roughen(clause: str, rng: np.random.Generator, typos: float) -> str:
     return text
 
 
-def join(clauses: list[str], rng: np.random.Generator, question: bool) -> str:
+# v2d: a multi-intent request written as one list. Each style is (before the first clause, between
+# clauses, before the last); "{i}" is the clause's number from 1.
+LIST_STYLES = (("", ", ", " and "), ("", ", ", ", and "), ("", ", ", " & "), ("", "; ", "; and "), ("", ", ", ", "),
+               ("", ", ", ", and also "), ("", ", ", " and then "), ("first ", ", then ", ", and finally "),
+               ("first ", ", then ", " and then "), ("first ", ", next ", ", and last "), ("1) ", " {i}) ", " {i}) "),
+               ("1. ", " {i}. ", " {i}. "), ("1. ", "\n{i}. ", "\n{i}. "), ("- ", "\n- ", "\n- "), ("* ", " * ", " * "),
+               ("(1) ", ", ({i}) ", " and ({i}) "), ("a few things: ", ", ", " and "), ("{n} things: ", "; ", "; "),
+               ("can you ", ", ", " and "), ("i need you to ", ", ", ", and "), ("", ". ", ". "), ("", ", ", " plus "),
+               ("", " and ", " and "), ("", ", ", " as well as "), ("todo: ", ", ", ", "))
+_NUMBERS = ("two", "three", "four")
+
+
+def list_join(clauses: list[str], rng: np.random.Generator) -> str:
+    """The clauses as one list in a style of LIST_STYLES (clause text kept verbatim)."""
+    start, middle, last = LIST_STYLES[int(rng.integers(len(LIST_STYLES)))]
+    text = start.replace("{n}", _NUMBERS[len(clauses) - 2]) + clauses[0]
+    for i, clause in enumerate(clauses[1:], 2):
+        text += (last if i == len(clauses) else middle).replace("{i}", str(i)) + clause
+    return text[0].upper() + text[1:] if rng.random() < 0.6 else text
+
+
+def join(clauses: list[str], rng: np.random.Generator, question: bool, lists: float = 0.0) -> str:
     """One request from its clauses: the first capitalized or not, varied joins and endings,
-    sometimes an opener ("hi, ") or a closer (" thanks"). Clause text is kept verbatim."""
+    sometimes an opener ("hi, ") or a closer (" thanks"). Clause text is kept verbatim. With
+    p=``lists`` (two clauses or more) the clauses form one list (``list_join``); with ``lists`` 0
+    no extra draw is made."""
     pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
-    first = clauses[0]
-    text = first[0].upper() + first[1:] if rng.random() < 0.6 else first
-    for clause in clauses[1:]:
-        text += pick(JOINS) + clause
+    if lists and len(clauses) >= 2 and rng.random() < lists:
+        text = list_join(clauses, rng)
+    else:
+        first = clauses[0]
+        text = first[0].upper() + first[1:] if rng.random() < 0.6 else first
+        for clause in clauses[1:]:
+            text += pick(JOINS) + clause
     if rng.random() < 0.12:
         opener = pick(OPENERS)
         text = (opener[0].upper() + opener[1:] if rng.random() < 0.5 else opener) + text
