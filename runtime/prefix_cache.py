@@ -81,6 +81,10 @@ class PrefixCache:
             if page not in self.pinned:
                 self._idle[page] = self._tick
                 heapq.heappush(self._heap, (self._tick, -self.key_of[page][1], page))
+        if len(self._heap) > 2 * len(self._idle) + 64:  # mostly stale (pages touched again since): rebuilt, so
+            # a long-running server's heap stays O(idle pages), not O(requests served)
+            self._heap = [(tick, -self.key_of[page][1], page) for page, tick in self._idle.items()]
+            heapq.heapify(self._heap)
 
     def evict(self) -> int | None:
         """Forgets the least recently used idle page (tails before heads) and returns it; None if none."""

@@ -149,6 +149,23 @@ def test_eviction_under_pressure_lru_tails_before_heads():
     assert info.value.code == "kv_pages"
 
 
+
+def test_the_lru_heap_stays_bounded_by_the_idle_pages_over_many_requests():
+    pool = PageAllocator(num_pages=8, page_size=4, max_seqs=4, max_tokens_per_seq=32)
+    pool.enable_prefix_cache("salt")
+    a, b = tuple(range(10, 22)), tuple(range(30, 42))  # 3 full pages each, cached and idle again after each
+    for _ in range(2000):  # each release pushes 3 entries; without rebuilding, the heap would hold 12,000
+        for prompt in (b, a):
+            pool.release(pool.admit(len(prompt), prompt))
+    assert pool.cache.idle_pages == 6 and len(pool.cache._heap) <= 2 * 6 + 64 + 3
+    pages_a, pages_b = ([pool.cache.page_of[h] for h in _hashes(pool, p)] for p in (a, b))
+    # a re-admitted prompt shares all but the page of its last token: each tail page stayed idle since its
+    # first release (the oldest ticks), so after the rebuilds LRU still takes b's tail, then a's
+    slot = pool.admit(16, tuple(range(50, 66)))  # 4 pages: 2 free, 2 evicted
+    assert [pool.cache.page_of.get(h) for h in _hashes(pool, b)] == pages_b[:2] + [None]
+    assert [pool.cache.page_of.get(h) for h in _hashes(pool, a)] == pages_a[:2] + [None]
+    pool.release(slot, cache=False)
+
 def _hashes(pool, prompt):
     from runtime.prefix_cache import chain_hashes
     return chain_hashes(pool.cache.salt, prompt, pool.page_size, len(prompt) // pool.page_size)
