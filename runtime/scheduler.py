@@ -30,7 +30,7 @@ class Request:
     tools: tuple[int, ...] | None = None  # catalog indices the answer may name (None: every tool)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: running.remove(seq) compares no fields (and never a prompt array)
 class Sequence:
     handle: int
     slot: int
