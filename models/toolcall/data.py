@@ -36,6 +36,7 @@ PARAPHRASE_ID = -2  # template id of a training-only paraphrase clause
 PHRASING_ID = -3  # template id of a training-only v2 phrasing clause
 SPLIT_SIZES = {"train": 60_000, "val": 500, "test": 1000}  # default example counts per split
 TOOL_COUNT_WEIGHTS = (0.3, 0.35, 0.2, 0.15)  # P(1, 2, 3, 4 tools in a request)
+RELATED_WINDOW = 8  # v2f: a related request's tools lie within this many consecutive catalog tools
 CONNECTORS = (" and ", " and then ", ", then ", " then ", ". Also ", " and also ", ", plus ", "; after that ",
               ". After that, ", ", and ")
 # Training-time noise (make_split(noise=...)): politeness around a clause, filler words inside it,
@@ -80,6 +81,13 @@ class Wording:
     listed: float = 0.0
     lists: float = 0.0
     extra: bool = False
+    # v2f (off by default): ``related`` share of multi-intent requests whose tools come from one window of
+    # RELATED_WINDOW neighbouring catalog tools (the catalog lists a domain's tools together: flights,
+    # hotels, calendar, money, home...), as people chain related steps ("cancel the hotel, find another,
+    # book it"), so near tools must be told apart inside one request; ``sentences`` share of the joins
+    # between clauses taken from wording.SENTENCE_JOINS (longer, sentence-like joins).
+    related: float = 0.0
+    sentences: float = 0.0
 
 
 def entity_words() -> list[str]:
@@ -235,7 +243,11 @@ def _example(rng: np.random.Generator, by_tool: dict[str, list[tuple[int, str]]]
         return Example(no_tool_request(rng, v2.statements), (), (), (), ())
     names = list(by_tool)
     k = 1 + int(rng.choice(4, p=counts))
-    tools = [names[int(i)] for i in rng.choice(len(names), size=k, replace=False)]
+    if v2 is not None and v2.related and k >= 2 and rng.random() < v2.related:  # v2f: neighbouring tools
+        first = int(rng.integers(len(names) - RELATED_WINDOW + 1))
+        tools = [names[first + int(i)] for i in rng.choice(RELATED_WINDOW, size=k, replace=False)]
+    else:
+        tools = [names[int(i)] for i in rng.choice(len(names), size=k, replace=False)]
     ids, patterns = [], []
     for t in tools:
         if lexicon and rng.random() < lexicon_share:
@@ -253,7 +265,7 @@ def _example(rng: np.random.Generator, by_tool: dict[str, list[tuple[int, str]]]
                            + (TRAILERS[int(rng.integers(len(TRAILERS)))]
                               if v2.trailers and rng.random() < v2.trailers else ""), rng, v2.typos)
                    for p in patterns]
-        return Example(join(clauses, rng, question, v2.lists), tuple(tools), tuple(clauses), tuple(patterns), tuple(ids))
+        return Example(join(clauses, rng, question, v2.lists, v2.sentences), tuple(tools), tuple(clauses), tuple(patterns), tuple(ids))
     clauses = [_fill(_perturb(p, rng, noise) if noise else p, rng) for p in patterns]
     text = clauses[0][0].upper() + clauses[0][1:]
     for clause in clauses[1:]:

@@ -14,6 +14,7 @@ from common.errors import CatalogError
 
 HANDWRITTEN = Path(__file__).with_name("handwritten.tsv")
 DEVSET = Path(__file__).with_name("devset.tsv")  # session i19b's development set (used for decisions)
+DEVSET_MULTI = Path(__file__).with_name("devset_multi.tsv")  # session i19f's 2-4-tool development set
 EMPTY = "<empty>"
 
 
@@ -42,7 +43,7 @@ def normalized(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]", " ", text.lower()).split())
 
 
-def without_evaluation_requests(examples, paths=(HANDWRITTEN, DEVSET)) -> list:
+def without_evaluation_requests(examples, paths=(HANDWRITTEN, DEVSET, DEVSET_MULTI)) -> list:
     """``examples`` minus those whose request equals (``normalized``) a request of the evaluation sets
     at ``paths``, so no evaluation line is ever trained on verbatim; requests that normalize to ""
     (empty, blank, punctuation only) are content-free and kept."""

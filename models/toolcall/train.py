@@ -210,6 +210,10 @@ def main() -> None:
     ap.add_argument("--listed", type=float, default=0.0, help="v2d: share of name/item slots holding a list of 2-3 values")
     ap.add_argument("--lists", type=float, default=0.0, help="v2d: share of multi-intent requests joined as one list")
     ap.add_argument("--extra", action="store_true", help="v2d: add models.toolcall.phrasings_d to training")
+    ap.add_argument("--related", type=float, default=0.0,
+                    help="v2f: share of multi-intent requests whose tools are neighbours in the catalog")
+    ap.add_argument("--sentences", type=float, default=0.0,
+                    help="v2f: share of the joins between clauses that are sentence-like (wording.SENTENCE_JOINS)")
     ap.add_argument("--entity", type=float, default=0.0, help="v2b: share of name slots made of everyday/cue words")
     ap.add_argument("--trailers", type=float, default=0.0, help="v2b: share of clauses with a detail asking nothing more")
     ap.add_argument("--statements", type=float, default=0.0,
@@ -242,7 +246,7 @@ def main() -> None:
     wording = None if args.v1 else Wording(no_tool=args.no_tool, pooled=args.pooled, typos=args.typos,
                                            entity=args.entity, swap=args.swap, trailers=args.trailers, statements=args.statements,
                                            more=args.more, names=args.names, listed=args.listed, lists=args.lists,
-                                           extra=args.extra)
+                                           extra=args.extra, related=args.related, sentences=args.sentences)
     train = make_split("train", args.seed, size=args.train_size, noise=args.noise, lexicon=args.lexicon,
                        counts=tuple(args.counts), paraphrases=args.paraphrases, wording=wording)
     if args.init_from:

@@ -89,6 +89,15 @@ LIST_STYLES = (("", ", ", " and "), ("", ", ", ", and "), ("", ", ", " & "), (""
                ("can you ", ", ", " and "), ("i need you to ", ", ", ", and "), ("", ". ", ". "), ("", ", ", " plus "),
                ("", " and ", " and "), ("", ", ", " as well as "), ("todo: ", ", ", ", "))
 _NUMBERS = ("two", "three", "four")
+# v2f: longer, sentence-like joins between clauses (written from how people chain requests, not from any
+# evaluation line); after one that ends a sentence the next clause may start capitalized.
+SENTENCE_JOINS = (". Oh, and ", ". One more thing: ", ". Also, can you ", ". And ", "! Also ", "? And ", ", oh and ",
+                  ". Plus ", ". Lastly, ", ". Additionally, ", ". Then please ", " and could you also ",
+                  ". I also need you to ", ". Can you also ", " and then also ", "; then ", ". Besides that, ",
+                  ", followed by ", ", after which ", ", and lastly ", ". Last thing: ", ". Next: ", "? Also ",
+                  ".\nAlso ", "\nand ", "\n\n", ". After that I need you to ", ", and on top of that ",
+                  ". Also please ", " -- also ", ", then after that ", ". Second, ", ". Oh also ", " and, also, ",
+                  ". Another thing: ", ", and then please ", "! And ", ". And then ", " and finally ", "\nthen ")
 
 
 def list_join(clauses: list[str], rng: np.random.Generator) -> str:
@@ -100,11 +109,14 @@ def list_join(clauses: list[str], rng: np.random.Generator) -> str:
     return text[0].upper() + text[1:] if rng.random() < 0.6 else text
 
 
-def join(clauses: list[str], rng: np.random.Generator, question: bool, lists: float = 0.0) -> str:
+def join(clauses: list[str], rng: np.random.Generator, question: bool, lists: float = 0.0,
+         sentences: float = 0.0) -> str:
     """One request from its clauses: the first capitalized or not, varied joins and endings,
-    sometimes an opener ("hi, ") or a closer (" thanks"). Clause text is kept verbatim. With
-    p=``lists`` (two clauses or more) the clauses form one list (``list_join``); with ``lists`` 0
-    no extra draw is made."""
+    sometimes an opener ("hi, ") or a closer (" thanks"). Clause text is kept verbatim (but for a
+    later clause's first letter, capitalized with p=0.5 after a SENTENCE_JOINS join that ends a
+    sentence). With p=``lists`` (two clauses or more) the clauses form one list (``list_join``);
+    with p=``sentences`` a join is one of SENTENCE_JOINS; with ``lists`` / ``sentences`` 0 no
+    extra draw is made."""
     pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
     if lists and len(clauses) >= 2 and rng.random() < lists:
         text = list_join(clauses, rng)
@@ -112,7 +124,13 @@ def join(clauses: list[str], rng: np.random.Generator, question: bool, lists: fl
         first = clauses[0]
         text = first[0].upper() + first[1:] if rng.random() < 0.6 else first
         for clause in clauses[1:]:
-            text += pick(JOINS) + clause
+            if sentences and rng.random() < sentences:
+                joiner = pick(SENTENCE_JOINS)
+                if joiner.rstrip(" ")[-1:] in ".!?:\n" and rng.random() < 0.5:
+                    clause = clause[0].upper() + clause[1:]
+                text += joiner + clause
+            else:
+                text += pick(JOINS) + clause
     if rng.random() < 0.12:
         opener = pick(OPENERS)
         text = (opener[0].upper() + opener[1:] if rng.random() < 0.5 else opener) + text

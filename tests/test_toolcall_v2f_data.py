@@ -1,0 +1,53 @@
+"""Model v2f's data options (``related``, ``sentences``): with both off the v2d/v2e training data stays byte
+for byte as it was; on, each changes only what it says."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from models.toolcall.data import RELATED_WINDOW, Wording, make_split
+from models.toolcall.templates import TEMPLATES
+from models.toolcall.wording import SENTENCE_JOINS, join
+
+# v2d's (and v2e's) training options (bench/RESULTS.md, "v2d"), and the sha256 of its first 500 training
+# examples as the code before v2f wrote them (request, tools, clauses per line).
+V2D = Wording(no_tool=0.1, pooled=0.8, typos=0.05, entity=0.25, trailers=0.1, statements=0.25, more=True, swap=0.2,
+              names=0.2, listed=0.1, lists=0.3, extra=True)
+V2D_KW = dict(seed=0, size=500, noise=0.05, lexicon=0.5, paraphrases=True, counts=(0.25, 0.3, 0.25, 0.2))
+V2D_SHA256 = "be6e9f7ca7fed9586ec6a36a04aade0e17c4badff6f11f50e6813ebb40fea799"
+
+
+def _digest(examples) -> str:
+    text = "\n".join(f"{e.request}\t{','.join(e.tools)}\t{'|'.join(e.clauses)}" for e in examples)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_options_off_keep_the_v2d_data_byte_identical():
+    assert _digest(make_split("train", wording=V2D, **V2D_KW)) == V2D_SHA256
+
+
+def test_related_requests_draw_neighbouring_tools():
+    order = {t: i for i, t in enumerate(TEMPLATES)}
+    related = Wording(**{**V2D.__dict__, "related": 1.0})
+    examples = [e for e in make_split("train", wording=related, **{**V2D_KW, "size": 400}) if len(e.tools) >= 2]
+    assert len(examples) > 200
+    spreads = [max(order[t] for t in e.tools) - min(order[t] for t in e.tools) for e in examples]
+    assert max(spreads) < RELATED_WINDOW and len(set(spreads)) > 3
+    plain = [e for e in make_split("train", wording=V2D, **{**V2D_KW, "size": 400}) if len(e.tools) >= 2]
+    assert max(max(order[t] for t in e.tools) - min(order[t] for t in e.tools) for e in plain) >= RELATED_WINDOW
+
+
+def test_sentence_joins_keep_clauses_in_order_and_spans_right():
+    clauses = ["book a taxi to the airport", "set an alarm for 6", "turn on the kitchen lights"]
+    rng = np.random.default_rng(0)
+    texts = [join(clauses, rng, False, sentences=1.0) for _ in range(300)]
+    for text in texts:
+        positions = [text.find(c[1:]) for c in clauses]
+        assert positions == sorted(positions) and min(positions) >= 1, text
+    assert any(j.strip() and j in t for t in texts for j in SENTENCE_JOINS if j.strip(" .,") )
+    assert any("Set an alarm" in t for t in texts) and any("set an alarm" in t for t in texts)
+    sentences = Wording(**{**V2D.__dict__, "sentences": 0.5})
+    for e in make_split("train", wording=sentences, **{**V2D_KW, "size": 300}):
+        for (start, end), clause in zip(e.clause_spans(), e.clauses):
+            assert e.request[start + 1:end] == clause[1:], (e.request, clause)
