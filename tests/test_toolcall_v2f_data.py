@@ -2,25 +2,16 @@
 for byte as it was; on, each changes only what it says."""
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from models.toolcall.data import RELATED_WINDOW, Wording, make_split
 from models.toolcall.templates import TEMPLATES
 from models.toolcall.wording import SENTENCE_JOINS, join
 
-# v2d's (and v2e's) training options (bench/RESULTS.md, "v2d"), and the sha256 of its first 500 training
-# examples as the code before v2f wrote them (request, tools, clauses per line).
-V2D = Wording(no_tool=0.1, pooled=0.8, typos=0.05, entity=0.25, trailers=0.1, statements=0.25, more=True, swap=0.2,
-              names=0.2, listed=0.1, lists=0.3, extra=True)
-V2D_KW = dict(seed=0, size=500, noise=0.05, lexicon=0.5, paraphrases=True, counts=(0.25, 0.3, 0.25, 0.2))
+from test_toolcall_v2d_data import V2C_KW as V2D_KW, V2D, _digest  # v2d's (and v2e's) training options
+
+# the sha256 of v2d's first 500 training examples as the code before v2f wrote them (request, tools, clauses per line)
 V2D_SHA256 = "be6e9f7ca7fed9586ec6a36a04aade0e17c4badff6f11f50e6813ebb40fea799"
-
-
-def _digest(examples) -> str:
-    text = "\n".join(f"{e.request}\t{','.join(e.tools)}\t{'|'.join(e.clauses)}" for e in examples)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def test_options_off_keep_the_v2d_data_byte_identical():
