@@ -149,12 +149,11 @@ def test_eviction_under_pressure_lru_tails_before_heads():
     assert info.value.code == "kv_pages"
 
 
-
 def test_the_lru_heap_stays_bounded_by_the_idle_pages_over_many_requests():
     pool = PageAllocator(num_pages=8, page_size=4, max_seqs=4, max_tokens_per_seq=32)
     pool.enable_prefix_cache("salt")
     a, b = tuple(range(10, 22)), tuple(range(30, 42))  # 3 full pages each, cached and idle again after each
-    for _ in range(2000):  # each release pushes 3 entries; without rebuilding, the heap would hold 12,000
+    for _ in range(2000):  # each release re-idles its 2 shared pages; without rebuilding, the heap held 8,002 entries
         for prompt in (b, a):
             pool.release(pool.admit(len(prompt), prompt))
     assert pool.cache.idle_pages == 6 and len(pool.cache._heap) <= 2 * 6 + 64 + 3
@@ -165,6 +164,7 @@ def test_the_lru_heap_stays_bounded_by_the_idle_pages_over_many_requests():
     assert [pool.cache.page_of.get(h) for h in _hashes(pool, b)] == pages_b[:2] + [None]
     assert [pool.cache.page_of.get(h) for h in _hashes(pool, a)] == pages_a[:2] + [None]
     pool.release(slot, cache=False)
+
 
 def _hashes(pool, prompt):
     from runtime.prefix_cache import chain_hashes
