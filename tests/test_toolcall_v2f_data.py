@@ -2,13 +2,11 @@
 for byte as it was; on, each changes only what it says."""
 from __future__ import annotations
 
-import numpy as np
-
 from models.toolcall.data import RELATED_WINDOW, Wording, make_split
 from models.toolcall.templates import TEMPLATES
-from models.toolcall.wording import SENTENCE_JOINS, join
-
-from test_toolcall_v2d_data import V2C_KW as V2D_KW, V2D, _digest  # v2d's (and v2e's) training options
+from models.toolcall.wording import SENTENCE_JOINS
+from test_toolcall_v2d_data import V2C_KW as V2D_KW
+from test_toolcall_v2d_data import V2D, _digest, joined_in_order  # v2d's (and v2e's) options, its helpers
 
 # the sha256 of v2d's first 500 training examples as the code before v2f wrote them (request, tools, clauses per line)
 V2D_SHA256 = "be6e9f7ca7fed9586ec6a36a04aade0e17c4badff6f11f50e6813ebb40fea799"
@@ -30,13 +28,8 @@ def test_related_requests_draw_neighbouring_tools():
 
 
 def test_sentence_joins_keep_clauses_in_order_and_spans_right():
-    clauses = ["book a taxi to the airport", "set an alarm for 6", "turn on the kitchen lights"]
-    rng = np.random.default_rng(0)
-    texts = [join(clauses, rng, False, sentences=1.0) for _ in range(300)]
-    for text in texts:
-        positions = [text.find(c[1:]) for c in clauses]
-        assert positions == sorted(positions) and min(positions) >= 1, text
-    assert any(j.strip() and j in t for t in texts for j in SENTENCE_JOINS if j.strip(" .,") )
+    texts = joined_in_order(300, 1, sentences=1.0)
+    assert any(j.strip() and j in t for t in texts for j in SENTENCE_JOINS if j.strip(" .,"))
     assert any("Set an alarm" in t for t in texts) and any("set an alarm" in t for t in texts)
     sentences = Wording(**{**V2D.__dict__, "sentences": 0.5})
     for e in make_split("train", wording=sentences, **{**V2D_KW, "size": 300}):
