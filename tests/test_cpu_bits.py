@@ -97,3 +97,20 @@ def test_output_rows_have_the_full_passs_bits(parts):
         assert got.shape == (len(rows), full.shape[1])
         assert got.tobytes() == full[rows].tobytes()
         assert all(np.array_equal(a, b) for a, b in zip(keys, kv.k))
+
+
+@pytest.mark.parametrize("k,n", [(64, 192), (192, 64), (256, 768), (32, 64)])
+def test_a_prompt_row_has_the_same_bits_at_every_place_in_its_gemm_block(k, n):
+    """The reference backend's gemm_rows is probed on this machine's BLAS (OpenBLAS's Zen sgemm
+    rounds rows 0-5 of a 16-row block one way and 6-15 another); at the probed size a row's bits
+    do not depend on its place among the other prompt rows."""
+    from runtime.cpu.model import blocked_matmul, stable_gemm_rows
+    rows = stable_gemm_rows(((k, n, True),))
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    x = rng.standard_normal((3 * rows, k), dtype=np.float32)
+    first = blocked_matmul(x[:1], w, rows)[0]
+    for place in range(3 * rows):
+        others = rng.standard_normal((3 * rows, k), dtype=np.float32)
+        others[place] = x[0]
+        assert np.array_equal(blocked_matmul(others, w, rows)[place], first), f"place {place} of {rows}-row blocks"
