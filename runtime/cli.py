@@ -209,8 +209,8 @@ def _use_system_allocator() -> None:
 @click.option("--max-body-bytes", type=int, default=64 * 1024, show_default=True, help="Largest request body.")
 @click.option("--head", type=click.Choice(HEAD_MODES), default="sparse", show_default=True)
 @click.option("--threads", type=int, default=None,
-              help="Fast CPU backend worker threads [default: the CPUs this process may use less one, kept for the "
-                   "HTTP loop].")
+              help="Fast CPU backend worker threads, fixed [default: the CPUs this process may use less one, kept "
+                   "for the HTTP loop, plus one per core that stands idle (not under a CPU quota)].")
 @click.option("--noop-engine", is_flag=True, hidden=True, help="Benchmarks only: answer every request empty, no model.")
 def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes, head, threads,
           noop_engine):
@@ -235,5 +235,6 @@ def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeou
     if request_timeout <= 0:
         raise click.BadParameter(f"needs seconds > 0, got {request_timeout}", param_hint="--request-timeout")
     _use_system_allocator()
-    serve_main(path, host, port, ServeConfig(max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes),
-               head=head, threads=threads, noop=noop_engine)
+    config = ServeConfig(max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes,
+                         adaptive_threads=threads is None)
+    serve_main(path, host, port, config, head=head, threads=threads, noop=noop_engine)

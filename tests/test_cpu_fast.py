@@ -283,17 +283,22 @@ BITS_PROBE = KERNEL_INPUTS + textwrap.dedent("""
 @pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="compares x86 extension paths")
 def test_the_same_bits_without_avx512_f16c_or_ssse3(tmp_path):
     """The dot order is written down, and every decoder is exact: a baseline x86-64 build (no F16C,
-    SSSE3 or AVX-512: the arithmetic fallbacks) gives the host build's bits."""
+    SSSE3 or AVX-512: the arithmetic fallbacks) gives the host build's bits, and so do the panel
+    tile shapes of the other register file (zmm or ymm, whichever this CPU does not choose)."""
+    from runtime.cpu import panel_kernels as pk
     cases = json.dumps([c for c in KERNEL_CASES if c[0] in ("fp8", "nvfp4", "fp8/panel", "bf16/panel")])
     env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop("TOOLCALL_PANEL_TILES", None)
+    other = next(k for k in pk.TILE_SHAPES if k != pk.TILE_REGISTERS)
     runs = []
-    for extra in ({}, {"NUMBA_CACHE_DIR": str(tmp_path), "NUMBA_CPU_NAME": "x86-64",
-                       "NUMBA_CPU_FEATURES": "+64bit,+cx8,+fxsr,+mmx,+sse,+sse2"}):
+    for extra in ({}, {"NUMBA_CACHE_DIR": str(tmp_path / "baseline"), "NUMBA_CPU_NAME": "x86-64",
+                       "NUMBA_CPU_FEATURES": "+64bit,+cx8,+fxsr,+mmx,+sse,+sse2"},
+                  {"NUMBA_CACHE_DIR": str(tmp_path / other), "TOOLCALL_PANEL_TILES": other}):
         proc = subprocess.run([sys.executable, "-c", BITS_PROBE, cases], cwd=ROOT, capture_output=True, text=True,
                               timeout=600, env={**env, **extra})
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
 
 
 @pytest.mark.parametrize("kind", ["fp8", "bf16"])

@@ -6,6 +6,7 @@ import copy
 import http.client
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -333,3 +334,27 @@ def test_the_noop_engine_answers_through_the_same_loop(tiny_bundle):
         for text in TEXTS[:3]:
             status, _, body = srv.call("POST", "/v1/discover", {"request": text})
             assert status == 200 and body["tools"] == [] and body["prompt_token_ids"], body
+
+
+def test_a_bound_server_freezes_the_loaded_objects_and_follows_the_spare_cpu(tiny_bundle):
+    """Full collections hold the GIL while they walk every tracked object (the engine thread stands still):
+    what is alive once the engine is loaded leaves the collector's view, and full collections are rarer.
+    The fast CPU engine's kernel threads follow the spare CPU, the event loop's own time left out."""
+    import gc
+    from runtime.cpu import available_cpus
+    from runtime.serve.state import FULL_COLLECTION_AFTER
+
+    threshold = gc.get_threshold()
+    engine = Engine.load(tiny_bundle, threads=1)  # as `runtime serve` loads it on 2 CPUs
+    try:
+        with serve(engine) as srv:
+            assert gc.get_freeze_count() > 0 and gc.get_threshold()[2] == FULL_COLLECTION_AFTER
+            kt = srv.state.kernel_threads
+            if len(os.sched_getaffinity(0)) == available_cpus() > 1:  # no quota, a core to add
+                assert kt is not None and (kt.base, kt.loop_thread) == (1, srv.thread.native_id)
+            else:
+                assert kt is None
+            assert srv.call("POST", "/v1/discover", {"request": TEXTS[0]})[0] == 200
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)

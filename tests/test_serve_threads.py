@@ -59,3 +59,52 @@ def test_the_fast_model_runs_with_its_own_thread_count_on_another_thread(tiny_bu
     assert seen["before"] == numba.config.NUMBA_NUM_THREADS  # a new thread starts at numba's default
     assert seen["after"] == 1
     assert seen["result"] == engine.run(["Book a flight to Paris"])[0].token_ids
+
+
+def fake_proc(root, idle_ticks: dict[int, int], task_ticks: dict[int, int]):
+    """/proc/stat with per-CPU idle (+ iowait 0) ticks and /proc/self/task/<tid>/stat with utime + stime."""
+    lines = ["cpu  1 2 3 4 5 0 0 0 0 0"] + [f"cpu{c} 10 0 10 {t} 0 0 0 0 0 0" for c, t in idle_ticks.items()]
+    (root / "stat").write_text("\n".join(lines) + "\n")
+    for tid, ticks in task_ticks.items():
+        (root / "self" / "task" / str(tid)).mkdir(parents=True, exist_ok=True)
+        # pid (comm with ) and spaces) state ... utime stime: fields 14 and 15
+        (root / "self" / "task" / str(tid) / "stat").write_text(
+            f"{tid} (numba (w) x) S 1 1 1 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 1 0\n")
+
+
+def test_kernel_threads_follow_the_spare_cpu_and_ignore_the_loop_and_engine_threads(tmp_path):
+    from runtime.serve.kernel_threads import KernelThreads
+
+    hz = os.sysconf("SC_CLK_TCK")
+    now = [0.0]
+    engine_tid = threading.get_native_id()
+    kt = KernelThreads(base=1, most=2, cpus={0, 1}, loop_thread=1, proc=tmp_path, window_s=0.2, clock=lambda: now[0])
+    seen = []
+
+    def at(t, idle0, idle1, loop, engine, pool, other_cpu=0):
+        now[0] = t
+        fake_proc(tmp_path, {0: idle0, 1: idle1, 5: other_cpu}, {1: loop, engine_tid: engine, 99: pool})
+        seen.append(kt.update())
+
+    at(0.0, 0, 0, 0, 0, 0)
+    at(0.1, 0, hz, 0, 0, 0)  # inside the window: not judged yet
+    at(1.0, 0, hz, 5 * hz, 5 * hz, 0, other_cpu=50 * hz)  # one core idle for 1 s (CPU 5 is not ours): up
+    at(2.0, 0, 2 * hz, 5 * hz, 5 * hz, 0)  # idle again: already at most
+    at(3.0, 0, 2 * hz, 9 * hz, 9 * hz, hz)  # no idle, but the pool thread ran a whole core: stays
+    at(4.0, 0, 2 * hz, 20 * hz, 20 * hz, hz + hz // 5)  # loop and engine busy, pool preempted: down
+    at(5.0, 0, 2 * hz + hz // 2, 20 * hz, 20 * hz, hz + hz // 5 + hz // 5)  # 0.7 of a core: below UP, stays
+    assert seen == [1, 1, 2, 2, 2, 1, 1]
+
+
+def test_kernel_threads_stay_fixed_under_a_cpu_quota_or_without_a_fast_model(tmp_path):
+    from runtime.serve.kernel_threads import adaptive_kernel_threads
+
+    class Model:
+        threads = 1
+
+    (tmp_path / "cpu.max").write_text("100000 100000\n")  # 1 CPU
+    assert adaptive_kernel_threads(Model(), 1, cgroup_root=tmp_path) is None
+    assert adaptive_kernel_threads(object(), 1, cgroup_root=tmp_path / "none") is None
+    if AFFINITY > 1:
+        kt = adaptive_kernel_threads(Model(), 1, cgroup_root=tmp_path / "none")
+        assert kt is not None and (kt.base, kt.most) == (1, AFFINITY)

@@ -37,19 +37,20 @@ def _splat(builder, value):
                                                                                      [0] * s.LANES))
 
 
-def _chain(builder, fmt, rows, vpp, k_from, k_to, x_rows, bases, unroll, ahead):
-    """The accumulators [rows][len(bases) * vpp] after k in [k_from, k_to) (i64), starting from +0.0, for the
-    panels at ``bases`` (vpp vectors each): a loop of ``unroll`` features per pass, then one feature per
-    pass for the rest (the same operations per k)."""
+def _chain(builder, fmt, rows, vpp, k_from, k_to, x_rows, bases, streams, unroll, ahead):
+    """The accumulators [rows][len(bases)] after k in [k_from, k_to) (i64), starting from +0.0, for the
+    16-lane output vectors at ``bases`` (a panel holds vpp of them per feature k): a loop of ``unroll``
+    features per pass, then one feature per pass for the rest (the same operations per k). ``streams``:
+    the addresses of the panels the vectors lie in (prefetched)."""
     fma = s._fma(builder.module)
     func = builder.function
     decoders = [DECODERS[fmt](w) for w in bases]
-    vecs = vpp * len(bases)
+    vecs = len(bases)
     zero = s.splat(s.F32, s.LANES, 0.0)
 
     def one_k(k, accs):
-        first = builder.mul(k, s.const(s.I64, vpp))
-        ws = [decoders[v // vpp](builder, builder.add(first, s.const(s.I64, v % vpp)), 0) for v in range(vecs)]
+        block = builder.mul(k, s.const(s.I64, vpp))  # the panel's feature k starts vpp vectors on
+        ws = [decoders[v](builder, block, 0) for v in range(vecs)]
         xo = builder.mul(k, s.const(s.I64, 4))
         xs = [_splat(builder, s.load(builder, x_rows[r], xo, s.F32)) for r in range(rows)]
         return [[builder.call(fma, [xs[r], ws[v], accs[r][v]]) for v in range(vecs)] for r in range(rows)]
@@ -69,9 +70,9 @@ def _chain(builder, fmt, rows, vpp, k_from, k_to, x_rows, bases, unroll, ahead):
         more = builder.icmp_unsigned("<=", builder.add(k, s.const(s.I64, step)), limit)
         builder.cbranch(more, body, after)
         builder.position_at_end(body)
-        if step > 1 and ahead:  # software prefetch of the panel stream ``ahead`` bytes on (speed only)
-            span = step * vpp * s.LANES * ELEM_BYTES[fmt]  # bytes of each panel this pass reads
-            for w in bases:
+        if step > 1 and ahead:  # software prefetch of each panel stream ``ahead`` bytes on (speed only)
+            span = step * vpp * s.LANES * ELEM_BYTES[fmt]  # bytes of a panel this pass reads
+            for w in streams:
                 start = builder.add(builder.add(w, builder.mul(k, s.const(s.I64, span // step))), s.const(s.I64, ahead))
                 for line in range(0, span, 64):
                     s._prefetch(builder, builder.add(start, s.const(s.I64, line)))
@@ -94,14 +95,17 @@ def _chain(builder, fmt, rows, vpp, k_from, k_to, x_rows, bases, unroll, ahead):
 
 
 def emit_panel_tile(builder: ir.IRBuilder, fmt: str, rows: int, panel: int, n, x_addr, x_stride, w_addr,
-                    out_addr, out_stride, scale_addr=None, width: int = 1, unroll: int = 2, ahead: int = AHEAD) -> None:
-    """For r < rows, j < width * panel: *(float*)(out_addr + r * out_stride + 4 j) = output j of activation row
-    r (float32 at x_addr + r * x_stride, n features) against the ``width`` consecutive panels at w_addr
-    ((n, panel) of ``fmt`` each), in the order of the module docstring; ``scale_addr``: fp8's float32
-    [width * panel] of scale * 256. width > 1 (few rows): more streams and accumulator chains in flight."""
+                    out_addr, out_stride, scale_addr=None, vectors: int | None = None, unroll: int = 2,
+                    ahead: int = AHEAD) -> None:
+    """For r < rows, j < 16 * vectors: *(float*)(out_addr + r * out_stride + 4 j) = output j of activation
+    row r (float32 at x_addr + r * x_stride, n features) against the weights of ``vectors`` consecutive
+    16-output vectors starting at w_addr (panels of (n, panel) ``fmt``; default one whole panel): either
+    part of one panel (w_addr inside it) or whole consecutive panels; in the order of the module docstring.
+    ``scale_addr``: fp8's float32 [16 * vectors] of scale * 256. The tile's shape is speed only (which
+    accumulators fit the vector registers); every output's operations are the same in any tile."""
     vpp = panel // s.LANES
-    vecs = vpp * width
-    assert panel % s.LANES == 0 and vpp >= 1
+    vecs = vpp if vectors is None else vectors
+    assert panel % s.LANES == 0 and vpp >= 1 and (vecs <= vpp or vecs % vpp == 0)
     func = builder.function
     entry = builder.block
     x_rows = [builder.add(x_addr, builder.mul(x_stride, s.const(s.I64, r))) for r in range(rows)]
@@ -118,9 +122,11 @@ def emit_panel_tile(builder: ir.IRBuilder, fmt: str, rows: int, panel: int, n, x
     builder.position_at_end(body)
     end = builder.add(k0, s.const(s.I64, KB))
     k1 = builder.select(builder.icmp_unsigned("<", end, n), end, n)
-    pb = builder.mul(n, s.const(s.I64, panel * ELEM_BYTES[fmt]))
-    bases = [builder.add(w_addr, builder.mul(pb, s.const(s.I64, i))) for i in range(width)]
-    accs = _chain(builder, fmt, rows, vpp, k0, k1, x_rows, bases, unroll, ahead)
+    pb = builder.mul(n, s.const(s.I64, panel * ELEM_BYTES[fmt]))  # bytes of one panel
+    vb = s.LANES * ELEM_BYTES[fmt]  # bytes of one vector's weights at one k
+    streams = [builder.add(w_addr, builder.mul(pb, s.const(s.I64, i))) for i in range(-(-vecs // vpp))]
+    bases = [builder.add(streams[v // vpp], s.const(s.I64, vb * (v % vpp))) for v in range(vecs)]
+    accs = _chain(builder, fmt, rows, vpp, k0, k1, x_rows, bases, streams, unroll, ahead)
     builder.cbranch(builder.icmp_unsigned("==", k0, s.const(s.I64, 0)), first, combine)
 
     builder.position_at_end(first)  # y = s_0

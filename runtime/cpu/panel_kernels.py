@@ -1,17 +1,20 @@
 """numba linear layers on output panels (runtime/cpu/panel_ir.py): y (T, out) = x (T, in) @ W.T with W
 repacked at load into (out/P, in, P) in its stored format (``repack``).
 
-Work items are (panel, group of up to ROWS activation rows), panel-major so a panel's bytes stay in
-cache while the row groups pass; prange splits the items (threads never split a sum). The last
-group of a step has T % ROWS rows and takes the tile of that many rows: the same operations per
-(row, output) in every tile (panel_ir), so a row's bits do not depend on the step. A ragged last
-panel (out % P) is zero-padded at load and computed into a scratch tile whose first outputs are
+Work items are (a unit of output vectors, group of up to ROWS activation rows), unit-major so a
+panel's bytes stay in cache while the row groups pass; prange splits the items (threads never split
+a sum). The last group of a step has T % ROWS rows and takes the tile of that many rows: the same
+operations per (row, output) in every tile (panel_ir), so a row's bits do not depend on the step,
+nor on the tile shapes this CPU's registers choose (``_tile_shapes``). A ragged last panel (out % P)
+is zero-padded at load; its last vectors are computed into a scratch tile whose first outputs are
 copied out.
 
 Formats: fp8 int8 panels of E4M3 bytes, ``scale`` float32 [out padded] = stored scale * 256 (the
 decoder gives e4m3 / 256); bf16 u16 bits; f32.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from numba import njit, prange, types
@@ -20,8 +23,20 @@ from numba.extending import intrinsic
 from . import linear_kernels as lk  # noqa: F401  (numba target and stale-cache setup before any compile)
 from . import panel_ir as pir
 
-PANEL = 32  # outputs per panel: 2 zmm of float32 accumulators per row
-ROWS = 8  # rows per tile: 8 x 2 accumulators + 2 weight vectors + 8 broadcasts fit the 32 vector registers
+PANEL = 32  # outputs per panel (2 vectors of 16 float32 lanes)
+LANES = 16  # outputs per vector (the IR's <16 x float>: one zmm, or two ymm)
+
+
+# (ROWS, UNIT, SMALL) by vector registers: tiles of up to ROWS rows x UNIT vectors; 1- and 2-row steps
+# take SMALL[rows] vectors (more weight streams and accumulator chains in flight). Chosen so the
+# accumulators, the weight vectors and a broadcast fit the registers: 32 zmm (8 x 2 + 2 + 8), or 16 ymm
+# where a vector is two (6 x 2 + 2 + 1, the AVX2 sgemm shape; zmm's shapes on ymm spill: 2.7x slower,
+# bench/RESULTS.md). Speed only: every output's operations are the same in any tile.
+TILE_SHAPES = {"zmm": (8, 2, {1: 8, 2: 8}), "ymm": (6, 1, {1: 4, 2: 2})}
+# TOOLCALL_PANEL_TILES=zmm|ymm overrides the choice (tests run both shapes on one CPU)
+TILE_REGISTERS = os.environ.get("TOOLCALL_PANEL_TILES") or ("zmm" if pir.s._x86_has("avx512f") else "ymm")
+ROWS, UNIT, SMALL = TILE_SHAPES[TILE_REGISTERS]
+SMALL1, SMALL2 = SMALL[1], SMALL[2]
 
 
 def repack(w: np.ndarray, panel: int = PANEL) -> np.ndarray:
@@ -43,9 +58,10 @@ def padded_scale(scale: np.ndarray, panel: int = PANEL) -> np.ndarray:
 
 
 def _tile(fmt: str, panel: int = PANEL, scaled: bool = False):
-    """An intrinsic tile(r, width, x, x_stride, w, n, out, out_stride, scale) (byte addresses and strides,
-    scale read for fp8 or ``scaled``, else 0): the r x (width * panel) outputs of ``width`` consecutive panels, for the shapes in
-    TILES (a switch over them; another shape computes nothing)."""
+    """An intrinsic tile(r, vectors, x, x_stride, w, n, out, out_stride, scale) (byte addresses and strides,
+    scale read for fp8 or ``scaled``, else 0): the r x (16 * vectors) outputs of ``vectors`` consecutive
+    16-output vectors whose weights start at w (panel_ir.emit_panel_tile), for the shapes in TILES (a
+    switch over them; another shape computes nothing)."""
     @intrinsic
     def tile(typingctx, r, width, x, xs, w, n, out, os_, scale):
         sig = types.void(*([types.int64] * 9))
@@ -55,12 +71,12 @@ def _tile(fmt: str, panel: int = PANEL, scaled: bool = False):
             merge = builder.append_basic_block("tile.merge")
             key = builder.add(builder.mul(width, pir.ir.Constant(pir.ir.IntType(64), 16)), r)
             switch = builder.switch(key, merge)
-            for rows, wide in TILES:
-                case = builder.append_basic_block(f"tile.{rows}x{wide}")
-                switch.add_case(pir.ir.Constant(pir.ir.IntType(64), 16 * wide + rows), case)
+            for rows, vectors in TILES:
+                case = builder.append_basic_block(f"tile.{rows}x{vectors}")
+                switch.add_case(pir.ir.Constant(pir.ir.IntType(64), 16 * vectors + rows), case)
                 builder.position_at_end(case)
                 pir.emit_panel_tile(builder, fmt, rows, panel, n, x, xs, w, out, os_,
-                                    scale if fmt == "fp8" or scaled else None, width=wide)
+                                    scale if fmt == "fp8" or scaled else None, vectors=vectors)
                 builder.branch(merge)
             builder.position_at_end(merge)
             return context.get_dummy_value()
@@ -68,10 +84,7 @@ def _tile(fmt: str, panel: int = PANEL, scaled: bool = False):
     return tile
 
 
-# (rows, panels side by side): ROWS x 1 and its shorter groups; a step of 1 or 2 rows (decode) takes WIDE
-# panels at once: 4 weight streams and 8 or 16 accumulator chains in flight, like the row kernels' 1x4 tiles
-WIDE = 4
-TILES = [(r, 1) for r in range(1, ROWS + 1)] + [(1, WIDE), (2, WIDE)]
+TILES = [(r, UNIT) for r in range(1, ROWS + 1)] + [(1, SMALL1), (2, SMALL2)]
 fp8_tile, bf16_tile, f32_tile = _tile("fp8"), _tile("bf16"), _tile("f32")
 f32_scaled_tile = _tile("f32", scaled=True)  # an fp8 panel decoded to float32 once (``fp8_to_f32``), many row groups
 
@@ -107,18 +120,28 @@ def _check(x, w, y, out):
 
 @njit(inline="always")
 def _plan(t_rows, out):
-    """Work items as (units of panels) x (row groups): groups, rows per group, panels per wide unit, wide units."""
-    wide = WIDE if t_rows <= 2 else 1
-    return (t_rows + ROWS - 1) // ROWS, ROWS, wide, (out // PANEL) // wide
+    """Work items as (units of output vectors) x (row groups): groups, rows per group, vectors per wide
+    unit, wide units, units in all (wide ones, then UNIT-vector ones up to the last vector holding an output)."""
+    wide = SMALL1 if t_rows == 1 else SMALL2 if t_rows == 2 else UNIT
+    used = (out + LANES - 1) // LANES
+    n_wide = used // wide
+    return (t_rows + ROWS - 1) // ROWS, ROWS, wide, n_wide, n_wide + (used - n_wide * wide + UNIT - 1) // UNIT
 
 
 @njit(inline="always")
 def _unit(item, groups, rows, wide, n_wide, t_rows):
-    """Item -> (first panel, panels, first row, rows): n_wide units of ``wide`` panels, then single panels."""
+    """Item -> (first vector, vectors, first row, rows): n_wide units of ``wide`` vectors, then UNIT-vector ones."""
     u, t = item // groups, (item % groups) * rows
     if u < n_wide:
         return u * wide, wide, t, min(rows, t_rows - t)
-    return n_wide * wide + (u - n_wide), 1, t, min(rows, t_rows - t)
+    return n_wide * wide + (u - n_wide) * UNIT, UNIT, t, min(rows, t_rows - t)
+
+
+@njit(inline="always")
+def _vector_addr(w, v, pb):
+    """Byte address of output vector v's weights at feature 0: panel v // vpp, lanes 16 (v % vpp) on."""
+    vpp = PANEL // LANES
+    return _addr(w) + (v // vpp) * pb + (v % vpp) * LANES * w.itemsize
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -128,7 +151,7 @@ def linear_fp8_panels(x, w, scale, y):
     _check(x, w, y, out)
     assert scale.shape[0] == w.shape[0] * PANEL
     t_rows, n = x.shape
-    groups, rows, wide, n_wide = _plan(t_rows, out)
+    groups, rows, wide, n_wide, n_units = _plan(t_rows, out)
     xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
     if groups > 1:  # each panel decoded to float32 once, then every row group (the same values and bits)
         for g in prange(w.shape[0]):
@@ -136,22 +159,27 @@ def linear_fp8_panels(x, w, scale, y):
             fp8_to_f32(_addr(w) + g * pb, np.int64(n * PANEL // 16), _addr(f))
             tmp = np.empty((ROWS, PANEL), np.float32)
             for t in range(0, t_rows, ROWS):
-                r, xa, sa = min(ROWS, t_rows - t), _addr(x) + t * xs, _addr(scale) + 4 * g * PANEL
-                if (g + 1) * PANEL <= out:
-                    f32_scaled_tile(r, 1, xa, xs, _addr(f), n, _addr(y) + t * ys + 4 * g * PANEL, ys, sa)
-                else:
-                    f32_scaled_tile(r, 1, xa, xs, _addr(f), n, _addr(tmp), np.int64(4 * PANEL), sa)
-                    y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
+                r, xa = min(ROWS, t_rows - t), _addr(x) + t * xs
+                for h in range(0, PANEL // LANES, UNIT):
+                    v = g * (PANEL // LANES) + h
+                    if v * LANES >= out:
+                        break
+                    fa, sa = _addr(f) + 4 * LANES * h, _addr(scale) + 4 * LANES * v
+                    if (v + UNIT) * LANES <= out:
+                        f32_scaled_tile(r, UNIT, xa, xs, fa, n, _addr(y) + t * ys + 4 * LANES * v, ys, sa)
+                    else:  # the ragged last vectors: their zero-padded outputs go to a scratch tile
+                        f32_scaled_tile(r, UNIT, xa, xs, fa, n, _addr(tmp), np.int64(4 * PANEL), sa)
+                        y[t:t + r, v * LANES:] = tmp[:r, :out - v * LANES]
         return
-    for item in prange((n_wide + w.shape[0] - n_wide * wide) * groups):
-        g, width, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
-        xa, wa, sa = _addr(x) + t * xs, _addr(w) + g * pb, _addr(scale) + 4 * g * PANEL
-        if (g + width) * PANEL <= out:
-            fp8_tile(r, width, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, sa)
-        else:  # the ragged last panel: its zero-padded outputs go to a scratch tile
-            tmp = np.empty((ROWS, PANEL), np.float32)
-            fp8_tile(r, 1, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), sa)
-            y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
+    for item in prange(n_units * groups):
+        v, vectors, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
+        xa, wa, sa = _addr(x) + t * xs, _vector_addr(w, v, pb), _addr(scale) + 4 * LANES * v
+        if (v + vectors) * LANES <= out:
+            fp8_tile(r, vectors, xa, xs, wa, n, _addr(y) + t * ys + 4 * LANES * v, ys, sa)
+        else:  # the ragged last vectors: their zero-padded outputs go to a scratch tile
+            tmp = np.empty((ROWS, LANES * vectors), np.float32)
+            fp8_tile(r, vectors, xa, xs, wa, n, _addr(tmp), np.int64(4 * LANES * vectors), sa)
+            y[t:t + r, v * LANES:] = tmp[:r, :out - v * LANES]
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -160,7 +188,7 @@ def linear_bf16_panels(x, w, y):
     out = y.shape[1]
     _check(x, w, y, out)
     t_rows, n = x.shape
-    groups, rows, wide, n_wide = _plan(t_rows, out)
+    groups, rows, wide, n_wide, n_units = _plan(t_rows, out)
     xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
     if groups > 1:  # each panel decoded to float32 once, then every row group (the same values and bits)
         for g in prange(w.shape[0]):
@@ -169,21 +197,26 @@ def linear_bf16_panels(x, w, y):
             tmp = np.empty((ROWS, PANEL), np.float32)
             for t in range(0, t_rows, ROWS):
                 r, xa = min(ROWS, t_rows - t), _addr(x) + t * xs
-                if (g + 1) * PANEL <= out:
-                    f32_tile(r, 1, xa, xs, _addr(f), n, _addr(y) + t * ys + 4 * g * PANEL, ys, 0)
-                else:
-                    f32_tile(r, 1, xa, xs, _addr(f), n, _addr(tmp), np.int64(4 * PANEL), 0)
-                    y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
+                for h in range(0, PANEL // LANES, UNIT):
+                    v = g * (PANEL // LANES) + h
+                    if v * LANES >= out:
+                        break
+                    fa = _addr(f) + 4 * LANES * h
+                    if (v + UNIT) * LANES <= out:
+                        f32_tile(r, UNIT, xa, xs, fa, n, _addr(y) + t * ys + 4 * LANES * v, ys, 0)
+                    else:
+                        f32_tile(r, UNIT, xa, xs, fa, n, _addr(tmp), np.int64(4 * PANEL), 0)
+                        y[t:t + r, v * LANES:] = tmp[:r, :out - v * LANES]
         return
-    for item in prange((n_wide + w.shape[0] - n_wide * wide) * groups):
-        g, width, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
-        xa, wa = _addr(x) + t * xs, _addr(w) + g * pb
-        if (g + width) * PANEL <= out:
-            bf16_tile(r, width, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, 0)
+    for item in prange(n_units * groups):
+        v, vectors, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
+        xa, wa = _addr(x) + t * xs, _vector_addr(w, v, pb)
+        if (v + vectors) * LANES <= out:
+            bf16_tile(r, vectors, xa, xs, wa, n, _addr(y) + t * ys + 4 * LANES * v, ys, 0)
         else:
-            tmp = np.empty((ROWS, PANEL), np.float32)
-            bf16_tile(r, 1, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), 0)
-            y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
+            tmp = np.empty((ROWS, LANES * vectors), np.float32)
+            bf16_tile(r, vectors, xa, xs, wa, n, _addr(tmp), np.int64(4 * LANES * vectors), 0)
+            y[t:t + r, v * LANES:] = tmp[:r, :out - v * LANES]
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -192,14 +225,14 @@ def linear_f32_panels(x, w, y):
     out = y.shape[1]
     _check(x, w, y, out)
     t_rows, n = x.shape
-    groups, rows, wide, n_wide = _plan(t_rows, out)
+    groups, rows, wide, n_wide, n_units = _plan(t_rows, out)
     xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
-    for item in prange((n_wide + w.shape[0] - n_wide * wide) * groups):
-        g, width, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
-        xa, wa = _addr(x) + t * xs, _addr(w) + g * pb
-        if (g + width) * PANEL <= out:
-            f32_tile(r, width, xa, xs, wa, n, _addr(y) + t * ys + 4 * g * PANEL, ys, 0)
+    for item in prange(n_units * groups):
+        v, vectors, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
+        xa, wa = _addr(x) + t * xs, _vector_addr(w, v, pb)
+        if (v + vectors) * LANES <= out:
+            f32_tile(r, vectors, xa, xs, wa, n, _addr(y) + t * ys + 4 * LANES * v, ys, 0)
         else:
-            tmp = np.empty((ROWS, PANEL), np.float32)
-            f32_tile(r, 1, xa, xs, wa, n, _addr(tmp), np.int64(4 * PANEL), 0)
-            y[t:t + r, g * PANEL:] = tmp[:r, :out - g * PANEL]
+            tmp = np.empty((ROWS, LANES * vectors), np.float32)
+            f32_tile(r, vectors, xa, xs, wa, n, _addr(tmp), np.int64(4 * LANES * vectors), 0)
+            y[t:t + r, v * LANES:] = tmp[:r, :out - v * LANES]

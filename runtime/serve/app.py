@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -71,6 +72,7 @@ def create_app(state: ServeState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app):
         if state.phase == "loading":
+            state.loop_thread = threading.get_native_id()  # the event loop's (kernel_threads leaves its time out)
             app.state.loader = asyncio.get_running_loop().run_in_executor(None, state.load)
         yield
         await asyncio.get_running_loop().run_in_executor(None, state.close)
