@@ -61,9 +61,9 @@ def test_the_fast_model_runs_with_its_own_thread_count_on_another_thread(tiny_bu
     assert seen["result"] == engine.run(["Book a flight to Paris"])[0].token_ids
 
 
-def fake_proc(root, idle_ticks: dict[int, int], task_ticks: dict[int, int]):
-    """/proc/stat with per-CPU idle (+ iowait 0) ticks and /proc/self/task/<tid>/stat with utime + stime."""
-    lines = ["cpu  1 2 3 4 5 0 0 0 0 0"] + [f"cpu{c} 10 0 10 {t} 0 0 0 0 0 0" for c, t in idle_ticks.items()]
+def fake_proc(root, idle_ticks: dict[int, int], task_ticks: dict[int, int], nice_ticks: int = 0):
+    """/proc/stat with per-CPU idle (+ iowait 0) and niced ticks and /proc/self/task/<tid>/stat with utime + stime."""
+    lines = ["cpu  1 2 3 4 5 0 0 0 0 0"] + [f"cpu{c} 10 {nice_ticks} 10 {t} 0 0 0 0 0 0" for c, t in idle_ticks.items()]
     (root / "stat").write_text("\n".join(lines) + "\n")
     for tid, ticks in task_ticks.items():
         (root / "self" / "task" / str(tid)).mkdir(parents=True, exist_ok=True)
@@ -81,9 +81,9 @@ def test_kernel_threads_follow_the_spare_cpu_and_ignore_the_loop_and_engine_thre
     kt = KernelThreads(base=1, most=2, cpus={0, 1}, loop_thread=1, proc=tmp_path, window_s=0.2, clock=lambda: now[0])
     seen = []
 
-    def at(t, idle0, idle1, loop, engine, pool, other_cpu=0):
+    def at(t, idle0, idle1, loop, engine, pool, other_cpu=0, nice=0):
         now[0] = t
-        fake_proc(tmp_path, {0: idle0, 1: idle1, 5: other_cpu}, {1: loop, engine_tid: engine, 99: pool})
+        fake_proc(tmp_path, {0: idle0, 1: idle1, 5: other_cpu}, {1: loop, engine_tid: engine, 99: pool}, nice)
         seen.append(kt.update())
 
     at(0.0, 0, 0, 0, 0, 0)
@@ -93,7 +93,8 @@ def test_kernel_threads_follow_the_spare_cpu_and_ignore_the_loop_and_engine_thre
     at(3.0, 0, 2 * hz, 9 * hz, 9 * hz, hz)  # no idle, but the pool thread ran a whole core: stays
     at(4.0, 0, 2 * hz, 20 * hz, 20 * hz, hz + hz // 5)  # loop and engine busy, pool preempted: down
     at(5.0, 0, 2 * hz + hz // 2, 20 * hz, 20 * hz, hz + hz // 5 + hz // 5)  # 0.7 of a core: below UP, stays
-    assert seen == [1, 1, 2, 2, 2, 1, 1]
+    at(6.0, 0, 2 * hz + hz // 2, 30 * hz, 30 * hz, hz + hz // 5 + hz // 5, nice=hz // 2)  # each CPU 0.5 s niced: up
+    assert seen == [1, 1, 2, 2, 2, 1, 1, 2 if os.getpriority(os.PRIO_PROCESS, 0) <= 0 else 1]
 
 
 def test_kernel_threads_stay_fixed_under_a_cpu_quota_or_without_a_fast_model(tmp_path):

@@ -205,8 +205,9 @@ def _exp(x):
     """exp(x) in float32 within 5 ulp on [-87.3, 88.3] (clamped to it outside), by mul/add and bits only, so
     LLVM vectorizes the loops calling it (math.exp is a scalar libm call per element: 9x slower in silu).
     x = n ln2 + r, |r| <= ln2/2; exp(r) by its degree-6 Taylor polynomial (error < 2e-7); 2^n by exponent bits."""
-    x = min(max(x, np.float32(-87.3)), np.float32(88.3))
-    n = np.float32(math.floor(x * _LOG2E + np.float32(0.5)))
+    x = np.float32(-87.3) if x < np.float32(-87.3) else x  # compare-selects and np.floor vectorize (min/max
+    x = np.float32(88.3) if x > np.float32(88.3) else x  # and math.floor did not: silu 2x slower, the same bits)
+    n = np.floor(x * _LOG2E + np.float32(0.5))
     r = (x - n * _LN2_HI) - n * _LN2_LO
     p = np.float32(1.0 / 720)
     p = p * r + np.float32(1.0 / 120)

@@ -8,9 +8,9 @@ while requests arrive and then mostly idle while the engine works them off, and 
 thread pays (1 thread 244-354 requests/s, 2 threads 285-461; bench/RESULTS.md).
 
 So the engine runs ``base`` threads (the CPUs less one, the loop's) and one more for each core that
-stood spare over the last window: idle time of the CPUs this process may use (/proc/stat) plus the
-time the engine's own pool threads ran (their work and barrier spinning is not someone else's load;
-the event loop's and the engine thread's own time is not counted). Up at 0.75 of a core spare, down
+stood spare over the last window: idle (and niced) time of the CPUs this process may use (/proc/stat),
+plus the time the engine's own pool threads ran (their work and barrier spinning is not someone
+else's load; the event loop's and the engine thread's own time is not counted). Up at 0.75 of a core spare, down
 below 0.5 (no flapping at the edge). Linux only, and not under a cgroup CPU quota (there idle time
 says nothing about the quota): elsewhere the count stays ``base``.
 """
@@ -33,6 +33,7 @@ class KernelThreads:
         self.base, self.most, self.cpus = base, max(base, most), cpus
         self.loop_thread, self.proc, self.window_s, self.clock = loop_thread, proc, window_s, clock
         self.threads = base
+        self.niced_is_spare = os.getpriority(os.PRIO_PROCESS, 0) <= 0
         self.hz = os.sysconf("SC_CLK_TCK")
         self._engine_thread: int | None = None
         self._last: tuple[float, int, int] | None = None
@@ -58,12 +59,15 @@ class KernelThreads:
         return self.threads
 
     def _idle_ticks(self) -> int:
-        """Idle + iowait ticks of this process's CPUs (per-CPU lines of /proc/stat)."""
+        """Idle + iowait ticks of this process's CPUs (per-CPU lines of /proc/stat), plus their niced
+        (low-priority) user time when this process is not niced itself: a background job at nice 19
+        yields the core to a kernel thread at nice 0."""
+        nice = self.niced_is_spare
         total = 0
         for line in (self.proc / "stat").read_text().splitlines():
             name, *fields = line.split()
             if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in self.cpus:
-                total += int(fields[3]) + int(fields[4])
+                total += int(fields[3]) + int(fields[4]) + (int(fields[1]) if nice else 0)
         return total
 
     def _pool_ticks(self) -> int:
