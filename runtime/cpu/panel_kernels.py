@@ -31,8 +31,10 @@ LANES = 16  # outputs per vector (the IR's <16 x float>: one zmm, or two ymm)
 # take SMALL[rows] vectors (more weight streams and accumulator chains in flight). Chosen so the
 # accumulators, the weight vectors and a broadcast fit the registers: 32 zmm (8 x 2 + 2 + 8), or 16 ymm
 # where a vector is two (6 x 2 + 2 + 1, the AVX2 sgemm shape; zmm's shapes on ymm spill: 2.7x slower,
-# bench/RESULTS.md). Speed only: every output's operations are the same in any tile.
-TILE_SHAPES = {"zmm": (8, 2, {1: 8, 2: 8}), "ymm": (6, 1, {1: 4, 2: 2})}
+# bench/RESULTS.md); a 1-row step is bound by reading the weights, and 8 streams beat 4 there even
+# spilling (0.6B bf16: 0.071 against 0.087 ns a weight), a 2-row step not (0.130 against 0.097).
+# Speed only: every output's operations are the same in any tile.
+TILE_SHAPES = {"zmm": (8, 2, {1: 8, 2: 8}), "ymm": (6, 1, {1: 8, 2: 2})}
 # TOOLCALL_PANEL_TILES=zmm|ymm overrides the choice (tests run both shapes on one CPU)
 TILE_REGISTERS = os.environ.get("TOOLCALL_PANEL_TILES") or ("zmm" if pir.s._x86_has("avx512f") else "ymm")
 ROWS, UNIT, SMALL = TILE_SHAPES[TILE_REGISTERS]
