@@ -109,3 +109,5 @@ def test_kernel_threads_stay_fixed_under_a_cpu_quota_or_without_a_fast_model(tmp
     if AFFINITY > 1:
         kt = adaptive_kernel_threads(Model(), 1, cgroup_root=tmp_path / "none")
         assert kt is not None and (kt.base, kt.most) == (1, AFFINITY)
+        Model.max_threads = 1  # numba's pool holds one thread (NUMBA_NUM_THREADS=1): nothing to add
+        assert adaptive_kernel_threads(Model(), 1, cgroup_root=tmp_path / "none") is None

@@ -78,6 +78,11 @@ class FastCpuModel:
         self._rows, self._context = rows, context
 
     @property
+    def max_threads(self) -> int:
+        """The most kernel threads ``threads`` may be set to (numba's pool size)."""
+        return numba.config.NUMBA_NUM_THREADS
+
+    @property
     def workspace_bytes(self) -> int:
         return sum(a.nbytes for a in self.ws.values())
 

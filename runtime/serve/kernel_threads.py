@@ -95,6 +95,9 @@ def adaptive_kernel_threads(model, loop_thread: int, cgroup_root: Path | None = 
         return None
     cpus = os.sched_getaffinity(0)
     most = available_cpus(cgroup_root or CGROUP_ROOT)
-    if most < len(cpus) or most <= model.threads:  # a quota below the affinity set, or no core to add
+    if most < len(cpus):  # a quota below the affinity set
+        return None
+    most = min(most, getattr(model, "max_threads", most))  # numba's pool (NUMBA_NUM_THREADS) caps it
+    if most <= model.threads:  # no core to add
         return None
     return KernelThreads(model.threads, most, cpus, loop_thread)
