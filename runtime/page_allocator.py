@@ -17,6 +17,8 @@ finished sequence's full prompt pages stay cached, idle, until the pool needs a 
 """
 from __future__ import annotations
 
+import heapq
+
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,7 +46,7 @@ class PageAllocator:
         self.prompt_tokens = np.full(max_seqs, NO_PROMPT, np.int64)
         self.refs = np.zeros(num_pages, np.int32)  # block tables holding the page, + 1 if pinned
         self.read_only = np.zeros(num_pages, bool)  # pinned or cached: never written again
-        self._free_pages = list(range(num_pages - 1, -1, -1))  # a stack popping the lowest id first
+        self._free_pages = list(range(num_pages))  # a min-heap: the lowest free id is taken first
         self._free_slots = list(range(max_seqs - 1, -1, -1))
         self._hashes: list[list[bytes] | None] = [None] * max_seqs  # caching only: full prompt pages' keys
         self.cache: PrefixCache | None = None
@@ -180,7 +182,7 @@ class PageAllocator:
 
     def _take_page(self) -> int:
         if self._free_pages:
-            return self._free_pages.pop()
+            return heapq.heappop(self._free_pages)
         page = self.cache.evict()  # admit checked there is one
         assert page is not None and self.refs[page] == 0
         self.read_only[page] = False
@@ -209,10 +211,9 @@ class PageAllocator:
                 if self.cache is not None and self.cache.contains(page):
                     idle.append(page)
                 else:
-                    self._free_pages.append(page)
+                    heapq.heappush(self._free_pages, page)
         if idle:
             self.cache.idle_batch(idle)
-        self._free_pages.sort(reverse=True)
         self._free_slot(slot)
 
     def _free_slot(self, slot: int) -> None:
