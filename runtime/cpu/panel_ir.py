@@ -3,9 +3,9 @@ in runtime/cpu/panel_kernels.py call it).
 
 Weights are repacked at load into panels: panel g holds outputs [gP, gP + P) as (in, P), the P
 weights of one input feature k contiguous (the stored format: E4M3 bytes, bf16 bits or float32).
-A tile is R activation rows x P outputs: per k, the P weights are decoded once (P/16 vectors of
-16 lanes, runtime/cpu/simd_ir.py's exact decoders), x[t, k] is broadcast per row, and R * P/16
-FMAs follow. Output j of row t is therefore a plain chain over k, with no horizontal reduction:
+A tile is R activation rows x V vectors of 16 outputs (part of a panel, or whole panels side by
+side): per k, the tile's weights are decoded once (V vectors of 16 lanes, runtime/cpu/simd_ir.py's
+exact decoders), x[t, k] is broadcast per row, and R * V FMAs follow. Output j of row t is therefore a plain chain over k, with no horizontal reduction:
 
 - k is cut into blocks of KB = 64 features (the last block shorter); within block b,
   acc = fma(x[t, k], w[k, j], acc) over its k in increasing order, starting from +0.0

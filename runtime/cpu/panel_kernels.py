@@ -5,7 +5,7 @@ Work items are (a unit of output vectors, group of up to ROWS activation rows), 
 panel's bytes stay in cache while the row groups pass; prange splits the items (threads never split
 a sum). The last group of a step has T % ROWS rows and takes the tile of that many rows: the same
 operations per (row, output) in every tile (panel_ir), so a row's bits do not depend on the step,
-nor on the tile shapes this CPU's registers choose (``_tile_shapes``). A ragged last panel (out % P)
+nor on the tile shapes this CPU's registers choose (``TILE_SHAPES``). A ragged last panel (out % P)
 is zero-padded at load; its last vectors are computed into a scratch tile whose first outputs are
 copied out.
 
