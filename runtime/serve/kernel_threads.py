@@ -8,11 +8,11 @@ while requests arrive and then mostly idle while the engine works them off, and 
 thread pays (1 thread 244-354 requests/s, 2 threads 285-461; bench/RESULTS.md).
 
 So the engine runs ``base`` threads (the CPUs less one, the loop's) and one more for each core that
-stood spare over the last window: idle (and niced) time of the CPUs this process may use (/proc/stat),
-plus the time the engine's own pool threads ran (their work and barrier spinning is not someone
-else's load; the event loop's and the engine thread's own time is not counted). Up at 0.75 of a core spare, down
-below 0.5 (no flapping at the edge). Linux only, and not under a cgroup CPU quota (there idle time
-says nothing about the quota): elsewhere the count stays ``base``.
+stood spare over the last window: idle (and niced) time of the CPUs this process may use
+(/proc/stat), plus the time the engine's own pool threads ran (their work and barrier spinning is
+not someone else's load; the event loop's and the engine thread's own time is not counted). Up at
+0.75 of a core spare, down below 0.5 (no flapping at the edge). Linux only, and not under a cgroup
+CPU quota (there idle time says nothing about the quota): elsewhere the count stays ``base``.
 """
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ class KernelThreads:
     def _idle_ticks(self) -> int:
         """Idle + iowait ticks of this process's CPUs (per-CPU lines of /proc/stat), plus their niced
         (low-priority) user time when this process is not niced itself: a background job at nice 19
-        yields the core to a kernel thread at nice 0."""
+        yields the core to a kernel thread at nice 0 (under autogroup scheduling only if its session's
+        autogroup is niced too: /proc/PID/autogroup)."""
         nice = self.niced_is_spare
         total = 0
         for line in (self.proc / "stat").read_text().splitlines():
