@@ -256,9 +256,15 @@ class Generator:
 
     def _append_forced(self, seqs: list[Sequence]) -> None:
         """Appends each sequence's run of forced tokens (one allowed candidate), as many rounds as the
-        longest run; a sampled sequence takes one draw a token, as ``sample_row`` does for a forced one."""
+        longest run; a sampled sequence takes one draw a token, as ``sample_row`` does for a forced one.
+        Runs the trie alone forces (GrammarStepper.name_chains) are appended whole, the others (forced by
+        the used tools) a round each."""
         while True:
             seqs = [s for s in seqs if not s.done and len(s.output) < self.max_output_tokens]
+            if not seqs:
+                return
+            self._follow_name_chains(seqs)
+            seqs = [s for s in seqs if len(s.output) < self.max_output_tokens]  # name edges never end an answer
             if not seqs:
                 return
             states = self._states(seqs)
@@ -272,6 +278,24 @@ class Generator:
                 if seq.sampling.temperature > 0:
                     seq.rng.random()
             self._advance(seqs, states[forced], edges[forced, col], cand[forced, col])
+
+    def _follow_name_chains(self, seqs: list[Sequence]) -> None:
+        """Each sequence takes its node's trie-forced name tokens, up to max_output_tokens."""
+        chains = self.stepper.name_chains
+        for seq in seqs:
+            chain = chains.get(int(seq.state["node"]))
+            if chain is None:
+                continue
+            chain = chain[:self.max_output_tokens - len(seq.output)]
+            if not chain:
+                continue
+            seq.output.extend(token for token, _ in chain)
+            if seq.sampling.temperature > 0:
+                for _ in chain:
+                    seq.rng.random()
+            state = seq.state.copy()
+            state["node"] = chain[-1][1]
+            seq.state = state
 
     def _result(self, seq: Sequence) -> Result:
         done = seq.done

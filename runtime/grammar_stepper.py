@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from common.errors import RequestError
-from .grammar import EDGE_EMPTY_END, EDGE_END, EDGE_SEP, ROOT, Grammar
+from .grammar import EDGE_EMPTY_END, EDGE_END, EDGE_NAME, EDGE_SEP, ROOT, Grammar
 
 
 def state_dtype(bitset_words: int) -> np.dtype:
@@ -38,6 +38,23 @@ class GrammarStepper:
         self.max_edges = grammar.max_edges_per_node
         self._start = grammar.node_edge_start.astype(np.int64)
         self._max_tools, self._num_tools = grammar.max_tools, grammar.num_tools
+        self.name_chains = self._name_chains()
+
+    def _name_chains(self) -> dict[int, list[tuple[int, int]]]:
+        """node -> [(token, child), ...]: the name tokens the trie alone forces from the node (each node on
+        the way has one edge, a name edge). Such an edge is always allowed: its bitset is the node's
+        subtree's, which holds an unused tool, or the edge into the node would not have been taken."""
+        g, start = self.grammar, self._start
+        chains: dict[int, list[tuple[int, int]]] = {}
+        for node in range(g.num_nodes):
+            chain, n = [], node
+            while start[n + 1] - start[n] == 1 and g.edge_kind[start[n]] == EDGE_NAME:
+                e = int(start[n])
+                n = int(g.edge_child[e])
+                chain.append((int(g.edge_token[e]), n))
+            if chain:
+                chains[node] = chain
+        return chains
 
     # ---- batch API ----
     def initial_states(self, batch: int) -> np.ndarray:

@@ -234,3 +234,40 @@ def test_single_tool_catalog_has_no_separator():
     g = grammar_of(names=["get_weather"], max_tools=4)
     assert all_answers(g) == {g.tool_path(0) + (END,)}
     assert SEP not in g.edge_token
+
+
+@settings(derandomize=True, max_examples=25, deadline=None)
+@given(paths=token_paths, answer=answers, seed=st.integers(0, 2**16))
+def test_name_chains_are_the_tokens_the_stepper_forces(paths, answer, seed):
+    """Wherever a random walk stands on a node with a name chain, stepping one token at a time allows
+    exactly the chain's tokens, one each, and ends on its last node (the generator appends it whole)."""
+    g = grammar_of(paths, **answer)
+    stepper, rng = GrammarStepper(g), random.Random(seed)
+    assert all(len(chain) >= 1 for chain in stepper.name_chains.values())
+    state = stepper.initial_states(1)
+    for _ in range(g.max_answer_tokens):
+        chain = stepper.name_chains.get(int(state["node"][0]), [])
+        walk = state
+        for token, child in chain:
+            cand, _, allowed = stepper.allowed_mask_batch(walk)
+            assert cand[0][allowed[0]].tolist() == [token]
+            walk = stepper.advance_batch(walk, np.array([token]))
+            assert int(walk["node"][0]) == child and walk["used"].tobytes() == state["used"].tobytes()
+        cand, _, allowed = stepper.allowed_mask_batch(state)
+        if not allowed[0].any():
+            break
+        state = stepper.advance_batch(state, np.array([rng.choice(cand[0][allowed[0]].tolist())]))
+
+
+def test_name_chains_of_a_small_trie():
+    """t0 = a b c, t1 = a d, no empty answer: the root's only edge is a (a chain of one token), after a the
+    trie branches, after a b only c can follow; after a b c and a d come SEP/END, not name edges."""
+    a, b, c, d = ALPHABET[:4]
+    g = grammar_of([(a, b, c), (a, d)])
+    stepper = GrammarStepper(g)
+    after_a = stepper.advance_batch(stepper.initial_states(1), np.array([a]))
+    state = stepper.advance_batch(after_a, np.array([b]))
+    node_ab = int(state["node"][0])
+    node_abc = int(stepper.advance_batch(state, np.array([c]))["node"][0])
+    assert stepper.name_chains == {0: [(a, int(after_a["node"][0]))], node_ab: [(c, node_abc)]}
+    assert GrammarStepper(grammar_of([(a, b, c), (a, d)], allow_empty=True)).name_chains == {node_ab: [(c, node_abc)]}
