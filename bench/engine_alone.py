@@ -18,9 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.serve_burst import requests_for  # noqa: E402
+from bench.serve_burst import requests_for, sampling_of  # noqa: E402
 from runtime.engine import Engine  # noqa: E402
-from runtime.sampling import Sampling  # noqa: E402
 
 
 def main() -> None:
@@ -36,8 +35,7 @@ def main() -> None:
 
     def requests():
         cycle = (bodies * (args.requests // len(bodies) + 1))[:args.requests]
-        return [engine.request(b["request"], Sampling(b.get("temperature", 0.0), b.get("top_p", 1.0), b.get("seed", 0)))
-                for b in cycle]
+        return [engine.request(b["request"], sampling_of(b)) for b in cycle]
 
     generator, forward, rows = engine.generator, engine.generator.model.forward, [0]
 

@@ -41,16 +41,21 @@ def requests_for(distinct: int) -> list[dict]:
             for i, t in enumerate(texts)]
 
 
+def sampling_of(body: dict):
+    """The Sampling a /v1/discover body asks for (the server's defaults where it is silent)."""
+    from runtime.sampling import Sampling
+
+    return Sampling(body.get("temperature", 0.0), body.get("top_p", 1.0), body.get("seed", 0))
+
+
 def solo_answers(bundle: str, bodies: list[dict]) -> list[list[int]]:
     """Each body's token ids, run alone (one request at a time) on the bundle's CPU engine."""
     from runtime.engine import Engine
-    from runtime.sampling import Sampling
 
     engine = Engine.load(bundle, threads=1)  # one kernel thread: no barrier stalls when the machine is busy
     out = []
     for b in bodies:
-        s = Sampling(b.get("temperature", 0.0), b.get("top_p", 1.0), b.get("seed", 0))
-        (res,) = engine.generator.generate([engine.request(b["request"], s)])
+        (res,) = engine.generator.generate([engine.request(b["request"], sampling_of(b))])
         out.append(res.token_ids)
     return out
 
