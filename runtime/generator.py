@@ -6,7 +6,9 @@ once). New requests join between steps. Each step is a set of rows (token, slot,
 position): the decode rows of every sequence that is answering, then prefill chunks of
 admitted prompts up to ``max_tokens_per_step``, so a long prompt never blocks short ones.
 A sequence's tokens depend only on its own rows, grammar state and sampling seed, never
-on what else shares the step. ``generate(list)`` is a loop over the same core.
+on what else shares the step. ``generate(list)`` is a loop over the same core. A step is three
+parts: ``plan`` (admission, the rows), ``forward`` (the model; any thread) and ``land`` (picks,
+retirement); runtime/lanes.py overlaps several generators' parts.
 
 Forced tokens (the grammar allows one candidate: inside a tool name) need no logits: after a
 pick they are appended at once (a sampled sequence still takes each one's draw, as
@@ -50,6 +52,21 @@ class Result:
         return {"tools": self.tools, "token_ids": self.token_ids, "finish": self.finish,
                 "min_margin": self.min_margin, "ttft_ms": 1e3 * self.ttft_s, "total_ms": 1e3 * self.total_s,
                 "prompt_token_ids": self.prompt_token_ids, "cached_prompt_tokens": self.cached_prompt_tokens}
+
+
+@dataclass
+class StepPlan:
+    """One step's rows, laid out by ``Generator.plan`` before the forward runs: tokens, slots and positions
+    (T,) int64, the sequences that pick a token this step (in row order) and their rows ``outputs`` (R,)."""
+
+    refused: list  # (handle, RequestError) of the requests admission refused
+    running: list[Sequence]  # the sequences the step runs (rows of each contiguous, in this order)
+    tokens: np.ndarray
+    slots: np.ndarray
+    positions: np.ndarray
+    samplers: list[Sequence]
+    outputs: np.ndarray
+    prefilled: list[Sequence]  # prompts complete once the forward ran: their full pages become shareable
 
 
 class Generator:
@@ -119,15 +136,41 @@ class Generator:
     def step(self) -> list[tuple[int, Result | RequestError]]:
         """Admits what fits, runs one step, retires finished sequences (pages freed); returns the
         (handle, Result) of each request that finished and the (handle, RequestError) of each refused."""
-        finished: list[tuple[int, Result | RequestError]] = list(self.scheduler.admit())
-        running = self.scheduler.running
-        if running:
+        plan = self.plan()
+        try:
+            hidden = self.forward(plan)
+        except BaseException:  # a failed step leaves half-written rows: nothing running survives it
+            self.scheduler.abort_all()
+            raise
+        return self.land(plan, hidden)
+
+    def plan(self) -> "StepPlan":
+        """The first third of ``step`` (engine thread): admits what fits and lays out the step's rows."""
+        refused: list[tuple[int, Result | RequestError]] = list(self.scheduler.admit())
+        running = list(self.scheduler.running)
+        return self._rows(refused, running)
+
+    def forward(self, plan: "StepPlan") -> np.ndarray | None:
+        """The second third (any thread; it touches only the plan's rows and their sequences' pages):
+        the model over the plan's rows, the hidden states of its sampled rows."""
+        if not plan.running:
+            return None
+        return self.model.forward(plan.tokens, plan.slots, plan.positions, self.kv, outputs=plan.outputs)
+
+    def land(self, plan: "StepPlan", hidden: np.ndarray | None) -> list[tuple[int, Result | RequestError]]:
+        """The last third (engine thread): picks the sampled rows' tokens, retires finished sequences."""
+        finished = plan.refused
+        running = set(map(id, self.scheduler.running))  # an abort since the plan retired some already
+        if plan.samplers:
             try:
-                self._step(running)
-            except BaseException:  # a failed step leaves half-written rows: nothing running survives it
+                self._pick(plan.samplers, hidden)
+            except BaseException:
                 self.scheduler.abort_all()
                 raise
-        for seq in [s for s in running if self._finished(s)]:
+        for seq in plan.prefilled:  # after the pick: its finite-numbers check passed
+            if id(seq) in running:
+                self.kv.register_prompt(seq.slot)
+        for seq in [s for s in plan.running if id(s) in running and self._finished(s)]:
             self.scheduler.retire(seq)
             finished.append((seq.handle, self._result(seq)))
         return finished
@@ -164,8 +207,9 @@ class Generator:
     def _finished(self, seq: Sequence) -> bool:
         return seq.done or len(seq.output) >= self.max_output_tokens
 
-    def _step(self, active: list[Sequence]) -> None:
+    def _rows(self, refused: list, active: list[Sequence]) -> "StepPlan":
         tokens, slots, positions, samplers = [], [], [], []  # samplers: (sequence, row) pairs picking a token
+        prefilled: list[Sequence] = []  # prompts this step completes
         answering = [seq for seq in active if seq.prefilled == len(seq.prompt)]
         spare = self.max_tokens_per_step - len(answering)  # rows past one each (the build keeps this >= 0)
         for seq in answering:  # each has output tokens not yet fed: the last pick and the forced ones after it
@@ -189,11 +233,10 @@ class Generator:
                 budget -= n
                 if seq.prefilled == len(seq.prompt):
                     samplers.append((seq, len(tokens) - 1))
-        outputs = np.asarray([r for _, r in samplers], np.int64)  # the rows whose logits are sampled
-        hidden = self.model.forward(np.asarray(tokens, np.int64), np.asarray(slots, np.int64),
-                                    np.asarray(positions, np.int64), self.kv, outputs=outputs)
-        if samplers:
-            self._pick([s for s, _ in samplers], hidden)
+                    prefilled.append(seq)
+        return StepPlan(refused, active, np.asarray(tokens, np.int64), np.asarray(slots, np.int64),
+                        np.asarray(positions, np.int64), [s for s, _ in samplers],
+                        np.asarray([r for _, r in samplers], np.int64), prefilled)  # outputs: the sampled rows
 
     @staticmethod
     def _states(seqs: list[Sequence]) -> np.ndarray:

@@ -13,7 +13,9 @@ page. Shared pages are read-only: every row a step writes must lie in a page of 
 (runtime/prefix_cache.py) are shared instead of allocated, and when the prompt continues with
 the pinned prefix's partial last page, its rows are copied into the sequence's own page
 (``copy_rows``, by the storage subclass); ``cached_tokens[slot]`` is where prefill starts. A
-finished sequence's full prompt pages stay cached, idle, until the pool needs a page.
+sequence's full prompt pages are cached once its prompt is prefilled (``register_prompt``: prompts
+admitted while it still runs share them) and stay cached, idle, after it finishes, until the pool
+needs a page.
 """
 from __future__ import annotations
 
@@ -192,17 +194,26 @@ class PageAllocator:
         """Copies K/V rows 0..rows-1 of every layer from one page to another (the storage's job)."""
         raise NotImplementedError(f"{type(self).__name__} cannot copy pages; it cannot share a partial prefix page")
 
+    def register_prompt(self, slot: int) -> None:
+        """With the prefix cache on: the slot's full prompt pages (all written: its prompt is prefilled)
+        become shareable now, by prompts admitted while this sequence still runs. Its later rows lie past
+        its prompt, never in these pages, which are read-only from here on."""
+        hashes = self._hashes[slot]
+        if self.cache is None or hashes is None:
+            return
+        for depth, (page, h) in enumerate(zip(self.block_table[slot, :len(hashes)].tolist(), hashes)):
+            if not self.cache.contains(page) and h not in self.cache.page_of:
+                self.cache.insert(page, h, depth)
+                self.read_only[page] = True
+
     def release(self, slot: int, cache: bool = True) -> None:
         """Frees a slot; with the prefix cache on and ``cache``, its full prompt pages (all written:
-        the sequence finished) stay cached for later prompts instead of going back to the free list."""
+        the sequence finished) stay cached for later prompts instead of going back to the free list
+        (pages ``register_prompt`` registered stay cached either way)."""
         row = self.block_table[slot]
         pages = [int(p) for p in row[row >= 0]]
-        hashes = self._hashes[slot]
-        if cache and self.cache is not None and hashes is not None:
-            for depth, (page, h) in enumerate(zip(pages, hashes)):
-                if not self.cache.contains(page) and h not in self.cache.page_of:
-                    self.cache.insert(page, h, depth)
-                    self.read_only[page] = True
+        if cache:
+            self.register_prompt(slot)
         idle = []
         for page in pages:
             self.refs[page] -= 1

@@ -66,6 +66,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.waiting_tokens = 0  # prompt tokens of the waiting requests
         self._refusable = 0  # waiting requests with queue=False (refused, not kept, when nothing fits)
+        self.max_running: int | None = None  # a cap below the pool's slots (a lane's share, runtime/lanes.py)
 
     def enqueue(self, handle: int, request: Request, queue: bool = True) -> None:
         assert handle not in self.waiting
@@ -76,15 +77,18 @@ class Scheduler:
     def admit(self) -> list[tuple[int, RequestError]]:
         """Admits every waiting request that fits now; returns the (handle, error) of those refused."""
         refused = []
-        if not self.kv.free_slots and not self._refusable:  # nothing can be admitted or refused this pass
+        if not self._slot_free() and not self._refusable:  # nothing can be admitted or refused this pass
             return refused
         for handle, w in list(self.waiting.items()):
-            if not self.kv.free_slots:  # no slot left: the rest wait, without a refusal built per request
+            if not self._slot_free():  # no slot left: the rest wait, without a refusal built per request
                 if not self._refusable:
                     break
                 if w.queue:
                     continue
             try:
+                if self.max_running is not None and len(self.running) >= self.max_running:
+                    raise RequestError("too_many_sequences", f"all {self.max_running} sequences of this lane are "
+                                       "busy; retry when a sequence finishes", limit=self.max_running)
                 slot = self.kv.admit(len(w.request.prompt_ids) + self.max_output_tokens, w.request.prompt_ids)
             except RequestError as e:
                 if w.queue and e.code in SHORTAGE_CODES:
@@ -95,6 +99,9 @@ class Scheduler:
             self._unqueue(handle)
             self.running.append(self.start(handle, w.request, slot))
         return refused
+
+    def _slot_free(self) -> bool:
+        return bool(self.kv.free_slots) and (self.max_running is None or len(self.running) < self.max_running)
 
     def start(self, handle: int, request: Request, slot: int) -> Sequence:
         """The running sequence of an admitted request, its prompt not yet prefilled."""

@@ -235,3 +235,21 @@ def test_engine_run_json_and_no_prefix_cache(tmp_path, tiny_checkpoint):
     out = CliRunner().invoke(main, ["load", str(bundle), "--json", "--no-prefix-cache"])
     # The limits cross-check refuses a pool that cannot hold one sequence before any prefix is placed.
     assert json.loads(out.stdout)["error"] == "bundle_invalid", out.output
+
+
+def test_a_prompt_shares_the_full_pages_of_a_running_one_once_it_is_prefilled(parts, unshared):
+    gen = make(parts, True)
+    first = requests(parts)[5]  # the longest text: its prompt ends past the pinned prefix's pages
+    handle = gen.submit(first)
+    done = {}
+    while not any(s.prefilled == len(s.prompt) for s in gen.scheduler.running):
+        done.update(gen.step())
+    assert handle not in done  # still answering
+    copy = gen.submit(first)
+    while gen.busy:
+        done.update(gen.step())
+    a, b = done[handle], done[copy]
+    same_answers([unshared[5], unshared[5]], [a, b])
+    n = len(parts[3].prefix_ids)
+    assert a.cached_prompt_tokens == n  # the pinned prefix only
+    assert b.cached_prompt_tokens == (len(b.prompt_token_ids) - 1) // PAGE * PAGE > n  # the running one's pages
