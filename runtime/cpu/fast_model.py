@@ -10,10 +10,13 @@ chunking. ``CpuModel`` (runtime/cpu/model.py, numpy float32) stays the reference
 """
 from __future__ import annotations
 
+import copy
+import os
+
 import numba
 import numpy as np
 
-from . import attention_kernels as ak, fast_kernels as fk
+from . import attention_kernels as ak, fast_kernels as fk, fused_forward as ff
 from . import linear_high as lh, linear_kernels as lk, panel_kernels as pk
 from .kv_pool import PagedKVPool
 from .stored_weights import StoredLinear, StoredWeights, load_stored  # noqa: F401  (runtime.engine imports them here)
@@ -22,6 +25,7 @@ from ..rope import cos_sin, inv_freq
 
 
 NO_NORM = np.empty(0, np.float32)  # qk_norm_rope_kv's "no q/k norm" (families without qk_norm)
+FUSED = os.environ.get("TOOLCALL_FUSED_FORWARD", "1") != "0"  # 0: the Python layer loop (tests compare the two)
 
 
 def set_threads(threads: int | None) -> int:
@@ -57,6 +61,9 @@ class FastCpuModel:
                 gate_up=lin.get(p + "mlp.gate_up_proj"), gate=lin.get(p + "mlp.gate_proj"),
                 up=lin.get(p + "mlp.up_proj"), down=lin[p + "mlp.down_proj"]))
         self.final_norm = v["model.norm.weight"]
+        # the layers' arrays for the one-call layer loop, or None: the Python loop (fused_forward.layer_arrays)
+        self.fused = ff.layer_arrays(self.layers, NO_NORM) if FUSED else None
+        self._pools = None  # (kv pool, typed lists of its K and V layers) for the fused loop
         self._rows = 0
         self._context = 0
         self._reserve(max_rows, max_context)
@@ -76,6 +83,18 @@ class FastCpuModel:
         for a in self.ws.values():
             a.fill(0)  # calloc'd pages made resident: the model holds its workspace from the start
         self._rows, self._context = rows, context
+
+    def twin(self, rows: int) -> "FastCpuModel":
+        """This model's weights with step buffers of its own for ``rows`` rows: twins may run ``forward``
+        at the same time on different threads, over disjoint sequences (runtime/lanes.py)."""
+        other = copy.copy(self)  # the weights, layers and vectors are shared, read-only
+        other.resize_workspace(rows)
+        return other
+
+    def resize_workspace(self, rows: int) -> None:
+        """Step buffers for exactly ``rows`` rows (contexts as before); the old ones are let go."""
+        context, self._rows, self._context = self._context, 0, 0
+        self._reserve(rows, context)
 
     @property
     def max_threads(self) -> int:
@@ -120,6 +139,8 @@ class FastCpuModel:
         self.embed_rows(np.ascontiguousarray(tokens, np.int64), v["hidden"])
         cos, sin = cos_sin(self.freqs, positions)
         kv_rows = kv.rows_at(slots, positions)  # (pages, offsets) (T,) int64, checked once for every layer
+        if self.fused is not None and trace is None:
+            return self._fused_forward(v, cos, sin, kv_rows, slots, positions, kv, outputs)
         last = len(self.layers) - 1
         for layer, w in enumerate(self.layers):
             x, h, qkv = v["hidden"], v["normed"], v["qkv"]
@@ -158,6 +179,25 @@ class FastCpuModel:
         out = np.empty_like(v["hidden"])
         return self._norm(v["hidden"], self.final_norm, out)
 
+    def _fused_forward(self, v: dict, cos, sin, kv_rows, slots, positions, kv: PagedKVPool,
+                       outputs: np.ndarray | None) -> np.ndarray:
+        """forward's layers in one nogil call (runtime/cpu/fused_forward.py): the same kernels and bits."""
+        t = len(slots)
+        rows = np.arange(t, dtype=np.int64) if outputs is None else np.ascontiguousarray(outputs, np.int64)
+        assert np.all(rows[1:] > rows[:-1]) and (len(rows) == 0 or 0 <= rows[0] <= rows[-1] < t)
+        r = self._views(len(rows))
+        if self._pools is None or self._pools[0] is not kv:  # typed lists of the pool's layers, made once
+            as_bits = (lambda a: a) if kv.k[0].dtype == np.float32 else (lambda a: a.view(np.uint16))
+            self._pools = (kv, ff.as_list(as_bits(a) for a in kv.k), ff.as_list(as_bits(a) for a in kv.v))
+        out = np.empty_like(r["hidden"])
+        layers = ff.fused_layers_serial if self.threads == 1 else ff.fused_layers
+        return layers(self.fused, self._pools[1], self._pools[2],
+                               kv.block_table, self.eps, self.scale, self.cfg.num_heads, cos, sin, *kv_rows,
+                               slots, positions, rows, v["hidden"], v["normed"], v["qkv"], v["q3"], v["attn_out"],
+                               v["gate_up"], v["gate"], v["attn_scores"], slots[rows], positions[rows], r["hidden"],
+                               r["normed"], r["qkv"], r["q3"], r["attn_out"], r["gate_up"], r["gate"],
+                               r["attn_scores"], self.final_norm, out)
+
     def _views(self, t: int) -> dict[str, np.ndarray]:
         """The workspace's first ``t`` rows, with q/k/v and gate/up as column views of their joined buffers."""
         cfg = self.cfg
@@ -171,8 +211,8 @@ class FastCpuModel:
         return v
 
     def embed_rows(self, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
-        if self.embed.dtype == np.uint16:
-            fk.gather_rows_bf16(self.embed, tokens, out)
+        if self.embed.dtype == np.uint16:  # one thread: the serial kernel (a parallel launch takes the GIL)
+            (ff.fk_serial if self.threads == 1 else fk).gather_rows_bf16(self.embed, tokens, out)
         else:
             out[:] = self.embed[tokens]
         return out

@@ -1,0 +1,162 @@
+"""The fast backend's layer loop as one numba call: every layer's kernels run without the GIL in between.
+
+``FastCpuModel.forward`` called some 45 numba kernels a step from Python, and each return took the GIL
+back. In a server the GIL is busy (the event loop, the engine thread's picks, the other lanes' forwards):
+a forward of 26 ms on the CPU took 39 ms of wall time, the rest spent waiting for the GIL between
+kernels (bench/RESULTS.md, serving "Eighth pass"). Here the same kernels, in the same order on the
+same buffers (so the same bits: tests/test_cpu_fused_forward.py), are called from one ``nogil``
+function; Python only lays out the views before and reads the result after.
+
+Linear layers dispatch on the stored weight's element type at compile time: int8 (fp8 E4M3 panels,
+``a`` = the panels' scales), uint16 (bf16 panels) or float32 panels (``a`` unused, empty). Models with
+NVFP4 weights, biases or separate q/k/v or gate/up matrices keep the Python loop.
+"""
+from __future__ import annotations
+
+import types as pytypes
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+from numba.typed import List
+
+from . import attention_kernels as ak, fast_kernels as fk, panel_kernels as pk
+
+FUSED_KINDS = ("fp8", "bf16", "f32")
+
+
+def serial(kernel, name: str):
+    """A numba kernel compiled without ``parallel`` (prange runs as range: the same iterations, each with
+    the same operations, in order, so the same bits), under its own name (its own cache entries).
+    Launching a parallel region takes the GIL, even from nogil code: 100 launches from a thread took
+    1.06 s instead of 0.15 s while another thread ran Python. One kernel thread needs no region."""
+    f = kernel.py_func
+    g = pytypes.FunctionType(f.__code__, f.__globals__, name, f.__defaults__, f.__closure__)
+    g.__qualname__, g.__doc__ = name, f.__doc__
+    # numpy's error model, as parallel regions are compiled: a float division checked for zero in
+    # Python's model is a branch per element, and silu's loop no longer vectorizes (6.6x slower)
+    return njit(nogil=True, cache=True, error_model="numpy")(g)
+
+
+def _module(name: str, **kernels) -> pytypes.ModuleType:
+    m = pytypes.ModuleType(name)
+    for key, value in kernels.items():
+        setattr(m, key, value)
+    return m
+
+
+# the kernels fused_layers calls, serial (fused_layers_serial's globals: the same source, these kernels)
+pk_serial = _module("pk_serial", **{n: serial(getattr(pk, n), n + "_1t") for n in
+                                    ("linear_fp8_panels", "linear_bf16_panels", "linear_f32_panels")})
+fk_serial = _module("fk_serial", **{n: serial(getattr(fk, n), n + "_1t") for n in
+                                    ("rms_norm", "qk_norm_rope_kv", "silu_times", "gather_rows_bf16")})
+ak_serial = _module("ak_serial", attention=serial(ak.attention, "attention_1t"))
+# one layer's arrays, in this order (fused_layers' ``layers`` is a tuple of these tuples)
+LAYER_FIELDS = ("in_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_a", "o", "o_a", "gate_up", "gate_up_a",
+                "down", "down_a")
+
+
+def _linear_of(kernels):
+    """A numba-only linear(x, w, a, y): y (T, out) = x (T, in) @ W.T on W's panels, by W's element type."""
+    def linear(x, w, a, y):
+        raise NotImplementedError
+
+    @overload(linear, inline="always")
+    def _linear_numba(x, w, a, y):
+        if w.dtype == types.int8:
+            return lambda x, w, a, y: kernels.linear_fp8_panels(x, w, a, y)
+        if w.dtype == types.uint16:
+            return lambda x, w, a, y: kernels.linear_bf16_panels(x, w, y)
+        if w.dtype == types.float32:
+            return lambda x, w, a, y: kernels.linear_f32_panels(x, w, y)
+        return None
+    return linear
+
+
+_linear, _linear_serial = _linear_of(pk), _linear_of(pk_serial)
+
+
+@njit(nogil=True, cache=True)
+def fused_layers(layers, kpools, vpools, block_table, eps, scale, heads, cos, sin, pages, offsets,
+                 slots, positions, rows, x, h, qkv, q3, attn, gate_up, gate, scores,
+                 slots_r, positions_r, x_r, h_r, qkv_r, q3_r, attn_r, gate_up_r, gate_r, scores_r, final_norm, out):
+    """Every layer of FastCpuModel.forward over T rows, then the final norm of the R rows ``rows`` into
+    ``out`` (R, hidden). x/h/qkv/attn/gate_up (T, .) f32 are the workspace's first T rows, q3 (T, heads,
+    head_dim) and gate (T, inter) views of qkv and gate_up, scores (T, heads, context); the ``_r`` arrays
+    are the same buffers' first R rows: the last layer stores every row's K/V, then compacts the rows
+    ``rows`` (ascending) to the top and runs attention, o_proj and the MLP on them alone. R == T with
+    rows = 0..T-1 is the full pass. kpools/vpools: a tuple per layer of (pages, page_size, kv_heads,
+    head_dim) u16 (bf16 bits) or f32; layers and the pools are typed lists (``as_list``)."""
+    last = len(layers) - 1
+    layer = 0
+    for w in layers:
+        in_norm, post_norm, q_norm, k_norm, w_qkv, a_qkv, w_o, a_o, w_gu, a_gu, w_down, a_down = w
+        fk.rms_norm(x, in_norm, eps, h)
+        _linear(h, w_qkv, a_qkv, qkv)
+        fk.qk_norm_rope_kv(qkv, heads, q_norm, k_norm, eps, cos, sin, kpools[layer], vpools[layer], pages, offsets)
+        if layer == last:
+            for i in range(rows.shape[0]):  # ascending: row i takes rows[i] >= i, never one already moved
+                src = rows[i]
+                if src != i:
+                    x_r[i] = x[src]
+                    qkv_r[i] = qkv[src]
+            ak.attention(q3_r, kpools[layer], vpools[layer], block_table, slots_r, positions_r, scale, scores_r,
+                         attn_r)
+            _linear(attn_r, w_o, a_o, h_r)
+            x_r += h_r
+            fk.rms_norm(x_r, post_norm, eps, h_r)
+            _linear(h_r, w_gu, a_gu, gate_up_r)
+            fk.silu_times(gate_up_r)
+            _linear(gate_r, w_down, a_down, h_r)
+            x_r += h_r
+        else:
+            ak.attention(q3, kpools[layer], vpools[layer], block_table, slots, positions, scale, scores, attn)
+            _linear(attn, w_o, a_o, h)
+            x += h
+            fk.rms_norm(x, post_norm, eps, h)
+            _linear(h, w_gu, a_gu, gate_up)
+            fk.silu_times(gate_up)
+            _linear(gate, w_down, a_down, h)
+            x += h
+        layer += 1
+    fk.rms_norm(x_r, final_norm, eps, out)
+    return out
+
+
+def _serial_twin(f, name: str):
+    g = dict(f.py_func.__globals__, fk=fk_serial, ak=ak_serial, _linear=_linear_serial)
+    h = pytypes.FunctionType(f.py_func.__code__, g, name, f.py_func.__defaults__, f.py_func.__closure__)
+    h.__qualname__, h.__doc__ = name, f.py_func.__doc__
+    return njit(nogil=True, cache=True, error_model="numpy")(h)
+
+
+# fused_layers on serial kernels: for one kernel thread (a lane's, runtime/lanes.py), no GIL taken at all
+fused_layers_serial = _serial_twin(fused_layers, "fused_layers_1t")
+
+
+def layer_arrays(layers: list[dict], no_norm: np.ndarray) -> List | None:
+    """``fused_layers``' layers (a typed list of per-layer tuples) from FastCpuModel.layers, or None where the Python loop must run
+    (NVFP4 or mixed kinds, biases, separate q/k/v or gate/up)."""
+    out, kinds = [], set()
+    empty = np.empty(0, np.float32)
+    for w in layers:
+        lins = (w["qkv"], w["o"], w["gate_up"], w["down"])
+        if any(lin is None or lin.kind not in FUSED_KINDS or lin.bias is not None for lin in lins):
+            return None
+        kinds.update(lin.kind for lin in lins)
+        q_norm = w["q_norm"] if w["q_norm"] is not None else no_norm
+        k_norm = w["k_norm"] if w["k_norm"] is not None else no_norm
+        row = [w["in_norm"], w["post_norm"], q_norm, k_norm]
+        for lin in lins:
+            row += [lin.weight, lin.scale if lin.kind == "fp8" else empty]
+        out.append(tuple(row))
+    return as_list(out) if len(kinds) == 1 else None
+
+
+def as_list(items) -> List:
+    """A numba typed list: its type does not depend on its length (a tuple's does), so models of any depth
+    share one compiled ``fused_layers`` (a new one per depth cost ~100 MB of compiler memory)."""
+    out = List()
+    for item in items:
+        out.append(item)
+    return out
