@@ -70,9 +70,11 @@ def rss_bytes(pid: int) -> int:
 class Server:
     """`runtime serve` in a subprocess on 127.0.0.1, port read from its ready line."""
 
-    def __init__(self, bundle: str, noop: bool, request_timeout_s: float, threads: int | None = None):
+    def __init__(self, bundle: str, noop: bool, request_timeout_s: float, threads: int | None = None,
+                 lanes: int | None = None):
         cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "serve", bundle, "--port", "0",
-               "--request-timeout", str(request_timeout_s)] + ([] if threads is None else ["--threads", str(threads)])
+               "--request-timeout", str(request_timeout_s)] + ([] if threads is None else ["--threads", str(threads)]) \
+            + ([] if lanes is None else ["--lanes", str(lanes)])
         self.proc = subprocess.Popen(cmd + (["--noop-engine"] if noop else []), cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         line = []
@@ -154,10 +156,11 @@ def summarize(records: list[dict], wall: float, solo: list[list[int]] | None) ->
             "examples_lost": [r.get("exception") for r in records if "exception" in r][:5]}
 
 
-def run_one(bundle: str, noop: bool, bodies, solo, clients: int, timeout_s: float, threads: int | None) -> dict:
+def run_one(bundle: str, noop: bool, bodies, solo, clients: int, timeout_s: float, threads: int | None,
+            lanes: int | None = None) -> dict:
     import urllib.request
 
-    server = Server(bundle, noop, timeout_s, threads)
+    server = Server(bundle, noop, timeout_s, threads, lanes)
     try:
         warm, _ = asyncio.run(burst(server.url, bodies, min(64, clients), timeout_s))  # first-call costs
         time.sleep(2.5)  # before and after both measured idle, once the server has trimmed its heap
@@ -186,6 +189,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="Per-client total timeout, and the server's --request-timeout, seconds.")
     ap.add_argument("--threads", type=int, default=None, help="The server's --threads [default: its own].")
+    ap.add_argument("--lanes", type=int, default=None, help="The server's --lanes [default: its own].")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
     from runtime.serve.server import raise_open_files
@@ -201,12 +205,12 @@ def main() -> None:
     t0 = time.perf_counter()
     solo = solo_answers(args.bundle, bodies)
     solo_s = time.perf_counter() - t0
-    ours = run_one(args.bundle, False, bodies, solo, args.clients, args.timeout, args.threads)
-    noop = run_one(args.bundle, True, bodies, None, args.clients, args.timeout, args.threads)
+    ours = run_one(args.bundle, False, bodies, solo, args.clients, args.timeout, args.threads, args.lanes)
+    noop = run_one(args.bundle, True, bodies, None, args.clients, args.timeout, args.threads, args.lanes)
     kv_total = contract.limits.num_pages
     report = {
         "bench": "serve_burst", "bundle": str(args.bundle), "clients": args.clients, "distinct": args.distinct,
-        "threads": args.threads,
+        "threads": args.threads, "lanes": args.lanes,
         "limits": {"max_sequences": contract.limits.max_sequences, "num_pages": kv_total},
         "solo_reference_s": solo_s, "engine": ours, "noop": noop,
         "share_of_noop_rate": ours["requests_per_s"] / max(1e-9, noop["requests_per_s"]),

@@ -209,11 +209,14 @@ def _use_system_allocator() -> None:
 @click.option("--max-body-bytes", type=int, default=64 * 1024, show_default=True, help="Largest request body.")
 @click.option("--head", type=click.Choice(HEAD_MODES), default="sparse", show_default=True)
 @click.option("--threads", type=int, default=None,
-              help="Fast CPU backend worker threads, fixed [default: the CPUs this process may use less one, kept "
-                   "for the HTTP loop, plus one per core that stands idle (not under a CPU quota)].")
+              help="Fast CPU backend worker threads, fixed, in one lane unless --lanes says more [default: the "
+                   "CPUs this process may use, split between the lanes].")
+@click.option("--lanes", type=int, default=None,
+              help="Groups of sequences whose steps overlap, each stepping on its own thread (fast CPU backend) "
+                   "[default: 2 on 2+ CPUs; 1 with --threads; with one lane the threads follow the spare CPU].")
 @click.option("--noop-engine", is_flag=True, hidden=True, help="Benchmarks only: answer every request empty, no model.")
 def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes, head, threads,
-          noop_engine):
+          lanes, noop_engine):
     """Serve the bundle over HTTP (discover, OpenAI chat completions, health, metrics) until SIGTERM.
 
     Loads and canary-gates the bundle while /health answers 503, then prints one `ready:` line.
@@ -229,12 +232,12 @@ def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeou
                                "pip install 'toolcall-engine[serve]'") from None
 
     for name, value in (("--max-queue-requests", max_queue_requests), ("--max-queue-tokens", max_queue_tokens),
-                        ("--max-body-bytes", max_body_bytes), ("--threads", threads)):
+                        ("--max-body-bytes", max_body_bytes), ("--threads", threads), ("--lanes", lanes)):
         if value is not None and value < 1:
             raise click.BadParameter(f"needs a positive number, got {value}", param_hint=name)
     if request_timeout <= 0:
         raise click.BadParameter(f"needs seconds > 0, got {request_timeout}", param_hint="--request-timeout")
     _use_system_allocator()
     config = ServeConfig(max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes,
-                         adaptive_threads=threads is None)
+                         adaptive_threads=threads is None, lanes=lanes)
     serve_main(path, host, port, config, head=head, threads=threads, noop=noop_engine)

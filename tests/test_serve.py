@@ -336,21 +336,30 @@ def test_the_noop_engine_answers_through_the_same_loop(tiny_bundle):
             assert status == 200 and body["tools"] == [] and body["prompt_token_ids"], body
 
 
-def test_a_bound_server_freezes_the_loaded_objects_and_follows_the_spare_cpu(tiny_bundle):
+def test_a_bound_server_freezes_the_loaded_objects_and_steps_in_lanes(tiny_bundle):
     """Full collections hold the GIL while they walk every tracked object (the engine thread stands still):
     what is alive once the engine is loaded leaves the collector's view, and full collections are rarer.
-    The fast CPU engine's kernel threads follow the spare CPU, the event loop's own time left out."""
+    On 2+ CPUs the fast CPU engine steps in 2 lanes of 1 kernel thread (runtime/lanes.py); with --lanes 1
+    its kernel threads follow the spare CPU, the event loop's own time left out."""
     import gc
     from runtime.cpu import available_cpus
+    from runtime.lanes import Lanes
     from runtime.serve.state import FULL_COLLECTION_AFTER
 
     threshold = gc.get_threshold()
     engine = Engine.load(tiny_bundle, threads=1)  # as `runtime serve` loads it on 2 CPUs
+    spare_core = len(os.sched_getaffinity(0)) == available_cpus() > 1  # no quota, a core to add
     try:
         with serve(engine) as srv:
             assert gc.get_freeze_count() > 0 and gc.get_threshold()[2] == FULL_COLLECTION_AFTER
+            gen = srv.state.loop.generator
+            if available_cpus() > 1:
+                assert isinstance(gen, Lanes) and len(gen.lanes) == 2 and srv.state.kernel_threads is None
+                assert all(lane.model.threads == available_cpus() // 2 for lane in gen.lanes)
+            assert srv.call("POST", "/v1/discover", {"request": TEXTS[0]})[0] == 200
+        with serve(Engine.load(tiny_bundle, threads=1), lanes=1) as srv:
             kt = srv.state.kernel_threads
-            if len(os.sched_getaffinity(0)) == available_cpus() > 1:  # no quota, a core to add
+            if spare_core:
                 assert kt is not None and (kt.base, kt.loop_thread) == (1, srv.thread.native_id)
             else:
                 assert kt is None

@@ -15,6 +15,9 @@ from typing import Callable
 
 from common.errors import CudaError, EngineError, RequestError
 from ..engine_loop import EngineLoop, Ticket
+from ..cpu import available_cpus
+from ..generator import Generator
+from ..lanes import Lanes
 from ..sampling import Sampling
 from .kernel_threads import KernelThreads, adaptive_kernel_threads
 from .metrics import ServeMetrics
@@ -32,6 +35,7 @@ class ServeConfig:
     max_body_bytes: int = 64 * 1024
     stale_s: float = 30.0  # engine heartbeat older than this: not ready
     adaptive_threads: bool = True  # the fast CPU engine's kernel threads follow the spare CPU (kernel_threads.py)
+    lanes: int | None = None  # step groups whose kernels overlap (runtime/lanes.py); None: ``serving_lanes``
 
 
 def queue_bounds(limits, config: ServeConfig) -> tuple[int, int]:
@@ -77,6 +81,19 @@ def freeze_long_lived_objects() -> None:
     gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)
 
 
+def serving_lanes(model, config: ServeConfig, cpus: int) -> tuple[int, int]:
+    """(lanes, kernel threads per lane) for this engine's model on ``cpus`` CPUs: ``config.lanes`` if
+    given, else 2 on 2 or more CPUs unless ``--threads`` fixed the threads (then 1, as given). The CPUs
+    (or the given threads) are split between the lanes. Models that cannot ``twin`` (CUDA, the numpy
+    reference) step as one lane."""
+    if model is None or not hasattr(model, "twin"):
+        return 1, 0
+    fixed = not config.adaptive_threads  # --threads given: model.threads is that
+    lanes = config.lanes if config.lanes is not None else (1 if fixed or cpus < 2 else 2)
+    lanes = max(1, lanes)
+    return lanes, max(1, (model.threads if fixed else cpus) // lanes)
+
+
 class ServeState:
     """Owns the engine once loaded; ``phase`` is loading -> ready -> draining (or failed)."""
 
@@ -102,11 +119,24 @@ class ServeState:
         freeze_long_lived_objects()
         requests, tokens = queue_bounds(engine.contract.limits, self.config)
         self.engine = engine
-        if self.config.adaptive_threads:
-            self.kernel_threads = adaptive_kernel_threads(getattr(engine.generator, "model", None), self.loop_thread)
-        self.loop = EngineLoop(engine.generator, max_waiting_requests=requests, max_waiting_tokens=tokens,
+        generator = engine.generator
+        model = getattr(generator, "model", None) if isinstance(generator, Generator) else None  # else as given
+        lanes, threads = serving_lanes(model, self.config, available_cpus())
+        if lanes > 1:  # each lane's forward on its own thread, the CPUs split between them
+            generator = Lanes.of(engine.generator, lanes)
+            for lane in generator.lanes:
+                lane.model.threads = threads
+        elif self.config.adaptive_threads:
+            self.kernel_threads = adaptive_kernel_threads(getattr(generator, "model", None), self.loop_thread)
+
+        def stop() -> None:
+            if lanes > 1:
+                generator.close()
+            engine.close()
+
+        self.loop = EngineLoop(generator, max_waiting_requests=requests, max_waiting_tokens=tokens,
                                on_step=self._on_step, on_start=lambda: bind_device_thread(engine),
-                               on_stop=engine.close).start()
+                               on_stop=stop).start()
         with self._lock:
             if self.phase == "loading":
                 self.phase = "ready"

@@ -1,0 +1,123 @@
+"""Lanes (runtime/lanes.py): sequence groups stepped in overlap give every request the answer it gets from
+one generator (tokens and logits bits), deferred aborts free pages and are never reported, each lane keeps
+its share of the slots, and `runtime serve` picks its lanes from the CPUs."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from runtime.engine import Engine
+from runtime.generator import Result
+from runtime.lanes import Lanes
+from runtime.serve.state import ServeConfig, serving_lanes
+
+TEXTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send an email to Bob",
+         "Convert 20 euros to yen", "Remind me to call Alice on Friday", "Find a hotel in Rome",
+         "Play some music", "Translate this note to French", "Book a flight to Paris and a taxi"]
+
+
+def bits(arrays) -> list[bytes]:
+    return [np.ascontiguousarray(a, np.float32).view(np.uint32).tobytes() for a in arrays]
+
+
+@pytest.fixture(scope="module")
+def one_lane(tiny_bundle):
+    engine = Engine.load(tiny_bundle, threads=1)
+    reqs = [dataclasses.replace(engine.request(t), keep_logits=True) for t in TEXTS]
+    return engine.generator.generate(reqs)
+
+
+def lanes_of(bundle, n: int) -> tuple[Engine, Lanes]:
+    engine = Engine.load(bundle, threads=1)
+    return engine, Lanes.of(engine.generator, n)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_lanes_give_every_request_its_one_generator_answer(tiny_bundle, one_lane, n):
+    engine, lanes = lanes_of(tiny_bundle, n)
+    try:
+        texts = TEXTS * 3  # more requests than slots: admissions interleave with steps
+        reqs = [dataclasses.replace(engine.request(t), keep_logits=True) for t in texts]
+        handles = {}
+        for r, i in zip(reqs[:5], range(5)):
+            handles[lanes.submit(r)] = i
+        results = {}
+        for step in range(2000):  # the rest join mid-flight, one a step
+            if len(handles) < len(reqs):
+                handles[lanes.submit(reqs[len(handles)])] = len(handles)
+            for handle, res in lanes.step():
+                results[handle] = res
+            if not lanes.busy and len(handles) == len(reqs):
+                break
+        assert sorted(results) == sorted(handles)
+        for handle, i in handles.items():
+            got, want = results[handle], one_lane[i % len(TEXTS)]
+            assert isinstance(got, Result) and got.token_ids == want.token_ids
+            assert bits(got.step_logits) == bits(want.step_logits)  # bit for bit, not a tolerance
+        assert lanes.kv.pages_in_use == 0 and lanes.kv.free_slots == lanes.kv.max_seqs
+    finally:
+        lanes.close()
+
+
+def test_an_abort_while_its_lane_steps_frees_its_pages_at_the_landing_and_is_never_reported(tiny_bundle):
+    engine, lanes = lanes_of(tiny_bundle, 2)
+    try:
+        handles = [lanes.submit(engine.request(t)) for t in TEXTS[:6]]
+        lanes.step()  # every lane's first forward is in flight now
+        victim = handles[0]
+        lane = lanes._lane_of[victim]
+        assert lanes._flight[lane] is not None
+        in_use = lanes.kv.pages_in_use
+        assert lanes.abort(victim) is True
+        assert lanes.kv.pages_in_use == in_use  # its forward still writes them
+        assert lanes.abort(victim) is False  # once
+        reported = {}
+        while lanes.busy:
+            for handle, res in lanes.step():
+                reported[handle] = res
+        assert victim not in reported and sorted(reported) == sorted(handles[1:])
+        assert lanes.kv.pages_in_use == 0 and lanes.kv.free_slots == lanes.kv.max_seqs
+        assert lanes.abort(handles[1]) is False  # finished: unknown
+    finally:
+        lanes.close()
+
+
+def test_each_lane_keeps_its_share_of_the_slots(tiny_bundle):
+    engine, lanes = lanes_of(tiny_bundle, 2)
+    try:
+        caps = [g.scheduler.max_running for g in lanes.lanes]
+        assert caps == [lanes.kv.max_seqs // 2] * 2
+        for t in TEXTS * 2:
+            lanes.submit(engine.request(t))
+        lanes.step()
+        running = [len(g.scheduler.running) for g in lanes.lanes]
+        assert running == caps  # the first lane planned did not take every slot
+        rows = [g.max_tokens_per_step for g in lanes.lanes]
+        assert rows == [engine.contract.limits.max_tokens_per_step // 2] * 2
+        assert all(g.model._rows == rows[0] for g in lanes.lanes)  # step buffers add up to the contract's
+        lanes.abort_all()
+        assert lanes.kv.pages_in_use == 0 and not lanes.busy
+    finally:
+        lanes.close()
+
+
+class _Model:
+    def __init__(self, threads: int, twin: bool = True):
+        self.threads = threads
+        if twin:
+            self.twin = lambda rows: self
+
+
+@pytest.mark.parametrize("config,model,cpus,expected", [
+    (ServeConfig(), _Model(1), 2, (2, 1)),  # the default on 2 CPUs: 2 lanes of 1 kernel thread
+    (ServeConfig(), _Model(7), 8, (2, 4)),
+    (ServeConfig(), _Model(1), 1, (1, 1)),
+    (ServeConfig(adaptive_threads=False), _Model(4), 8, (1, 4)),  # --threads 4: one lane, as given
+    (ServeConfig(adaptive_threads=False, lanes=2), _Model(4), 8, (2, 2)),  # --threads 4 --lanes 2
+    (ServeConfig(lanes=3), _Model(1), 2, (3, 1)),
+    (ServeConfig(), _Model(1, twin=False), 4, (1, 0)),  # CUDA, the numpy reference: one lane
+])
+def test_serve_picks_its_lanes_from_the_cpus(config, model, cpus, expected):
+    assert serving_lanes(model, config, cpus) == expected
