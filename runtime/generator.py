@@ -201,7 +201,7 @@ class Generator:
                     results[index[handle]] = res
         finally:
             for handle in index:  # an exception mid-loop must not leak pages
-                self.scheduler.abort(handle)
+                self.abort(handle)
         return results  # type: ignore[return-value]
 
     def _finished(self, seq: Sequence) -> bool:

@@ -159,21 +159,11 @@ class Lanes:
         self._lane_of.clear()
 
     def generate(self, requests: list[Request], queue: bool = True) -> list[Result | RequestError]:
-        """As Generator.generate, over the lanes."""
-        results: list[Result | RequestError | None] = [None] * len(requests)
-        index: dict[int, int] = {}
-        for i, req in enumerate(requests):
-            try:
-                index[self.submit(req, queue)] = i
-            except RequestError as e:
-                results[i] = e
+        """As Generator.generate (the same loop), over the lanes."""
         try:
-            while self.busy:
-                for handle, res in self.step():
-                    results[index[handle]] = res
+            return Generator.generate(self, requests, queue)  # type: ignore[arg-type]
         finally:
-            self.abort_all()
-        return results  # type: ignore[return-value]
+            self.abort_all()  # no forward left in flight
 
     def close(self) -> None:
         self._drain()

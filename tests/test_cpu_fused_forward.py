@@ -5,27 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from builder.compile import compile_bundle
-from runtime.contract import BuildOptions
 from runtime.cpu import fused_forward as ff
 from runtime.engine import Engine
+from test_cpu_fast import bundles  # noqa: F401  (module fixture: fp8_e4m3, nvfp4 and bf16 CPU bundles)
 
 # (bundle precision, kernel threads): one thread takes the serial kernels (fused_layers_serial)
 CASES = [("fp8_e4m3", 1), ("fp8_e4m3", 2), ("bf16", 1), ("bf16", 2)]
-
-
-@pytest.fixture(scope="module")
-def bundles(tmp_path_factory, tiny_checkpoint):
-    out = {}
-    for precision in ("fp8_e4m3", "bf16", "nvfp4"):
-        folder = tmp_path_factory.mktemp("fused") / precision
-        compile_bundle(tiny_checkpoint, "builder/data/tools-64.json",
-                       BuildOptions(precision=precision, target="cpu", max_sequences=8, max_input_tokens=128,
-                                    max_output_tokens=None, page_size=16, max_tokens_per_step=96,
-                                    prefill_chunk=32, memory_budget_bytes=None, context_reserve_bytes=None,
-                                    seed=0), folder)
-        out[precision] = folder
-    return out
 
 
 def rows_of(engine, texts):
