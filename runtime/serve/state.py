@@ -125,7 +125,7 @@ class ServeState:
         if lanes > 1:  # each lane's forward on its own thread, the CPUs split between them
             generator = Lanes.of(engine.generator, lanes)
             for lane in generator.lanes:
-                lane.model.threads = threads
+                lane.model.threads = min(threads, lane.model.max_threads)  # numba's pool caps it
         elif self.config.adaptive_threads:
             self.kernel_threads = adaptive_kernel_threads(getattr(generator, "model", None), self.loop_thread)
 
