@@ -46,11 +46,12 @@ class Lanes:
     def of(cls, generator: Generator, lanes: int) -> "Lanes":
         """``lanes`` Generators sharing ``generator``'s pool, grammar and weights, each with 1/lanes of its
         step's rows and sequence slots (its model resized, the others its twins: the step buffers add up to
-        the contract's workspace)."""
+        the contract's workspace), their layer loops fused (``FastCpuModel.enable_fused``)."""
         rows = generator.max_tokens_per_step // lanes
         assert rows >= 1 and generator.prefill_chunk >= 1
         model = generator.model
         model.resize_workspace(rows)
+        model.enable_fused()  # the twins share it
         out = []
         for i in range(lanes):
             g = Generator(model if i == 0 else model.twin(rows), generator.kv, generator.grammar,

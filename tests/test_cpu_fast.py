@@ -184,11 +184,9 @@ CACHE_PROBE = textwrap.dedent("""
     from runtime.engine import Engine
     from runtime.machine import MachineFacts
     from runtime.cpu import attention_kernels as ak, fast_kernels as fk, linear_high as lh, linear_kernels as lk
-    from runtime.cpu import fused_forward as ff, panel_kernels as pk
+    from runtime.cpu import panel_kernels as pk
     Engine.load(sys.argv[1], facts=MachineFacts(free_bytes=1 << 40))
-    Engine.load(sys.argv[1], facts=MachineFacts(free_bytes=1 << 40), threads=1)  # the serial kernels too
-    mods = (fk, lk, lh, ak, pk, ff, ff.pk_serial, ff.fk_serial, ff.ak_serial)
-    kernels = [v for m in mods for v in vars(m).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
+    kernels = [v for m in (fk, lk, lh, ak, pk) for v in vars(m).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
     print(json.dumps({k.__name__: sum(k.stats.cache_misses.values()) for k in kernels if k.signatures}))
 """)
 
@@ -198,8 +196,7 @@ def test_a_second_start_loads_the_kernels_from_the_cache(tiny_bundle):
                            text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT}) for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr
     misses = json.loads(runs[1].stdout.strip().splitlines()[-1])
-    # the layer kernels compile into the one-call layer loop (runtime/cpu/fused_forward.py), parallel and serial
-    assert "fused_layers" in misses and "fused_layers_1t" in misses and "candidate_logits_bf16" in misses
+    assert "linear_fp8_panels" in misses and "attention" in misses and "candidate_logits_bf16" in misses
     assert not any(misses.values()), f"compiled again on the second start: {misses}"
 
 

@@ -11,7 +11,6 @@ chunking. ``CpuModel`` (runtime/cpu/model.py, numpy float32) stays the reference
 from __future__ import annotations
 
 import copy
-import os
 
 import numba
 import numpy as np
@@ -25,7 +24,6 @@ from ..rope import cos_sin, inv_freq
 
 
 NO_NORM = np.empty(0, np.float32)  # qk_norm_rope_kv's "no q/k norm" (families without qk_norm)
-FUSED = os.environ.get("TOOLCALL_FUSED_FORWARD", "1") != "0"  # 0: the Python layer loop (tests compare the two)
 
 
 def set_threads(threads: int | None) -> int:
@@ -61,8 +59,7 @@ class FastCpuModel:
                 gate_up=lin.get(p + "mlp.gate_up_proj"), gate=lin.get(p + "mlp.gate_proj"),
                 up=lin.get(p + "mlp.up_proj"), down=lin[p + "mlp.down_proj"]))
         self.final_norm = v["model.norm.weight"]
-        # the layers' arrays for the one-call layer loop, or None: the Python loop (fused_forward.layer_arrays)
-        self.fused = ff.layer_arrays(self.layers, NO_NORM) if FUSED else None
+        self.fused = None  # the layers' arrays for the one-call layer loop once ``enable_fused``; None: the Python loop
         self._pools = None  # (kv pool, typed lists of its K and V layers) for the fused loop
         self._rows = 0
         self._context = 0
@@ -83,6 +80,13 @@ class FastCpuModel:
         for a in self.ws.values():
             a.fill(0)  # calloc'd pages made resident: the model holds its workspace from the start
         self._rows, self._context = rows, context
+
+    def enable_fused(self) -> bool:
+        """Runs the layers as one nogil numba call from now on (runtime/cpu/fused_forward.py; the same bits),
+        where the weight formats allow; whether they do. For forwards that run beside other Python threads
+        (runtime/lanes.py): each compiled layout costs the compiler tens of seconds, so it is opt-in."""
+        self.fused = ff.layer_arrays(self.layers, NO_NORM)
+        return self.fused is not None
 
     def twin(self, rows: int) -> "FastCpuModel":
         """This model's weights with step buffers of its own for ``rows`` rows: twins may run ``forward``
@@ -211,8 +215,8 @@ class FastCpuModel:
         return v
 
     def embed_rows(self, tokens: np.ndarray, out: np.ndarray) -> np.ndarray:
-        if self.embed.dtype == np.uint16:  # one thread: the serial kernel (a parallel launch takes the GIL)
-            (ff.fk_serial if self.threads == 1 else fk).gather_rows_bf16(self.embed, tokens, out)
+        if self.embed.dtype == np.uint16:  # fused, one thread: the serial kernel (a parallel launch takes the GIL)
+            (ff.fk_serial if self.fused is not None and self.threads == 1 else fk).gather_rows_bf16(self.embed, tokens, out)
         else:
             out[:] = self.embed[tokens]
         return out

@@ -1,11 +1,15 @@
-"""The fast backend's layer loop as one numba call: every layer's kernels run without the GIL in between.
+"""The fast backend's layer loop as one numba call, on serial kernels for one thread: a forward that takes no GIL.
 
-``FastCpuModel.forward`` called some 45 numba kernels a step from Python, and each return took the GIL
-back. In a server the GIL is busy (the event loop, the engine thread's picks, the other lanes' forwards):
-a forward of 26 ms on the CPU took 39 ms of wall time, the rest spent waiting for the GIL between
-kernels (bench/RESULTS.md, serving "Eighth pass"). Here the same kernels, in the same order on the
-same buffers (so the same bits: tests/test_cpu_fused_forward.py), are called from one ``nogil``
-function; Python only lays out the views before and reads the result after.
+``FastCpuModel.forward`` launches some 45 numba kernels a step, and numba's parallel launch takes the GIL,
+even from ``nogil`` code (100 launches from a thread beside one running Python: 1.66 s from Python, 1.06 s
+from inside one nogil function, 0.15 s with the GIL free). In a server the GIL is busy (the event loop, the
+engine thread's picks), so a lane's forward of 2.2 s of CPU took 3.4 s (bench/RESULTS.md, serving "Eighth
+pass"). Here the same kernels, in the same order on the same buffers (so the same bits:
+tests/test_cpu_fused_forward.py), are called from one ``nogil`` function, ``fused_layers``; with one kernel
+thread ``fused_layers_serial`` calls them compiled without ``parallel`` (``serial``), and nothing takes the
+GIL between the call and its return. Python only lays out the views before and reads the result after.
+Opt-in (``FastCpuModel.enable_fused``; runtime/lanes.py turns it on): each weight format and pool layout
+compiles its own copy of the kernels into it, tens of seconds each.
 
 Linear layers dispatch on the stored weight's element type at compile time: int8 (fp8 E4M3 panels,
 ``a`` = the panels' scales), uint16 (bf16 panels) or float32 panels (``a`` unused, empty). Models with
