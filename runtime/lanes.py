@@ -1,9 +1,10 @@
 """Lanes: the engine's sequences in N groups whose steps overlap, so the CPUs never wait on one step's Python.
 
 A step is three parts (runtime/generator.py): ``plan`` (admission, the rows; Python, holds the GIL),
-``forward`` (the kernels; numba releases the GIL) and ``land`` (the picks, retirement; Python). With one
-group, the kernels of a step and its Python alternate, and a second core is either idle during the Python
-or, with two kernel threads, held at every kernel's barrier whenever the event loop takes that core
+``forward`` (the kernels; numba releases the GIL, but takes it at each parallel launch, hence the lanes'
+fused serial loop: runtime/cpu/fused_forward.py) and ``land`` (the picks, retirement; Python). With one
+group, the kernels of a step and its Python alternate, and a second core is idle during the Python or,
+with two kernel threads, waits at launches and barriers whenever the event loop holds the GIL or the core
 (bench/RESULTS.md, serving "Eighth pass"). Lanes split the running sequences into N groups, each a
 Generator over the same KV pool and weights (its own step buffers: ``FastCpuModel.twin``), and step them
 in turn: lane i's forward runs on a worker thread while the engine thread lands and plans the other
