@@ -233,6 +233,10 @@ KERNEL_INPUTS = textwrap.dedent("""
         else:
             pk.linear_f32_panels(x, pk.repack(a["w"]), y)
         return y
+
+    def bit_hashes(cases):
+        return {f"{k}:{o}x{n}": hashlib.sha256(run(k, a, a["x"]).tobytes()).hexdigest()
+                for k, o, n in cases for a in [inputs(o, n, 7, seed=n)]}
 """)
 # (kind, out, in): 70 outputs = a 64-row work item + a ragged 6; in 96 / 80 take NVFP4's two-block and
 # one-block paths; 83 leaves a scalar tail of 3 elements. Panels (32 outputs): 70 = 2 panels + a zero-padded
@@ -274,9 +278,7 @@ def test_sparse_head_is_bit_equal_to_the_dense_head():
 
 BITS_PROBE = KERNEL_INPUTS + textwrap.dedent("""
     import sys
-    cases = json.loads(sys.argv[1])
-    print(json.dumps({f"{k}:{o}x{n}": hashlib.sha256(run(k, a, a["x"]).tobytes()).hexdigest()
-                      for k, o, n in cases for a in [inputs(o, n, 7, seed=n)]}))
+    print(json.dumps(bit_hashes(json.loads(sys.argv[1]))))
 """)
 
 
@@ -286,19 +288,27 @@ def test_the_same_bits_without_avx512_f16c_or_ssse3(tmp_path):
     SSSE3 or AVX-512: the arithmetic fallbacks) gives the host build's bits, and so do the panel
     tile shapes of the other register file (zmm or ymm, whichever this CPU does not choose)."""
     from runtime.cpu import panel_kernels as pk
-    cases = json.dumps([c for c in KERNEL_CASES if c[0] in ("fp8", "nvfp4", "fp8/panel", "bf16/panel")])
+    cases = [c for c in KERNEL_CASES if c[0] in ("fp8", "nvfp4", "fp8/panel", "bf16/panel")]
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("TOOLCALL_PANEL_TILES", None)
     other = next(k for k in pk.TILE_SHAPES if k != pk.TILE_REGISTERS)
-    runs = []
-    for extra in ({}, {"NUMBA_CACHE_DIR": str(tmp_path / "baseline"), "NUMBA_CPU_NAME": "x86-64",
-                       "NUMBA_CPU_FEATURES": "+64bit,+cx8,+fxsr,+mmx,+sse,+sse2"},
-                  {"NUMBA_CACHE_DIR": str(tmp_path / other), "TOOLCALL_PANEL_TILES": other}):
-        proc = subprocess.run([sys.executable, "-c", BITS_PROBE, cases], cwd=ROOT, capture_output=True, text=True,
-                              timeout=600, env={**env, **extra})
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert runs[0] == runs[1] == runs[2]
+    # the two other builds compile cold (a minute or more each, one core each): side by side; the host's here
+    procs = [subprocess.Popen([sys.executable, "-c", BITS_PROBE, json.dumps(cases)], cwd=ROOT, env={**env, **extra},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for extra in ({"NUMBA_CACHE_DIR": str(tmp_path / "baseline"), "NUMBA_CPU_NAME": "x86-64",
+                            "NUMBA_CPU_FEATURES": "+64bit,+cx8,+fxsr,+mmx,+sse,+sse2"},
+                           {"NUMBA_CACHE_DIR": str(tmp_path / other), "TOOLCALL_PANEL_TILES": other})]
+    try:
+        host = bit_hashes(cases)
+        runs = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=600)
+            assert proc.returncode == 0, err[-2000:]
+            runs.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert len(host) == len(cases) and runs[0] == host and runs[1] == host
 
 
 @pytest.mark.parametrize("kind", ["fp8", "bf16"])
