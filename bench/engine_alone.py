@@ -1,9 +1,11 @@
 """The serving engine without the server: the burst's requests (bench/serve_burst.py's bodies) handed to
 the bundle's generator at once, best of --repeats passes; requests/s, ms a request, rows a request, and
 with --profile the top functions by own time (cProfile). What the engine costs a burst request when
-nothing else shares the machine: the figure serve_burst's rate is measured against.
+nothing else shares the machine: the figure serve_burst's rate is measured against. Also the process's
+CPU ms a request (all threads), and with --lanes N the server's lanes (runtime/lanes.py) instead of one
+generator.
 
-    python bench/engine_alone.py BUNDLE [--requests 2048] [--threads 1] [--repeats 3] [--profile]
+    python bench/engine_alone.py BUNDLE [--requests 2048] [--threads 1] [--lanes 1] [--repeats 3] [--profile]
 
 Not part of CI.
 """
@@ -27,6 +29,7 @@ def main() -> None:
     ap.add_argument("bundle")
     ap.add_argument("--requests", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1, help="Kernel threads.")
+    ap.add_argument("--lanes", type=int, default=1, help="Lanes (runtime/lanes.py), each on --threads kernel threads.")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="One more pass under cProfile; its top 20 by own time.")
     args = ap.parse_args()
@@ -37,23 +40,27 @@ def main() -> None:
         cycle = (bodies * (args.requests // len(bodies) + 1))[:args.requests]
         return [engine.request(b["request"], sampling_of(b)) for b in cycle]
 
-    generator, forward, rows = engine.generator, engine.generator.model.forward, [0]
-
-    def counted(tokens, *a, **k):
-        rows[0] += len(tokens)
-        return forward(tokens, *a, **k)
-
+    generator, rows = engine.generator, [0]
+    if args.lanes > 1:
+        from runtime.lanes import Lanes
+        generator = Lanes.of(generator, args.lanes)
+    models = generator.lanes if args.lanes > 1 else [generator]
+    for g in models:
+        def counted(tokens, *a, _forward=g.model.forward, **k):
+            rows[0] += len(tokens)
+            return _forward(tokens, *a, **k)
+        g.model.forward = counted
     generator.generate(requests()[:256])  # warm: the kernels' first calls, the pool's pages
-    generator.model.forward = counted
-    best = float("inf")
+    best, cpu = float("inf"), float("inf")
     for _ in range(args.repeats):
         rows[0], batch = 0, requests()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         generator.generate(batch)
-        best = min(best, time.perf_counter() - start)
+        best, cpu = min(best, time.perf_counter() - start), min(cpu, time.process_time() - start_cpu)
     n = args.requests
-    print(f"engine_alone: {n} requests, {args.threads} thread(s): best {best:.3f} s, {n / best:.0f} requests/s, "
-          f"{1e3 * best / n:.3f} ms a request, {rows[0] / n:.1f} rows a request")
+    print(f"engine_alone: {n} requests, {args.lanes} lane(s) of {args.threads} thread(s): best {best:.3f} s, "
+          f"{n / best:.0f} requests/s, {1e3 * best / n:.3f} ms a request, CPU {1e3 * cpu / n:.3f} ms a request, "
+          f"{rows[0] / n:.1f} rows a request")
     if args.profile:
         profile, batch = cProfile.Profile(), requests()
         profile.enable()

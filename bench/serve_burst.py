@@ -9,7 +9,9 @@ by reason and lost (= requests with neither an answer nor a typed refusal). Ever
 compared with the same request run alone on the CPU reference. Then the same burst against
 the same server with a no-op engine (`--noop-engine`): our rate as a share of the HTTP stack's
 own ceiling on this machine. Also: KV pages in use after the burst (must be 0) and the server's
-RSS before and after. One summary line on stdout; JSON with the machine recorded.
+RSS before and after, and where the burst's CPU went: milliseconds a request on the server's
+main thread (the event loop), its other threads (the engine and lanes), and this client. One
+summary line on stdout; JSON with the machine recorded.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import json
 import os
 import platform
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -65,6 +68,28 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of a process's main thread and of all its other threads."""
+    tick = os.sysconf("SC_CLK_TCK")
+    main = other = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        t = (int(fields[11]) + int(fields[12])) / tick  # utime, stime: fields 14 and 15 of stat
+        if int(task.name) == pid:
+            main += t
+        else:
+            other += t
+    return main, other
+
+
+def client_cpu_seconds() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 class Server:
@@ -165,7 +190,9 @@ def run_one(bundle: str, noop: bool, bodies, solo, clients: int, timeout_s: floa
         warm, _ = asyncio.run(burst(server.url, bodies, min(64, clients), timeout_s))  # first-call costs
         time.sleep(2.5)  # before and after both measured idle, once the server has trimmed its heap
         rss_before = rss_bytes(server.proc.pid)
+        cpu_before, client_before = cpu_seconds(server.proc.pid), client_cpu_seconds()
         records, wall = asyncio.run(burst(server.url, bodies, clients, timeout_s))
+        cpu_after, client_after = cpu_seconds(server.proc.pid), client_cpu_seconds()
         time.sleep(2.5)  # the server trims its heap once idle (ticks of 1 s)
         text = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
         rss_after = rss_bytes(server.proc.pid)
@@ -177,7 +204,11 @@ def run_one(bundle: str, noop: bool, bodies, solo, clients: int, timeout_s: floa
                 "rss_change": rss_after / max(1, rss_before) - 1.0, "kv_pages_in_use_after": metric_values(text, "kv_pages_in_use"),
                 "requests_running_after": metric_values(text, "num_requests_running"),
                 "requests_waiting_after": metric_values(text, "num_requests_waiting"), "exit_code": code,
-                "model": models["data"][0]["id"]})
+                "model": models["data"][0]["id"],
+                # CPU ms a request over the burst: the server's event loop, its other threads, this client
+                "cpu_ms_per_request": {"server_main": 1e3 * (cpu_after[0] - cpu_before[0]) / clients,
+                                       "server_other": 1e3 * (cpu_after[1] - cpu_before[1]) / clients,
+                                       "client": 1e3 * (client_after - client_before) / clients}})
     return out
 
 
@@ -227,6 +258,10 @@ def main() -> None:
           f"p99 {ours['ttft_p99_ms']:.0f} ms; kv pages in use after {report['kv_pages_in_use_after']:.0f}; "
           f"RSS {ours['rss_before_bytes'] / 2**20:.0f} -> {ours['rss_after_bytes'] / 2**20:.0f} MiB "
           f"({ours['rss_change']:+.1%}); load avg {os.getloadavg()[0]:.1f}")
+    for name, run in (("engine", ours), ("no-op", noop)):
+        c = run["cpu_ms_per_request"]
+        print(f"  CPU ms a request, {name}: server main {c['server_main']:.2f}, server other threads "
+              f"{c['server_other']:.2f}, client {c['client']:.2f}; wall ms a request {1e3 * run['wall_s'] / args.clients:.2f}")
 
 
 if __name__ == "__main__":
