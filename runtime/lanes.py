@@ -6,10 +6,10 @@ fused serial loop: runtime/cpu/fused_forward.py) and ``land`` (the picks, retire
 group, the kernels of a step and its Python alternate, and a second core is idle during the Python or,
 with two kernel threads, waits at launches and barriers whenever the event loop holds the GIL or the core
 (bench/RESULTS.md, serving "Eighth pass"). Lanes split the running sequences into N groups, each a
-Generator over the same KV pool and weights (its own step buffers: ``FastCpuModel.twin``), each lane's
-forward on a worker thread while the engine thread lands and plans the others, each lane landed as soon
-as its forward finishes (not in turn: a short forward's lane is not held behind a long one). The
-kernels of different lanes never synchronize, so a lane whose thread is preempted delays no one else.
+Generator over the same KV pool and weights (its own step buffers: ``FastCpuModel.twin``), and step them
+in turn: lane i's forward runs on a worker thread while the engine thread lands and plans the other
+lanes. The kernels of different lanes never synchronize, so a lane whose thread is preempted delays
+no one else.
 
 What stays as one engine: one KV pool, one page allocator, touched only on the engine thread (admission
 and retirement happen in plan/land, never while another thread could read the same pages: a lane's
@@ -21,7 +21,7 @@ reported. Answers do not change: a sequence's tokens depend only on its own rows
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from common.errors import RequestError
 from .generator import Generator, Result, StepPlan
@@ -90,20 +90,10 @@ class Lanes:
         return sum(x[0] for x in c), sum(x[1] for x in c), sum(x[2] for x in c)
 
     def step(self) -> list[tuple[int, Result | RequestError]]:
-        """Lands every lane whose forward has finished, plans its next step (and that of any lane with
-        work and nothing in flight) and starts that forward on a worker; returns what finished or was
-        refused. Lanes land as their forwards finish, not in turn, so a short forward's lane is not held
-        behind a long one's. A call that lands and starts nothing waits for the first forward in flight to
-        finish: the engine thread never spins."""
-        if not any(f is None and g.busy for f, g in zip(self._flight, self.lanes)):
-            self._wait_first()
+        """Each lane in turn: its forward in flight lands (picks, retirement), then its next step is
+        planned and its forward started on a worker; returns what finished or was refused."""
         finished: list[tuple[int, Result | RequestError]] = []
-        moved = False  # a forward landed or started, or a request was refused
         for i, lane in enumerate(self.lanes):
-            flight = self._flight[i]
-            if (flight is None and not lane.busy) or (flight is not None and not flight[1].done()):
-                continue
-            moved |= flight is not None
             try:
                 finished += self._land(i)
                 plan = lane.plan()
@@ -111,21 +101,12 @@ class Lanes:
                 self._fail()
                 raise
             finished += plan.refused
-            moved |= bool(plan.refused)
             plan.refused = []
             if plan.running:
                 self._flight[i] = (plan, self._pool.submit(lane.forward, plan))
-                moved = True
-        if not moved:
-            self._wait_first()  # e.g. a lane whose waiting requests do not fit yet: it plans again after
         for handle, _ in finished:
             self._lane_of.pop(handle, None)
         return finished
-
-    def _wait_first(self) -> None:
-        futures = [f[1] for f in self._flight if f is not None]
-        if futures:
-            wait(futures, return_when=FIRST_COMPLETED)
 
     def _land(self, i: int) -> list[tuple[int, Result | RequestError]]:
         flight, self._flight[i] = self._flight[i], None
