@@ -10,8 +10,8 @@ compared with the same request run alone on the CPU reference. Then the same bur
 the same server with a no-op engine (`--noop-engine`): our rate as a share of the HTTP stack's
 own ceiling on this machine. Also: KV pages in use after the burst (must be 0) and the server's
 RSS before and after, and where the burst's CPU went: milliseconds a request on the server's
-main thread (the event loop), its other threads (the engine and lanes), and this client. One
-summary line on stdout; JSON with the machine recorded.
+main thread (the event loop), its other threads (the engine and lanes), and this client. A
+summary line and two CPU lines on stdout; JSON with the machine recorded.
 """
 from __future__ import annotations
 
