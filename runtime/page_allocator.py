@@ -16,6 +16,14 @@ the pinned prefix's partial last page, its rows are copied into the sequence's o
 sequence's full prompt pages are cached once its prompt is prefilled (``register_prompt``: prompts
 admitted while it still runs share them) and stay cached, idle, after it finishes, until the pool
 needs a page.
+
+The page holding a prompt's last token is its own (the answer is written after the prompt's rows),
+so it is never shared; but once the prompt is prefilled its prompt rows are final, and the page is
+registered under the prompt's tail key (``tail_hash``). A later prompt identical up to its last
+token, whose other pages are all shared, copies those rows (all but the last token's, which is
+always computed) into its own page instead of prefilling them: the same bits, since a row's K/V
+depend only on the tokens up to it. A tail page is not read-only; it stays cached, idle, after its
+sequence finishes, like a full page, and is evicted like one.
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ import numpy as np
 
 from common.errors import RequestError
 
-from .prefix_cache import PrefixCache, chain_hashes
+from .prefix_cache import PrefixCache, chain_hashes, tail_hash
 
 
 NO_PROMPT = np.iinfo(np.int64).max  # prompt_tokens of a slot admitted without its prompt
@@ -51,6 +59,7 @@ class PageAllocator:
         self._free_pages = list(range(num_pages))  # a min-heap: the lowest free id is taken first
         self._free_slots = list(range(max_seqs - 1, -1, -1))
         self._hashes: list[list[bytes] | None] = [None] * max_seqs  # caching only: full prompt pages' keys
+        self._tails: list[bytes | None] = [None] * max_seqs  # caching only: the prompt's partial last page's key
         self.cache: PrefixCache | None = None
         self.prefix_ids: tuple[int, ...] = ()  # the pinned prefix (enable_prefix_cache + pin_prefix)
         self.prefix_pages: list[int] = []  # its full pages, then the partial one (if any)
@@ -109,18 +118,26 @@ class PageAllocator:
         self.read_only[pages] = True  # refs stay 1: the pin
         self._free_slot(slot)
 
-    def _share_plan(self, prompt: Sequence[int]) -> tuple[list[bytes], list[int], int]:
-        """(hashes of the prompt's full pages, pages to share, rows of the pinned partial page to copy)."""
+    def _share_plan(self, prompt: Sequence[int]) -> tuple[list[bytes], list[int], int, int, bytes | None]:
+        """(hashes of the prompt's full pages, pages to share, the page to copy rows from (-1: none), how
+        many rows to copy, the key of the prompt's partial last page (None: it ends on a page boundary)).
+        The rows copied are the pinned prefix's partial page, or those of a cached page holding this
+        prompt's last page (a tail page, or the full last page), less the last token, which is computed."""
         ps, n = self.page_size, len(prompt)
         hashes = chain_hashes(self.cache.salt, prompt, ps, n // ps)
-        shared = self.cache.lookup(hashes[: (n - 1) // ps])  # at least the last prompt token is computed
+        last = (n - 1) // ps  # the page of the last prompt token: never shared
+        shared = self.cache.lookup(hashes[:last])
+        tail = tail_hash(hashes[-1] if hashes else self.cache.root, prompt[len(hashes) * ps:]) if n % ps else None
+        if len(shared) == last and n - 1 > last * ps and self.copies_rows:  # rows before the last to copy
+            src = self.cache.page_of.get(tail if tail is not None else hashes[last], -1)
+            if src >= 0:
+                return hashes, shared, src, n - 1 - last * ps, tail
         full = len(self.prefix_ids) // ps
-        tail = len(self.prefix_ids) - full * ps
-        copy = 0
-        if (tail and len(shared) == full and shared == self.prefix_pages[:full] and n - 1 >= full * ps + tail
-                and tuple(prompt[full * ps: full * ps + tail]) == self.prefix_ids[full * ps:]):
-            copy = tail
-        return hashes, shared, copy
+        rest = len(self.prefix_ids) - full * ps
+        if (rest and len(shared) == full and shared == self.prefix_pages[:full] and n - 1 >= full * ps + rest
+                and tuple(prompt[full * ps: full * ps + rest]) == self.prefix_ids[full * ps:]):
+            return hashes, shared, self.prefix_pages[full], rest, tail
+        return hashes, shared, -1, 0, tail
 
     def check_fits(self, tokens: int, prompt: Sequence[int] | None = None) -> None:
         """RequestError("kv_pages") if this sequence could not be admitted even into an idle pool."""
@@ -129,7 +146,7 @@ class PageAllocator:
         if need <= self.num_pages - pinned:  # fits without sharing: no need to hash the prompt
             return
         if self.cache is not None and prompt is not None:
-            _, shared, _ = self._share_plan(prompt)
+            _, shared, _, _, _ = self._share_plan(prompt)
             need -= sum(1 for p in shared if p in self.cache.pinned)
         if need > self.num_pages - pinned:
             raise RequestError("kv_pages", f"the request needs {need} KV pages; the pool has {self.num_pages - pinned} "
@@ -152,31 +169,40 @@ class PageAllocator:
             raise RequestError("too_many_sequences", f"all {self.max_seqs} sequence slots are busy; "
                                "retry when a sequence finishes", limit=self.max_seqs)
         use_cache = self.cache is not None and prompt is not None
-        hashes, shared, copy = [], [], 0
+        hashes, shared, src, copy, tail = [], [], -1, 0, None
         if use_cache:
-            hashes, shared, copy = self._share_plan(prompt)
-        idle_shared = sum(1 for p in shared if self.refs[p] == 0)  # idle now, so not takeable as fresh pages
+            hashes, shared, src, copy, tail = self._share_plan(prompt)
+        held = [p for p in shared if self.refs[p] == 0]  # idle now, so not takeable as fresh pages
         fresh = need - len(shared)
+        if src >= 0 and self.refs[src] == 0 and src not in self.cache.pinned:  # an idle tail page to copy from:
+            if fresh <= self.free_pages - len(held) - 1:  # held too, unless only its eviction makes room
+                held.append(src)
+            else:
+                src, copy = -1, 0
+        idle_shared = len(held)
         if fresh > self.free_pages - idle_shared:
             raise RequestError("kv_pages", f"the request needs {fresh} KV pages, {self.free_pages - idle_shared} "
                                "are free; retry when a sequence finishes", needed=fresh,
                                free=self.free_pages - idle_shared)
         slot = self._free_slots.pop()
+        for page in held:  # not evicted by the fresh pages taken below
+            self.cache.touch(page)
         for i, page in enumerate(shared):
             self.block_table[slot, i] = page
             self.refs[page] += 1
-            self.cache.touch(page)
         for i in range(len(shared), need):
             page = self._take_page()
             self.block_table[slot, i] = page
             self.refs[page] += 1
         if copy:
-            self.copy_rows(self.prefix_pages[len(shared)], int(self.block_table[slot, len(shared)]), copy)
+            self.copy_rows(src, int(self.block_table[slot, len(shared)]), copy)
+            if self.refs[src] == 0 and src not in self.cache.pinned:  # an idle tail page: evictable again
+                self.cache.idle_batch([src])
         self.reserved_tokens[slot] = need * self.page_size
         self.cached_tokens[slot] = len(shared) * self.page_size + copy
         self.prompt_tokens[slot] = len(prompt) if prompt is not None else NO_PROMPT
         if use_cache:
-            self._hashes[slot] = hashes
+            self._hashes[slot], self._tails[slot] = hashes, tail
             self.cache.query_tokens += len(prompt)
             self.cache.hit_tokens += int(self.cached_tokens[slot])
         self.version += 1
@@ -189,6 +215,11 @@ class PageAllocator:
         assert page is not None and self.refs[page] == 0
         self.read_only[page] = False
         return page
+
+    @property
+    def copies_rows(self) -> bool:
+        """Whether the storage can ``copy_rows`` (bookkeeping alone cannot: it copies from no tail page)."""
+        return type(self).copy_rows is not PageAllocator.copy_rows
 
     def copy_rows(self, src_page: int, dst_page: int, rows: int) -> None:
         """Copies K/V rows 0..rows-1 of every layer from one page to another (the storage's job)."""
@@ -205,6 +236,11 @@ class PageAllocator:
             if not self.cache.contains(page) and h not in self.cache.page_of:
                 self.cache.insert(page, h, depth)
                 self.read_only[page] = True
+        tail = self._tails[slot]
+        if tail is not None and tail not in self.cache.page_of:
+            page = int(self.block_table[slot, len(hashes)])
+            if not self.cache.contains(page):
+                self.cache.insert(page, tail, len(hashes))  # rows copied from, never shared: stays writable
 
     def release(self, slot: int, cache: bool = True) -> None:
         """Frees a slot; with the prefix cache on and ``cache``, its full prompt pages (all written:
@@ -232,7 +268,7 @@ class PageAllocator:
         self.reserved_tokens[slot] = 0
         self.cached_tokens[slot] = 0
         self.prompt_tokens[slot] = NO_PROMPT
-        self._hashes[slot] = None
+        self._hashes[slot] = self._tails[slot] = None
         self._free_slots.append(slot)
         self._free_slots.sort(reverse=True)
         self.version += 1

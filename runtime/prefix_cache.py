@@ -20,9 +20,14 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def root_hash(salt: str) -> bytes:
+    """h_-1, the chain's start for a bundle."""
+    return hashlib.sha256(b"toolcall-prefix\0" + salt.encode()).digest()
+
+
 def chain_hashes(salt: str, tokens: Sequence[int], page_size: int, pages: int) -> list[bytes]:
     """h_0..h_{pages-1} of the first ``pages`` full pages of ``tokens``."""
-    h = hashlib.sha256(b"toolcall-prefix\0" + salt.encode()).digest()
+    h = root_hash(salt)
     arr = np.asarray(tokens[: pages * page_size], np.int64)
     out = []
     for i in range(pages):
@@ -31,11 +36,18 @@ def chain_hashes(salt: str, tokens: Sequence[int], page_size: int, pages: int) -
     return out
 
 
+def tail_hash(before: bytes, tokens: Sequence[int]) -> bytes:
+    """The key of a prompt's partial last page: the hash of the full pages ``before`` it (h_-1 if none)
+    and its ``tokens`` (fewer than a page; its own domain, never equal to a full page's h_i)."""
+    return hashlib.sha256(b"tail\0" + before + np.asarray(tokens, np.int64).astype("<i8").tobytes()).digest()
+
+
 class PrefixCache:
     """hash -> page for full prompt pages; an LRU heap of the idle ones; hit/query counters in tokens."""
 
     def __init__(self, salt: str):
         self.salt = salt
+        self.root = root_hash(salt)
         self.page_of: dict[bytes, int] = {}
         self.key_of: dict[int, tuple[bytes, int]] = {}  # page -> (hash, depth: page index in its prompt)
         self.pinned: set[int] = set()

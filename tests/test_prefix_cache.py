@@ -76,9 +76,10 @@ def test_identical_answers_and_logit_bits_with_and_without_sharing(parts, unshar
     n = len(parts[3].prefix_ids)
     assert all(r.cached_prompt_tokens == 0 for r in unshared)
     assert all(r.cached_prompt_tokens == n for r in first[:4])  # admitted at once: the pinned prefix only
-    assert first[4].cached_prompt_tokens > n  # the same text as first[0], admitted after it finished
-    assert all(r.cached_prompt_tokens == (len(r.prompt_token_ids) - 1) // PAGE * PAGE for r in again)
-    assert all(r.cached_prompt_tokens > n for r in again if len(r.prompt_token_ids) - 1 >= -(-n // PAGE) * PAGE)
+    # the same text as first[0], admitted after it finished, and every prompt of the second round: all but the
+    # last token from cached pages (the full ones shared, the rows of the last page copied from a tail page)
+    assert first[4].cached_prompt_tokens == len(first[4].prompt_token_ids) - 1
+    assert all(r.cached_prompt_tokens == len(r.prompt_token_ids) - 1 for r in again)
 
 
 def test_shared_pages_are_read_only_and_never_written(parts):
@@ -252,4 +253,55 @@ def test_a_prompt_shares_the_full_pages_of_a_running_one_once_it_is_prefilled(pa
     same_answers([unshared[5], unshared[5]], [a, b])
     n = len(parts[3].prefix_ids)
     assert a.cached_prompt_tokens == n  # the pinned prefix only
-    assert b.cached_prompt_tokens == (len(b.prompt_token_ids) - 1) // PAGE * PAGE > n  # the running one's pages
+    # the running one's full pages shared, and its last page's prompt rows copied: all but the last token
+    assert b.cached_prompt_tokens == len(b.prompt_token_ids) - 1 > n
+
+
+class _CopyingPool(PageAllocator):
+    """Bookkeeping with a storage that records its row copies."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.copies = []
+
+    def copy_rows(self, src_page: int, dst_page: int, rows: int) -> None:
+        self.copies.append((src_page, dst_page, rows))
+
+
+@pytest.mark.parametrize("tokens", [10, 12], ids=["partial last page", "full last page"])
+def test_a_prompt_seen_before_copies_its_last_pages_rows_all_but_the_last_token(tokens):
+    pool = _CopyingPool(8, 4, 4, 32)
+    pool.enable_prefix_cache("salt")
+    prompt = tuple(range(10, 10 + tokens))
+    first = pool.admit(tokens + 2, prompt)
+    assert pool.cached_tokens[first] == 0 and not pool.copies
+    last = (tokens - 1) // 4
+    source = int(pool.block_table[first, last])  # the page of the last prompt token
+    pool.register_prompt(first)  # prefilled: its last page's prompt rows are final
+    assert not pool.read_only[source] or tokens % 4 == 0  # a tail page stays writable: its answer goes there
+    second = pool.admit(tokens + 2, prompt)  # while the first still runs
+    assert pool.cached_tokens[second] == tokens - 1
+    assert pool.block_table[second, :last].tolist() == pool.block_table[first, :last].tolist()
+    assert pool.copies == [(source, int(pool.block_table[second, last]), tokens - 1 - 4 * last)]
+    other = pool.admit(tokens + 2, prompt[:-1] + (99,))  # another last token: another tail, nothing copied
+    assert pool.cached_tokens[other] == 4 * last and len(pool.copies) == 1
+    for slot in (first, second, other):
+        pool.release(slot)
+    third = pool.admit(tokens + 2, prompt)  # from the idle cached pages, after every owner finished
+    assert pool.cached_tokens[third] == tokens - 1 and pool.copies[-1][0] == source
+    pool.release(third)
+    assert pool.refs.sum() == 0 and pool.free_pages == 8
+
+
+def test_an_idle_tail_page_is_not_evicted_by_its_copier_unless_only_that_makes_room():
+    pool = _CopyingPool(4, 4, 2, 32)
+    pool.enable_prefix_cache("salt")
+    prompt = tuple(range(10, 20))  # 10 tokens: 2 full pages and a tail page of 2 rows
+    pool.release(pool.admit(12, prompt))
+    assert pool.cache.idle_pages == 3 and pool.free_pages == 4
+    slot = pool.admit(12, prompt)  # 3 pages: 2 shared, 1 fresh (the free one), the tail's rows copied
+    assert pool.cached_tokens[slot] == 9 and len(pool.copies) == 1
+    pool.release(slot)
+    slot = pool.admit(16, prompt)  # 4 pages: 2 shared, 2 fresh; only evicting the tail page makes room
+    assert pool.cached_tokens[slot] == 8 and len(pool.copies) == 1  # so it is evicted, and its rows recomputed
+    pool.release(slot)
