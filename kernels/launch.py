@@ -164,6 +164,13 @@ class Gpu:
             _check(_driver().cuMemcpyDtoH(out, arr.ptr, out.nbytes), "cuMemcpyDtoH")
         return out
 
+    def copy_device(self, dst: DeviceArray, src: DeviceArray, nbytes: int) -> None:
+        """``nbytes`` from ``src`` to ``dst``, device to device (ordered after the work already queued)."""
+        if nbytes > min(dst.nbytes, src.nbytes):
+            raise ValueError(f"copy of {nbytes} bytes between allocations of {src.nbytes} and {dst.nbytes} bytes")
+        if nbytes:
+            _check(_driver().cuMemcpyDtoD(dst.ptr, src.ptr, nbytes), "cuMemcpyDtoD")
+
     def free(self, arr: DeviceArray) -> None:
         if self._allocs.pop(arr.ptr, None) is not None:
             _check(_driver().cuMemFree(arr.ptr), "cuMemFree")

@@ -107,6 +107,9 @@ class DryRunGpu:
     def download(self, arr, shape, dtype) -> np.ndarray:
         return np.zeros(shape, dtype)
 
+    def copy_device(self, dst, src, nbytes: int) -> None:
+        pass
+
     def free(self, arr) -> None:
         pass
 

@@ -59,6 +59,12 @@ class EmulatedGpu(DryRunGpu):
         buf, off = self._locate(arr.ptr, raw.nbytes)
         buf[off:off + raw.nbytes] = raw
 
+    def copy_device(self, dst: DeviceArray, src: DeviceArray, nbytes: int) -> None:
+        assert nbytes <= min(dst.nbytes, src.nbytes), f"copy of {nbytes} bytes between {src.nbytes} and {dst.nbytes}"
+        sbuf, soff = self._locate(src.ptr, nbytes)
+        dbuf, doff = self._locate(dst.ptr, nbytes)
+        dbuf[doff:doff + nbytes] = sbuf[soff:soff + nbytes]
+
     def upload(self, host) -> DeviceArray:
         arr = self.alloc(np.asarray(host).nbytes)
         self.copy_in(arr, host)

@@ -205,6 +205,13 @@ static CUresult fk_cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) {
     if (r == CUDA_SUCCESS) memcpy(dst, (void*)src, n);
     return r;
 }
+static CUresult fk_cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    ENTER("cuMemcpyDtoD", 1);
+    CUresult r = copy_check("cuMemcpyDtoD", dst, n);
+    if (r == CUDA_SUCCESS) r = copy_check("cuMemcpyDtoD", src, n);
+    if (r == CUDA_SUCCESS) memmove((void*)dst, (void*)src, n);
+    return r;
+}
 static CUresult fk_cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
     ENTER("cuMemcpyDtoDAsync", 0);
     CUresult r = copy_check("cuMemcpyDtoDAsync", dst, n);
@@ -357,7 +364,7 @@ static const struct { const char* name; void* fn; } FK[] = {
     E(cuDeviceGetAttribute), E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease), E(cuCtxSetCurrent),
     E(cuCtxGetCurrent), E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuMemGetInfo), E(cuModuleLoadData),
     E(cuModuleUnload), E(cuModuleGetFunction), E(cuMemAlloc), E(cuMemFree), E(cuMemcpyHtoD), E(cuMemcpyDtoH),
-    E(cuMemcpyDtoDAsync), E(cuMemsetD8), E(cuStreamCreate), E(cuStreamDestroy), E(cuStreamQuery),
+    E(cuMemcpyDtoD), E(cuMemcpyDtoDAsync), E(cuMemsetD8), E(cuStreamCreate), E(cuStreamDestroy), E(cuStreamQuery),
     E(cuStreamSynchronize), E(cuEventCreate), E(cuEventDestroy), E(cuEventRecord), E(cuEventQuery),
     E(cuEventSynchronize), E(cuEventElapsedTime), E(cuLaunchKernel), E(cuGraphCreate), E(cuGraphDestroy),
     E(cuGraphAddKernelNode), E(cuGraphConditionalHandleCreate), E(cuGraphAddNode),

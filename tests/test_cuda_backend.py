@@ -168,7 +168,8 @@ def test_emulated_backend_gives_the_cpu_tokens(small, cpu_tokens, precision):
 
 
 def test_emulated_backend_shares_a_prefix_through_the_same_page_table(small, cpu_tokens):
-    """Pinned prefix pages (2 whole, 1 partial copied through device memory) on the CUDA pool: same tokens."""
+    """Pinned prefix pages (2 whole, 1 partial copied device to device) on the CUDA pool, then the same prompts
+    again (their full pages shared, their last pages' rows copied): the CPU's tokens."""
     from runtime.prefix_cache import prefill_prefix
     model, gpu = emulated_model(small, "fp8_e4m3")
     prompts, kv = small["prompts"], model.kv
@@ -178,6 +179,9 @@ def test_emulated_backend_shares_a_prefix_through_the_same_page_table(small, cpu
     results = generator(model, small).generate([Request(p) for p in prompts])
     assert [r.token_ids for r in results] == cpu_tokens["fp8_e4m3"]
     assert results[-1].cached_prompt_tokens == len(prefix)  # forward's check_rows: no row wrote a shared page
+    again = generator(model, small).generate([Request(p) for p in prompts])  # each last page's rows copied on device
+    assert [r.token_ids for r in again] == cpu_tokens["fp8_e4m3"]
+    assert [r.cached_prompt_tokens for r in again] == [len(p) - 1 for p in prompts]
     expected = np.zeros(kv.num_pages, np.int32)
     expected[kv.prefix_pages] = 1
     assert np.array_equal(kv.refs, expected) and kv.free_pages + kv.pinned_pages == kv.num_pages

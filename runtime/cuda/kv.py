@@ -44,14 +44,14 @@ class CudaKVPool(PageAllocator):
         return DeviceArray(self.storage.ptr + (2 * layer + 1) * self.layer_bytes, self.layer_bytes)
 
     def copy_rows(self, src_page: int, dst_page: int, rows: int) -> None:
-        """K/V rows 0..rows-1 of every layer, page to page (a shared prefix's partial last page):
-        through the host, 2 * layers small transfers per admission that shares a partial page."""
+        """K/V rows 0..rows-1 of every layer, page to page (the pinned prefix's partial last page, or a
+        repeated prompt's last page): 2 * layers device-to-device copies per admission that copies rows."""
         page_bytes = self.page_size * self.num_kv_heads * self.head_dim * KV_ITEM_BYTES
         n = rows * self.num_kv_heads * self.head_dim * KV_ITEM_BYTES  # rows lead the (page_size, heads, dim) page
         for block in range(2 * self.num_layers):
             base = self.storage.ptr + block * self.layer_bytes
-            data = self.gpu.download(DeviceArray(base + src_page * page_bytes, n), (n,), np.uint8)
-            self.gpu.copy_in(DeviceArray(base + dst_page * page_bytes, n), data)
+            src, dst = (DeviceArray(base + page * page_bytes, n) for page in (src_page, dst_page))
+            self.gpu.copy_device(dst, src, n)
 
     def sync(self) -> None:
         """Uploads the block table if admissions or releases changed it since the last upload."""
