@@ -228,7 +228,8 @@ class PageAllocator:
     def register_prompt(self, slot: int) -> None:
         """With the prefix cache on: the slot's full prompt pages (all written: its prompt is prefilled)
         become shareable now, by prompts admitted while this sequence still runs. Its later rows lie past
-        its prompt, never in these pages, which are read-only from here on."""
+        its prompt, never in these pages, which are read-only from here on. The page of its last prompt
+        token, if partial, is registered under the tail key: its prompt rows are final, and copied from."""
         hashes = self._hashes[slot]
         if self.cache is None or hashes is None:
             return
