@@ -45,7 +45,8 @@ class CudaKVPool(PageAllocator):
 
     def copy_rows(self, src_page: int, dst_page: int, rows: int) -> None:
         """K/V rows 0..rows-1 of every layer, page to page (the pinned prefix's partial last page, or a
-        repeated prompt's last page): 2 * layers device-to-device copies per admission that copies rows."""
+        repeated prompt's last page): 2 * layers device-to-device copies per admission that copies rows, on the
+        legacy default stream, so ordered after and before the model's (blocking) stream's work."""
         page_bytes = self.page_size * self.num_kv_heads * self.head_dim * KV_ITEM_BYTES
         n = rows * self.num_kv_heads * self.head_dim * KV_ITEM_BYTES  # rows lead the (page_size, heads, dim) page
         for block in range(2 * self.num_layers):
