@@ -174,11 +174,11 @@ class PageAllocator:
             hashes, shared, src, copy, tail = self._share_plan(prompt)
         held = [p for p in shared if self.refs[p] == 0]  # idle now, so not takeable as fresh pages
         fresh = need - len(shared)
-        if src >= 0 and self.refs[src] == 0 and src not in self.cache.pinned:  # an idle tail page to copy from:
-            if fresh <= self.free_pages - len(held) - 1:  # held too, unless only its eviction makes room
-                held.append(src)
-            else:
-                src, copy = -1, 0
+        idle_src = src >= 0 and self.refs[src] == 0  # an idle cached page to copy from (pinned ones hold a ref)
+        if idle_src and fresh > self.free_pages - len(held) - 1:  # only its eviction makes room: nothing copied
+            src, copy, idle_src = -1, 0, False
+        if idle_src:
+            held.append(src)
         idle_shared = len(held)
         if fresh > self.free_pages - idle_shared:
             raise RequestError("kv_pages", f"the request needs {fresh} KV pages, {self.free_pages - idle_shared} "
@@ -196,7 +196,7 @@ class PageAllocator:
             self.refs[page] += 1
         if copy:
             self.copy_rows(src, int(self.block_table[slot, len(shared)]), copy)
-            if self.refs[src] == 0 and src not in self.cache.pinned:  # an idle tail page: evictable again
+            if idle_src:  # evictable again
                 self.cache.idle_batch([src])
         self.reserved_tokens[slot] = need * self.page_size
         self.cached_tokens[slot] = len(shared) * self.page_size + copy
