@@ -182,12 +182,15 @@ class Engine:
                               f"fit the contract's KV pool or limits ({e.message}); rebuild the bundle",
                               prefix_tokens=len(self.prompt.prefix_ids), reason=e.code) from None
 
-    def check_canary(self) -> None:
+    def check_canary(self, generator=None) -> None:
         """Refusal("canary_failed") unless each canary request encodes to its recorded prompt ids
         (the tokenizer and template are the bundle's own) and answers with exactly the recorded
         ids, every recorded candidate's logit within the contract's tolerance (on a GPU the
-        decode graph must give the same ids too). NaN/Inf on the way is a refusal as well."""
+        decode graph must give the same ids too). NaN/Inf on the way is a refusal as well.
+        ``generator``: another one over this engine's model to check the same way (the server's
+        lanes, whose fused layer loop this also compiles before the port reports ready)."""
         canary = self.contract.canary
+        generator = self.generator if generator is None else generator
         for k, p in enumerate(canary.prompts):
             try:
                 ids = tuple(self.encode(p.request))
@@ -199,10 +202,10 @@ class Engine:
                               "the tokenizer or template was replaced: do not serve from it", prompt=k,
                               expected=list(p.prompt_token_ids), found=ids if isinstance(ids, str) else list(ids))
         try:
-            results = self.generator.generate([Request(tuple(p.prompt_token_ids), keep_logits=True)
-                                               for p in canary.prompts])
-            paths = [("generator", results)]
-            if self.loop is not None:
+            results = generator.generate([Request(tuple(p.prompt_token_ids), keep_logits=True)
+                                          for p in canary.prompts])
+            paths = [("generator" if generator is self.generator else type(generator).__name__.lower(), results)]
+            if self.loop is not None and generator is self.generator:
                 paths.append(("decode graph", [self.loop.generate(p.prompt_token_ids) for p in canary.prompts]))
         except EngineError as e:
             if e.code not in ("numerics_invalid", "request_invalid", "prompt_too_long", "kv_pages"):
@@ -220,7 +223,7 @@ class Engine:
                     bad = canary_mismatch(p, r.token_ids, [], [], 0.0) if r.token_ids != list(
                         p.expected_token_ids) else None
                 if bad is not None:
-                    where = f" ({path})" if self.loop is not None else ""
+                    where = f" ({path})" if self.loop is not None or path != "generator" else ""
                     raise Refusal("canary_failed", f"canary prompt {k}{where} differs from the record in its "
                                   f"{bad['what']}: {bad}; this machine or these weights compute another model: "
                                   "do not serve from it", prompt=k, path=path, **bad)

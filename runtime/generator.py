@@ -14,7 +14,9 @@ Forced tokens (the grammar allows one candidate: inside a tool name) need no log
 pick they are appended at once (a sampled sequence still takes each one's draw, as
 ``sample_row`` does), and the next step feeds them as one chunk of decode rows, its last row
 sampled: the same tokens in fewer steps, with fewer head rows. A request that keeps its
-logits (``keep_logits``: canary, parity and bit tests) takes every token in its own step.
+logits (``keep_logits``: canary, parity and bit tests) takes every token in its own step. A chunk's
+rows that an earlier identical request already computed are copied, not computed
+(runtime/answer_cache.py).
 """
 from __future__ import annotations
 
@@ -215,10 +217,11 @@ class Generator:
         for seq in answering:  # each has output tokens not yet fed: the last pick and the forced ones after it
             n = min(len(seq.output) - seq.fed, 1 + spare)
             spare -= n - 1
+            copied = self.kv.copy_answer_rows(seq.slot, seq.output, seq.fed, n)  # rows a repeat need not compute
             start = len(seq.prompt) + seq.fed
-            tokens.extend(seq.output[seq.fed:seq.fed + n])
-            slots.extend([seq.slot] * n)
-            positions.extend(range(start, start + n))
+            tokens.extend(seq.output[seq.fed + copied:seq.fed + n])
+            slots.extend([seq.slot] * (n - copied))
+            positions.extend(range(start + copied, start + n))
             seq.fed += n
             if seq.fed == len(seq.output):  # a chunk cut short by the budget picks nothing this step
                 samplers.append((seq, len(tokens) - 1))

@@ -23,7 +23,10 @@ registered under the prompt's tail key (``tail_hash``). A later prompt identical
 token, whose other pages are all shared, copies those rows (all but the last token's, which is
 always computed) into its own page instead of prefilling them: the same bits, since a row's K/V
 depend only on the tokens up to it. A tail page is not read-only; it stays cached, idle, after its
-sequence finishes, like a full page, and is evicted like one.
+sequence finishes, like a full page, and is evicted like one. When the sequence that owns it finishes,
+its answer rows stay too, as a transcript (runtime/answer_cache.py): a later identical prompt copies
+the rows of each answer chunk whose tokens match (``copy_answer_rows``) and computes only the rows
+that pick a token.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import numpy as np
 
 from common.errors import RequestError
 
+from .answer_cache import AnswerCache, Transcript, answer_page_key
 from .prefix_cache import PrefixCache, chain_hashes, tail_hash
 
 
@@ -61,6 +65,8 @@ class PageAllocator:
         self._hashes: list[list[bytes] | None] = [None] * max_seqs  # caching only: full prompt pages' keys
         self._tails: list[bytes | None] = [None] * max_seqs  # caching only: the prompt's partial last page's key
         self.cache: PrefixCache | None = None
+        self.answers: AnswerCache | None = None  # with the cache, on storage that copies rows
+        self._transcript: list[Transcript | None] = [None] * max_seqs  # the one a slot's prompt matched
         self.prefix_ids: tuple[int, ...] = ()  # the pinned prefix (enable_prefix_cache + pin_prefix)
         self.prefix_pages: list[int] = []  # its full pages, then the partial one (if any)
         self.version = 0  # bumped whenever block_table changes (device mirrors re-upload on change)
@@ -105,6 +111,8 @@ class PageAllocator:
         """Turns on sharing of pinned and cached prompt pages; ``salt`` (the bundle id) keys the hashes."""
         assert self.cache is None and self.free_slots == self.max_seqs, "enable before any admission"
         self.cache = PrefixCache(salt)
+        if self.copies_rows:
+            self.answers = AnswerCache(self.page_size)
 
     def pin_prefix(self, slot: int, prefix_ids: Sequence[int]) -> None:
         """Pins the pages of ``slot``, which holds the K/V of ``prefix_ids`` (all prefilled), as the shared
@@ -128,7 +136,7 @@ class PageAllocator:
         last = (n - 1) // ps  # the page of the last prompt token: never shared
         shared = self.cache.lookup(hashes[:last])
         tail = tail_hash(hashes[-1] if hashes else self.cache.root, prompt[len(hashes) * ps:]) if n % ps else None
-        if len(shared) == last and n - 1 > last * ps and self.copies_rows:  # rows before the last to copy
+        if len(shared) == last and self.copies_rows:  # the rows before the last (maybe none), its transcript
             src = self.cache.page_of.get(tail if tail is not None else hashes[last], -1)
             if src >= 0:
                 return hashes, shared, src, n - 1 - last * ps, tail
@@ -196,8 +204,11 @@ class PageAllocator:
             self.refs[page] += 1
         if copy:
             self.copy_rows(src, int(self.block_table[slot, len(shared)]), copy)
-            if idle_src:  # evictable again
-                self.cache.idle_batch([src])
+        if idle_src:  # evictable again
+            self.cache.idle_batch([src])
+        if src >= 0 and self.answers is not None:
+            t = self.answers.by_first.get(src)
+            self._transcript[slot] = t if t is not None and t.prompt_len == len(prompt) else None
         self.reserved_tokens[slot] = need * self.page_size
         self.cached_tokens[slot] = len(shared) * self.page_size + copy
         self.prompt_tokens[slot] = len(prompt) if prompt is not None else NO_PROMPT
@@ -214,6 +225,8 @@ class PageAllocator:
         page = self.cache.evict()  # admit checked there is one
         assert page is not None and self.refs[page] == 0
         self.read_only[page] = False
+        if self.answers is not None:
+            self.answers.evicted(page)
         return page
 
     @property
@@ -221,8 +234,9 @@ class PageAllocator:
         """Whether the storage can ``copy_rows`` (bookkeeping alone cannot: it copies from no tail page)."""
         return type(self).copy_rows is not PageAllocator.copy_rows
 
-    def copy_rows(self, src_page: int, dst_page: int, rows: int) -> None:
-        """Copies K/V rows 0..rows-1 of every layer from one page to another (the storage's job)."""
+    def copy_rows(self, src_page: int, dst_page: int, rows: int, first: int = 0) -> None:
+        """Copies K/V rows first..first+rows-1 of every layer from one page to the same rows of another
+        (the storage's job)."""
         raise NotImplementedError(f"{type(self).__name__} cannot copy pages; it cannot share a partial prefix page")
 
     def register_prompt(self, slot: int) -> None:
@@ -243,14 +257,45 @@ class PageAllocator:
             if not self.cache.contains(page):
                 self.cache.insert(page, tail, len(hashes))  # rows copied from, never shared: stays writable
 
-    def release(self, slot: int, cache: bool = True) -> None:
+    def copy_answer_rows(self, slot: int, output: list[int], fed: int, n: int) -> int:
+        """Before a step feeds the slot ``n`` answer rows from answer token ``fed``: copies the leading
+        ones its prompt's transcript holds for the same tokens (never the last, which picks) into the
+        slot's own pages and returns how many; those rows need no computing."""
+        t = self._transcript[slot]
+        rows = self.answers.rows_to_copy(t, output, fed, n) if t is not None and n > 1 else 0
+        if rows:
+            for index, src, first, count in self.answers.spans(t, int(self.prompt_tokens[slot]) + fed, rows):
+                self.copy_rows(src, int(self.block_table[slot, index]), count, first)
+            self.cache.idle_batch([p for p in t.pages if self.refs[p] == 0])  # recently used: evicted later
+            self.answers.copied_rows += rows
+        return rows
+
+    def _keep_answer(self, slot: int, answer: Sequence[int]) -> None:
+        """At release: the answer rows of the sequence that owns its prompt's cached last page stay
+        cached with that page, as its transcript (only the first owner's; the others' rows are freed)."""
+        n, ps, hashes = int(self.prompt_tokens[slot]), self.page_size, self._hashes[slot]
+        if self.answers is None or hashes is None or not answer:
+            return
+        last = (n - 1) // ps
+        key = self._tails[slot] if self._tails[slot] is not None else hashes[last]
+        first = int(self.block_table[slot, last])
+        if self.cache.page_of.get(key) != first or first in self.answers.by_first:
+            return
+        pages = self.block_table[slot, last: (n + len(answer) - 1) // ps + 1].tolist()
+        for i, page in enumerate(pages[1:], 1):
+            self.cache.insert(page, answer_page_key(key, i), last + i)
+        self.answers.keep(n, tuple(answer), last, pages)
+
+    def release(self, slot: int, cache: bool = True, answer: Sequence[int] = ()) -> None:
         """Frees a slot; with the prefix cache on and ``cache``, its full prompt pages (all written:
         the sequence finished) stay cached for later prompts instead of going back to the free list
-        (pages ``register_prompt`` registered stay cached either way)."""
+        (pages ``register_prompt`` registered stay cached either way), and so do the rows of ``answer``
+        (the answer tokens whose rows it wrote) if it owns its prompt's cached last page."""
         row = self.block_table[slot]
         pages = [int(p) for p in row[row >= 0]]
         if cache:
             self.register_prompt(slot)
+            self._keep_answer(slot, answer)
         idle = []
         for page in pages:
             self.refs[page] -= 1
@@ -269,7 +314,7 @@ class PageAllocator:
         self.reserved_tokens[slot] = 0
         self.cached_tokens[slot] = 0
         self.prompt_tokens[slot] = NO_PROMPT
-        self._hashes[slot] = self._tails[slot] = None
+        self._hashes[slot] = self._tails[slot] = self._transcript[slot] = None
         self._free_slots.append(slot)
         self._free_slots.sort(reverse=True)
         self.version += 1

@@ -115,9 +115,10 @@ class Scheduler:
 
     def retire(self, seq: Sequence, cache: bool = True) -> None:
         """Removes a running sequence and frees its slot and pages. ``cache``: its prompt's full pages
-        stay reusable by later prompts (only when the whole prompt was prefilled)."""
+        (and, from its prompt's first sequence, its answer's rows) stay reusable by later prompts (only
+        when the whole prompt was prefilled)."""
         self.running.remove(seq)
-        self.kv.release(seq.slot, cache=cache and seq.prefilled == len(seq.prompt))
+        self.kv.release(seq.slot, cache=cache and seq.prefilled == len(seq.prompt), answer=seq.output[:seq.fed])
 
     def abort(self, handle: int) -> bool:
         """Drops a waiting request or a running sequence (pages freed now); False if unknown."""

@@ -121,3 +121,32 @@ class _Model:
 ])
 def test_serve_picks_its_lanes_from_the_cpus(config, model, cpus, expected):
     assert serving_lanes(model, config, cpus) == expected
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["lanes as recorded", "lanes answering otherwise"])
+def test_serve_runs_the_canary_through_its_lanes_before_it_is_ready(tiny_bundle, monkeypatch, broken):
+    from runtime.serve.state import ServeState
+
+    seen = []
+    generate = Lanes.generate
+
+    def recording_generate(self, requests, queue=True):
+        results = generate(self, requests, queue)
+        seen.append(len(results))
+        if broken:  # a lane path that computes another model: the first answer's first token differs
+            results[0] = dataclasses.replace(results[0], token_ids=[results[0].token_ids[0] + 1])
+        return results
+
+    monkeypatch.setattr(Lanes, "generate", recording_generate)
+    engine = Engine.load(tiny_bundle, threads=1)
+    state = ServeState(lambda: engine, ServeConfig(lanes=2))
+    state.load()
+    try:
+        assert seen == [len(engine.contract.canary.prompts)]  # the canary, on the lanes, inside load
+        if broken:
+            assert state.phase == "failed" and state.failure.code == "canary_failed" and "lanes" in str(state.failure)
+            assert state.loop is None
+        else:
+            assert state.phase == "ready" and state.failure is None
+    finally:
+        state.close()

@@ -264,8 +264,8 @@ class _CopyingPool(PageAllocator):
         super().__init__(*args)
         self.copies = []
 
-    def copy_rows(self, src_page: int, dst_page: int, rows: int) -> None:
-        self.copies.append((src_page, dst_page, rows))
+    def copy_rows(self, src_page: int, dst_page: int, rows: int, first: int = 0) -> None:
+        self.copies.append((src_page, dst_page, rows) if first == 0 else (src_page, dst_page, rows, first))
 
 
 @pytest.mark.parametrize("tokens", [10, 12], ids=["partial last page", "full last page"])

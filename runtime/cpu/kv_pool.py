@@ -29,10 +29,11 @@ class PagedKVPool(PageAllocator):
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
-    def copy_rows(self, src_page: int, dst_page: int, rows: int) -> None:
-        """K/V rows 0..rows-1 of every layer, page to page (a shared prefix's partial last page)."""
+    def copy_rows(self, src_page: int, dst_page: int, rows: int, first: int = 0) -> None:
+        """K/V rows first..first+rows-1 of every layer, page to page (a shared prefix's partial last page, a
+        repeated prompt's last page, an answer's rows)."""
         for cache in (*self.k, *self.v):
-            cache[dst_page, :rows] = cache[src_page, :rows]
+            cache[dst_page, first:first + rows] = cache[src_page, first:first + rows]
 
     def write(self, layer: int, slots: np.ndarray, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Stores k, v (T, kv_heads, head_dim) float32 at each row's (slot, position)."""

@@ -43,14 +43,14 @@ class CudaKVPool(PageAllocator):
     def v(self, layer: int) -> DeviceArray:
         return DeviceArray(self.storage.ptr + (2 * layer + 1) * self.layer_bytes, self.layer_bytes)
 
-    def copy_rows(self, src_page: int, dst_page: int, rows: int) -> None:
-        """K/V rows 0..rows-1 of every layer, page to page (the pinned prefix's partial last page, or a
-        repeated prompt's last page): 2 * layers device-to-device copies per admission that copies rows, on the
+    def copy_rows(self, src_page: int, dst_page: int, rows: int, first: int = 0) -> None:
+        """K/V rows first..first+rows-1 of every layer, page to page (the pinned prefix's partial last page, a
+        repeated prompt's last page, an answer's rows): 2 * layers device-to-device copies per call, on the
         legacy default stream, so ordered after and before the model's (blocking) stream's work."""
-        page_bytes = self.page_size * self.num_kv_heads * self.head_dim * KV_ITEM_BYTES
-        n = rows * self.num_kv_heads * self.head_dim * KV_ITEM_BYTES  # rows lead the (page_size, heads, dim) page
+        row_bytes = self.num_kv_heads * self.head_dim * KV_ITEM_BYTES  # rows lead the (page_size, heads, dim) page
+        page_bytes, n = self.page_size * row_bytes, rows * row_bytes
         for block in range(2 * self.num_layers):
-            base = self.storage.ptr + block * self.layer_bytes
+            base = self.storage.ptr + block * self.layer_bytes + first * row_bytes
             src, dst = (DeviceArray(base + page * page_bytes, n) for page in (src_page, dst_page))
             self.gpu.copy_device(dst, src, n)
 

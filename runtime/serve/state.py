@@ -126,6 +126,13 @@ class ServeState:
             generator = Lanes.of(engine.generator, lanes)
             for lane in generator.lanes:
                 lane.model.threads = min(threads, lane.model.max_threads)  # numba's pool caps it
+            try:  # the lanes' own path (fused layer loop), compiled and proven before the port is ready
+                engine.check_canary(generator)
+            except EngineError as e:
+                generator.close()
+                engine.close()
+                self.failure, self.phase = e, "failed"
+                return
         elif self.config.adaptive_threads:
             self.kernel_threads = adaptive_kernel_threads(getattr(generator, "model", None), self.loop_thread)
 
