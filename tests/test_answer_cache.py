@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from runtime.generator import Request, Result
+from runtime.page_allocator import PageAllocator
 from test_prefix_cache import PAGE, TEXTS, _CopyingPool, make, parts  # noqa: F401  (module fixture)
 
 
@@ -94,3 +97,57 @@ def test_repeated_requests_compute_fewer_rows_and_keep_their_tokens_margins_and_
     for a, b in zip(snapshots[:len(texts)], snapshots[len(texts):], strict=True):
         for x, y in zip(a, b, strict=True):
             assert np.array_equal(x, y)
+
+
+class _ContentPool(PageAllocator):
+    """Bookkeeping whose rows hold what a model would write there: a digest of the tokens up to the row."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.rows = np.full((self.num_pages, self.page_size), -1, np.int64)
+
+    def copy_rows(self, src_page: int, dst_page: int, rows: int, first: int = 0) -> None:
+        self.rows[dst_page, first:first + rows] = self.rows[src_page, first:first + rows]
+
+    def compute(self, slot: int, tokens: list[int], start: int, stop: int) -> None:
+        positions = np.arange(start, stop)
+        self.check_rows(np.full(len(positions), slot), positions)
+        for p in positions.tolist():
+            self.rows[self.block_table[slot, p // self.page_size], p % self.page_size] = hash(tuple(tokens[:p + 1]))
+
+    def holds(self, slot: int, tokens: list[int]) -> bool:
+        return all(self.rows[self.block_table[slot, p // self.page_size], p % self.page_size]
+                   == hash(tuple(tokens[:p + 1])) for p in range(len(tokens)))
+
+
+ANSWERS = ([7, 8, 9, 10, 11, 12, 13], [7, 8, 9, 20, 21], [30, 31, 32, 33, 34, 35, 36, 37, 38])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.lists(st.integers(1, 4), min_size=6,
+                                                                          max_size=6)), min_size=1, max_size=12))
+def test_any_order_of_repeats_and_evictions_keeps_every_row_what_the_model_writes(requests):
+    pool = _ContentPool(9, 4, 2, 24)  # few pages: admissions evict transcripts and cached prompts
+    pool.enable_prefix_cache("salt")
+    prompts = [tuple(range(1, 1 + k)) for k in (5, 6, 8, 9)]  # partial and full last pages, shared pages
+    for which, answer_of, chunks in requests:
+        prompt, answer = prompts[which], ANSWERS[answer_of]
+        slot = pool.admit(len(prompt) + len(answer), prompt)
+        tokens = list(prompt)
+        pool.compute(slot, tokens, int(pool.cached_tokens[slot]), len(prompt))
+        pool.register_prompt(slot)
+        fed = 0
+        for n in chunks:  # the generator's chunks: rows fed, the last one picking
+            n = min(n, len(answer) - fed)
+            if n <= 0:
+                break
+            copied = pool.copy_answer_rows(slot, answer[:fed + n], fed, n)
+            assert copied <= n - 1
+            tokens = list(prompt) + answer[:fed + n]
+            pool.compute(slot, tokens, len(prompt) + fed + copied, len(prompt) + fed + n)
+            fed += n
+        assert pool.holds(slot, list(prompt) + answer[:fed])
+        pool.release(slot, answer=answer[:fed])
+        for t in pool.answers.by_first.values():  # a transcript's pages are cached and hold its rows
+            assert all(pool.cache.contains(p) for p in t.pages)
+    assert pool.refs.sum() == 0 and pool.free_pages == pool.num_pages
