@@ -28,7 +28,7 @@ from .phrasings_d import PHRASINGS_D
 from .phrasings_more import MORE_PHRASINGS
 from .pools import draw
 from .templates import PAIRED, SLOTS, TEMPLATES
-from .wording import TRAILERS, join, roughen
+from .wording import TRAILERS, join, roughen, vary_request
 
 SPLITS = ("train", "val", "test")
 LEXICON_ID = -1  # template id of a training-only lexicon clause
@@ -88,6 +88,11 @@ class Wording:
     # between clauses taken from wording.SENTENCE_JOINS (longer, sentence-like joins).
     related: float = 0.0
     sentences: float = 0.0
+    # v2j (off by default; at 0 nothing extra is drawn): ``vary`` share of requests given the robustness
+    # check's kind of change from training vocabulary only (wording.vary_request: digits re-drawn,
+    # mid-sentence capitalized words renamed from the pools, closing punctuation toggled, first letter's
+    # case flipped); the tools are unchanged.
+    vary: float = 0.0
 
 
 def entity_words() -> list[str]:
@@ -239,6 +244,16 @@ QUESTION_WORDS = ("what", "what's", "how", "is", "are", "when", "which", "who", 
 def _example(rng: np.random.Generator, by_tool: dict[str, list[tuple[int, str]]], noise: float,
              lexicon: dict[str, list[str]] | None, lexicon_share: float,
              counts: tuple[float, ...], v2: Wording | None = None, words: list[str] | None = None) -> Example:
+    example = _example_v(rng, by_tool, noise, lexicon, lexicon_share, counts, v2, words)
+    if v2 is not None and v2.vary and rng.random() < v2.vary:
+        request, clauses = vary_request(example.request, example.clauses, rng, example.clause_spans())
+        example = Example(request, example.tools, clauses, example.patterns, example.template_ids)
+    return example
+
+
+def _example_v(rng: np.random.Generator, by_tool: dict[str, list[tuple[int, str]]], noise: float,
+               lexicon: dict[str, list[str]] | None, lexicon_share: float,
+               counts: tuple[float, ...], v2: Wording | None = None, words: list[str] | None = None) -> Example:
     if v2 is not None and rng.random() < v2.no_tool:
         return Example(no_tool_request(rng, v2.statements), (), (), (), ())
     names = list(by_tool)

@@ -214,6 +214,9 @@ def main() -> None:
                     help="v2f: share of multi-intent requests whose tools are neighbours in the catalog")
     ap.add_argument("--sentences", type=float, default=0.0,
                     help="v2f: share of the joins between clauses that are sentence-like (wording.SENTENCE_JOINS)")
+    ap.add_argument("--vary", type=float, default=0.0,
+                    help="v2j: share of train requests with digits re-drawn, mid-sentence capitalized words renamed "
+                         "from the pools, closing punctuation toggled and the first letter's case flipped")
     ap.add_argument("--entity", type=float, default=0.0, help="v2b: share of name slots made of everyday/cue words")
     ap.add_argument("--trailers", type=float, default=0.0, help="v2b: share of clauses with a detail asking nothing more")
     ap.add_argument("--statements", type=float, default=0.0,
@@ -246,7 +249,8 @@ def main() -> None:
     wording = None if args.v1 else Wording(no_tool=args.no_tool, pooled=args.pooled, typos=args.typos,
                                            entity=args.entity, swap=args.swap, trailers=args.trailers, statements=args.statements,
                                            more=args.more, names=args.names, listed=args.listed, lists=args.lists,
-                                           extra=args.extra, related=args.related, sentences=args.sentences)
+                                           extra=args.extra, related=args.related, sentences=args.sentences,
+                                           vary=args.vary)
     train = make_split("train", args.seed, size=args.train_size, noise=args.noise, lexicon=args.lexicon,
                        counts=tuple(args.counts), paraphrases=args.paraphrases, wording=wording)
     if args.init_from:

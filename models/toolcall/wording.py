@@ -6,7 +6,11 @@ same seed gives the same requests. Validation and test requests never pass throu
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
+
+from .pools import _MONTHS, _WEEKDAYS, GENERATORS
 
 # Joins between the clauses of a multi-intent request: words, punctuation, symbols, new lines.
 JOINS = (" and ", " and then ", ", then ", " then ", ". Also ", " and also ", ", plus ", "; after that ",
@@ -141,3 +145,72 @@ def join(clauses: list[str], rng: np.random.Generator, question: bool, lists: fl
     else:
         text += "?" if question and rng.random() < 0.6 else pick(ENDINGS)
     return text
+
+
+# v2j: invariance augmentation (``Wording.vary``). The same kind of change as the robustness check
+# (models/toolcall/variation.py) but drawn from training vocabulary only: names come from the training
+# pools (pools.GENERATORS["person"]), never from the check's own name or keep lists.
+_PIECE = re.compile(r"('[^']*'|\"[^\"]*\"|\d+|[A-Za-z][\w'-]*|.)", re.S)
+_KEPT = {"I", "I'm", "I'll", "I'd", "I've", *(w.capitalize() for w in (*_WEEKDAYS, *_MONTHS))}
+
+
+def _pool_name(rng: np.random.Generator) -> str:
+    """A capitalized person name from the training pools (the generator's relations skipped)."""
+    for _ in range(8):
+        name = GENERATORS["person"](rng)
+        if name[:1].isupper():
+            return name
+    return "Sam"
+
+
+def vary_request(request: str, clauses: tuple[str, ...], rng: np.random.Generator,
+                 spans: list[tuple[int, int]]) -> tuple[str, tuple[str, ...]]:
+    """The request with every digit run re-drawn (as many digits, a leading digit nonzero unless it was 0),
+    every capitalized word that opens no sentence and no clause (and is not "I" or a weekday or month, nor all
+    capitals) replaced by a pool name (the same word the same name within the request), the closing punctuation
+    toggled (removed if there is one, else one of . ! ? added) and the first letter's case flipped; quoted
+    text is kept. Returns it with its clauses re-cut at the same places (``spans``: the old clause spans),
+    so the clause labels still line up; the tools are the caller's, unchanged. Where a re-cut clause would not
+    be found again (a clause of one character), the request and clauses are returned unchanged."""
+    if not request.strip():
+        return request, clauses
+    starts = {a for a, _ in spans}  # a clause's first word is its verb ("Call ..." after "hi, "), never a name
+    out, shifts, names, start_of_sentence = [], [], {}, True  # shifts: (old end, length change) per changed piece
+    for m in _PIECE.finditer(request):
+        tok = new = m.group(0)
+        if tok[0] in "'\"" and len(tok) > 1:
+            pass
+        elif tok.isdigit():
+            new = "".join(str(int(rng.integers(1 if i == 0 and tok[0] != "0" else 0, 10))) for i in range(len(tok)))
+        elif (tok[0].isupper() and not tok.isupper() and not start_of_sentence and tok not in _KEPT
+              and m.start() not in starts):
+            if tok not in names:
+                names[tok] = _pool_name(rng)
+            new = names[tok]
+        if len(new) != len(tok):
+            shifts.append((m.end(), len(new) - len(tok)))
+        out.append(new)
+        if tok.strip():
+            start_of_sentence = tok in ".!?\n"
+        elif "\n" in tok:
+            start_of_sentence = True
+    text = "".join(out)
+
+    def moved(pos: int) -> int:
+        return pos + sum(d for end, d in shifts if end <= pos)
+
+    stripped = text.rstrip()
+    if stripped and stripped[-1] in ".!?":
+        text = stripped.rstrip(".!?")
+    else:
+        text = stripped + (".", "!", "?")[int(rng.integers(3))]
+    if text:
+        text = (text[0].lower() if text[0].isupper() else text[0].upper()) + text[1:]
+    new_clauses = tuple(text[max(0, moved(a)):min(moved(b), len(text))] for a, b in spans)
+    pos = 0  # the re-cut clauses must be found again as Example.clause_spans finds them, else no change
+    for clause in new_clauses:
+        found = text.find(clause[1:], pos) - 1 if len(clause) > 1 else -2
+        if found < 0 or text[found:found + len(clause)] != clause:
+            return request, clauses
+        pos = found + len(clause)
+    return text, new_clauses
