@@ -6,11 +6,10 @@ same seed gives the same requests. Validation and test requests never pass throu
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from .pools import _MONTHS, _WEEKDAYS, GENERATORS
+from .variation import PIECES, flip_ending, redraw_digits
 
 # Joins between the clauses of a multi-intent request: words, punctuation, symbols, new lines.
 JOINS = (" and ", " and then ", ", then ", " then ", ". Also ", " and also ", ", plus ", "; after that ",
@@ -148,9 +147,8 @@ def join(clauses: list[str], rng: np.random.Generator, question: bool, lists: fl
 
 
 # v2j: invariance augmentation (``Wording.vary``). The same kind of change as the robustness check
-# (models/toolcall/variation.py) but drawn from training vocabulary only: names come from the training
-# pools (pools.GENERATORS["person"]), never from the check's own name or keep lists.
-_PIECE = re.compile(r"('[^']*'|\"[^\"]*\"|\d+|[A-Za-z][\w'-]*|.)", re.S)
+# (models/toolcall/variation.py, whose mechanics it shares) but drawn from training vocabulary only: names
+# come from the training pools (pools.GENERATORS["person"]), never from the check's own name or keep lists.
 _KEPT = {"I", "I'm", "I'll", "I'd", "I've", *(w.capitalize() for w in (*_WEEKDAYS, *_MONTHS))}
 
 
@@ -176,12 +174,12 @@ def vary_request(request: str, clauses: tuple[str, ...], rng: np.random.Generato
         return request, clauses
     starts = {a for a, _ in spans}  # a clause's first word is its verb ("Call ..." after "hi, "), never a name
     out, shifts, names, start_of_sentence = [], [], {}, True  # shifts: (old end, length change) per changed piece
-    for m in _PIECE.finditer(request):
+    for m in PIECES.finditer(request):
         tok = new = m.group(0)
         if tok[0] in "'\"" and len(tok) > 1:
             pass
         elif tok.isdigit():
-            new = "".join(str(int(rng.integers(1 if i == 0 and tok[0] != "0" else 0, 10))) for i in range(len(tok)))
+            new = redraw_digits(tok, rng)
         elif (tok[0].isupper() and not tok.isupper() and not start_of_sentence and tok not in _KEPT
               and m.start() not in starts):
             if tok not in names:
@@ -199,13 +197,7 @@ def vary_request(request: str, clauses: tuple[str, ...], rng: np.random.Generato
     def moved(pos: int) -> int:
         return pos + sum(d for end, d in shifts if end <= pos)
 
-    stripped = text.rstrip()
-    if stripped and stripped[-1] in ".!?":
-        text = stripped.rstrip(".!?")
-    else:
-        text = stripped + (".", "!", "?")[int(rng.integers(3))]
-    if text:
-        text = (text[0].lower() if text[0].isupper() else text[0].upper()) + text[1:]
+    text = flip_ending(text, rng)
     new_clauses = tuple(text[max(0, moved(a)):min(moved(b), len(text))] for a, b in spans)
     pos = 0  # the re-cut clauses must be found again as Example.clause_spans finds them, else no change
     for clause in new_clauses:
