@@ -46,14 +46,13 @@ class AnswerCache:
         self.page_of: dict[int, tuple[Transcript, int]] = {}
         self.copied_rows = 0  # answer rows copied instead of computed, in all
 
-    def keep(self, prompt_len: int, answer: tuple[int, ...], first_page: int, pages: list[int]) -> Transcript:
+    def keep(self, prompt_len: int, answer: tuple[int, ...], first_page: int, pages: list[int]) -> None:
         """Records the transcript of a finished sequence whose rows in ``pages`` are final."""
         assert pages[0] not in self.by_first and not any(p in self.page_of for p in pages)
         t = Transcript(prompt_len, answer, first_page, pages, len(answer))
         self.by_first[pages[0]] = t
         for i, page in enumerate(pages):
             self.page_of[page] = (t, i)
-        return t
 
     def evicted(self, page: int) -> None:
         """``page`` leaves the cache: its transcript ends before it (all of it, for its first page)."""
