@@ -150,3 +150,40 @@ def test_serve_runs_the_canary_through_its_lanes_before_it_is_ready(tiny_bundle,
             assert state.phase == "ready" and state.failure is None
     finally:
         state.close()
+
+
+def test_the_canary_compiles_the_one_signature_of_the_lanes_fused_loop(tiny_bundle, monkeypatch):
+    """numba compiles (or loads from its cache, ~0.1 s holding the GIL) once per argument type signature,
+    and types a one-row strided view C-contiguous, a view of more rows not. The fused loop takes only
+    C-contiguous buffers (runtime/cpu/fused_forward.py makes its views), so steps of one sequence or many,
+    with one picking row or several, call it with one signature: the one the canary compiled before `serve`
+    is ready. Serving then meets no new one (on the views it took before, it met one after the canary)."""
+    import numba
+    from runtime.cpu import fused_forward as ff
+
+    calls: list[tuple] = []
+    fused = ff.fused_layers_serial
+
+    def recording(*args):
+        calls.append(tuple(numba.typeof(a) for a in args))
+        return fused(*args)
+
+    monkeypatch.setattr(ff, "fused_layers_serial", recording)
+    engine, lanes = lanes_of(tiny_bundle, 2)
+    try:
+        engine.check_canary(lanes)
+        canary = set(calls)
+        calls.clear()
+        texts = TEXTS * 3  # several sequences a lane, joining while others answer, the last ones alone
+        handles = [lanes.submit(engine.request(t)) for t in texts[:4]]
+        for step in range(2000):
+            if len(handles) < len(texts):
+                handles.append(lanes.submit(engine.request(texts[len(handles)])))
+            lanes.step()
+            if not lanes.busy and len(handles) == len(texts):
+                break
+        assert calls and not lanes.busy
+        new = set(calls) - canary
+        assert not new, f"{len(new)} signature(s) of the fused loop first met after the canary"
+    finally:
+        lanes.close()

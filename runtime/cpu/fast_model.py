@@ -197,10 +197,10 @@ class FastCpuModel:
         layers = ff.fused_layers_serial if self.threads == 1 else ff.fused_layers
         return layers(self.fused, self._pools[1], self._pools[2],
                                kv.block_table, self.eps, self.scale, self.cfg.num_heads, cos, sin, *kv_rows,
-                               slots, positions, rows, v["hidden"], v["normed"], v["qkv"], v["q3"], v["attn_out"],
-                               v["gate_up"], v["gate"], v["attn_scores"], slots[rows], positions[rows], r["hidden"],
-                               r["normed"], r["qkv"], r["q3"], r["attn_out"], r["gate_up"], r["gate"],
-                               r["attn_scores"], self.final_norm, out)
+                               slots, positions, rows, v["hidden"], v["normed"], v["qkv"], v["attn_out"],
+                               v["gate_up"], v["attn_scores"], slots[rows], positions[rows], r["hidden"],
+                               r["normed"], r["qkv"], r["attn_out"], r["gate_up"], r["attn_scores"],
+                               self.final_norm, out)
 
     def _views(self, t: int) -> dict[str, np.ndarray]:
         """The workspace's first ``t`` rows, with q/k/v and gate/up as column views of their joined buffers."""

@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 from numba.typed import List
+from numpy.lib.stride_tricks import as_strided
 
 from . import attention_kernels as ak, fast_kernels as fk, panel_kernels as pk
 
@@ -80,17 +81,28 @@ def _linear_of(kernels):
 _linear, _linear_serial = _linear_of(pk), _linear_of(pk_serial)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _q_heads(qkv, heads, head_dim):
+    """(T, heads, head_dim) f32: the q columns of qkv (T, q_dim + 2 kv_dim), rows strided (a view)."""
+    return as_strided(qkv, shape=(qkv.shape[0], heads, head_dim), strides=(qkv.strides[0], 4 * head_dim, 4))
+
+
 @njit(nogil=True, cache=True)
 def fused_layers(layers, kpools, vpools, block_table, eps, scale, heads, cos, sin, pages, offsets,
-                 slots, positions, rows, x, h, qkv, q3, attn, gate_up, gate, scores,
-                 slots_r, positions_r, x_r, h_r, qkv_r, q3_r, attn_r, gate_up_r, gate_r, scores_r, final_norm, out):
+                 slots, positions, rows, x, h, qkv, attn, gate_up, scores,
+                 slots_r, positions_r, x_r, h_r, qkv_r, attn_r, gate_up_r, scores_r, final_norm, out):
     """Every layer of FastCpuModel.forward over T rows, then the final norm of the R rows ``rows`` into
-    ``out`` (R, hidden). x/h/qkv/attn/gate_up (T, .) f32 are the workspace's first T rows, q3 (T, heads,
-    head_dim) and gate (T, inter) views of qkv and gate_up, scores (T, heads, context); the ``_r`` arrays
-    are the same buffers' first R rows: the last layer stores every row's K/V, then compacts the rows
-    ``rows`` (ascending) to the top and runs attention, o_proj and the MLP on them alone. R == T with
-    rows = 0..T-1 is the full pass. kpools/vpools: a tuple per layer of (pages, page_size, kv_heads,
-    head_dim) u16 (bf16 bits) or f32; layers and the pools are typed lists (``as_list``)."""
+    ``out`` (R, hidden). x/h/qkv/attn/gate_up (T, .) f32 are the workspace's first T rows (C-contiguous),
+    scores (T, heads, context); the ``_r`` arrays are the same buffers' first R rows: the last layer stores
+    every row's K/V, then compacts the rows ``rows`` (ascending) to the top and runs attention, o_proj and
+    the MLP on them alone. R == T with rows = 0..T-1 is the full pass. kpools/vpools: a tuple per layer of
+    (pages, page_size, kv_heads, head_dim) u16 (bf16 bits) or f32; layers and the pools are typed lists
+    (``as_list``). Every argument is C-contiguous whatever T and R are (the q and gate views are made
+    here), so the loop compiles once: numba types a one-row strided view C-contiguous, a view of more rows
+    not, and compiles (~0.1 s, holding the GIL) at the first call of each signature."""
+    head_dim = kpools[0].shape[3]
+    q3, gate = _q_heads(qkv, heads, head_dim), gate_up[:, :gate_up.shape[1] // 2]
+    q3_r, gate_r = _q_heads(qkv_r, heads, head_dim), gate_up_r[:, :gate_up_r.shape[1] // 2]
     last = len(layers) - 1
     layer = 0
     for w in layers:

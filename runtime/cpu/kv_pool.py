@@ -22,18 +22,20 @@ class PagedKVPool(PageAllocator):
         super().__init__(num_pages, page_size, max_seqs, max_tokens_per_seq)
         self.dtype = KV_DTYPES[kv_dtype]
         shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
-        self.k = [np.zeros(shape, self.dtype) for _ in range(cfg.num_layers)]
-        self.v = [np.zeros(shape, self.dtype) for _ in range(cfg.num_layers)]
+        # (2, layers, *shape): K then V of every layer in one array, so copy_rows is one numpy copy;
+        # k[layer] and v[layer] are its C-contiguous views. Copied as raw bits (uint16 for bf16).
+        self._kv = np.zeros((2, cfg.num_layers, *shape), self.dtype)
+        self._bits = self._kv.view(np.uint16) if self.dtype.itemsize == 2 else self._kv
+        self.k, self.v = list(self._kv[0]), list(self._kv[1])
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        return self._kv.nbytes
 
     def copy_rows(self, src_page: int, dst_page: int, rows: int, first: int = 0) -> None:
         """K/V rows first..first+rows-1 of every layer, page to page (a shared prefix's partial last page, a
         repeated prompt's last page, an answer's rows)."""
-        for cache in (*self.k, *self.v):
-            cache[dst_page, first:first + rows] = cache[src_page, first:first + rows]
+        self._bits[:, :, dst_page, first:first + rows] = self._bits[:, :, src_page, first:first + rows]
 
     def write(self, layer: int, slots: np.ndarray, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Stores k, v (T, kv_heads, head_dim) float32 at each row's (slot, position)."""
