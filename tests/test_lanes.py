@@ -34,23 +34,28 @@ def lanes_of(bundle, n: int) -> tuple[Engine, Lanes]:
     return engine, Lanes.of(engine.generator, n)
 
 
+def run_joining(lanes: Lanes, reqs: list, first: int) -> tuple[dict[int, int], dict[int, object]]:
+    """Submits the first ``first`` requests, then the rest one a step, mid-flight, and steps until all are
+    answered (at most 2000 steps); (handle -> request index, handle -> result)."""
+    handles = {lanes.submit(r): i for i, r in enumerate(reqs[:first])}
+    results = {}
+    for _ in range(2000):
+        if len(handles) < len(reqs):
+            handles[lanes.submit(reqs[len(handles)])] = len(handles)
+        for handle, res in lanes.step():
+            results[handle] = res
+        if not lanes.busy and len(handles) == len(reqs):
+            break
+    return handles, results
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_lanes_give_every_request_its_one_generator_answer(tiny_bundle, one_lane, n):
     engine, lanes = lanes_of(tiny_bundle, n)
     try:
         texts = TEXTS * 3  # more requests than slots: admissions interleave with steps
         reqs = [dataclasses.replace(engine.request(t), keep_logits=True) for t in texts]
-        handles = {}
-        for r, i in zip(reqs[:5], range(5)):
-            handles[lanes.submit(r)] = i
-        results = {}
-        for step in range(2000):  # the rest join mid-flight, one a step
-            if len(handles) < len(reqs):
-                handles[lanes.submit(reqs[len(handles)])] = len(handles)
-            for handle, res in lanes.step():
-                results[handle] = res
-            if not lanes.busy and len(handles) == len(reqs):
-                break
+        handles, results = run_joining(lanes, reqs, first=5)
         assert sorted(results) == sorted(handles)
         for handle, i in handles.items():
             got, want = results[handle], one_lane[i % len(TEXTS)]
@@ -174,14 +179,8 @@ def test_the_canary_compiles_the_one_signature_of_the_lanes_fused_loop(tiny_bund
         engine.check_canary(lanes)
         canary = set(calls)
         calls.clear()
-        texts = TEXTS * 3  # several sequences a lane, joining while others answer, the last ones alone
-        handles = [lanes.submit(engine.request(t)) for t in texts[:4]]
-        for step in range(2000):
-            if len(handles) < len(texts):
-                handles.append(lanes.submit(engine.request(texts[len(handles)])))
-            lanes.step()
-            if not lanes.busy and len(handles) == len(texts):
-                break
+        # several sequences a lane, joining while others answer, the last ones alone
+        run_joining(lanes, [engine.request(t) for t in TEXTS * 3], first=4)
         assert calls and not lanes.busy
         new = set(calls) - canary
         assert not new, f"{len(new)} signature(s) of the fused loop first met after the canary"
