@@ -117,7 +117,7 @@ class Stages:
         res = read_result(h["result"]) or {}
         if error is None and rc != 0:
             error = f"exit code {rc}" + (" (stopped: the device is stuck)" if "stuck" in res else "")
-        if error is None and not res.get("complete"):
+        if error is None and not res.get("complete") and h["key"] != "pytest":  # pytest writes no result file
             error = "exit code 0 without a complete result"
         if error is not None:
             res["error"], res["partial"] = error, bool(res)

@@ -11,7 +11,9 @@ e2e (untimed), in this order so that a fault or a WHILE loop that never ends cos
 bench (timed; gpu_check.py starts it only after the CPU reference has finished):
   Timings (CUDA events on the model's stream unless named "wall"):
   ttft_<L>_ms      prefill graph (chunks + first sample) of an L-token prompt, median of 5
-  step_graph_ms    one decode step replayed as a graph (body kernels, no loop), 200 replays
+  step_graph_ms    one decode step replayed as a graph (body kernels, no loop), 200 replays;
+                   step_graph_programmatic_ms: the same with programmatic edges (programmatic_built
+                   False and programmatic_error say why the driver refused them)
   in_loop_ms       (whole-answer graph - prefill graph) / (tokens - 1) for the canary prompt
   host_loop_ms     wall: the same body launched from the host + sync + condition read, per token
   answer_graph/host_wall_ms  whole canary answer, median of 5, each mode
@@ -229,11 +231,17 @@ def step_times(m, loop, canary) -> dict:
     b.destroy(prefill)
     res["prefill_canary_ms"] = statistics.median(times[1:])
     try:
-        step = b.instantiate(loop.body(0))
-        launch = lambda k: [check(drv.cuGraphLaunch(step, m.stream), "cuGraphLaunch") for _ in range(k)]
-        launch(5)
-        res["step_graph_ms"] = _events_ms(m, b.events, lambda: launch(200)) / 200
-        b.destroy(step)
+        # the decode step as a graph with the builder's edges, then with programmatic ones
+        default = b.programmatic
+        for key, edges in (("step_graph_ms", default), ("step_graph_programmatic_ms", True)):
+            b.programmatic = edges
+            step = b.instantiate(loop.body(0))
+            launch = lambda k: [check(drv.cuGraphLaunch(step, m.stream), "cuGraphLaunch") for _ in range(k)]
+            launch(5)
+            res[key] = _events_ms(m, b.events, lambda: launch(200)) / 200
+            b.destroy(step)
+        res["programmatic_built"], res["programmatic_error"] = b.programmatic, b.programmatic_error
+        b.programmatic = default
         body = m.program(("body",), lambda: loop.body(0))
         t = time.perf_counter()
         for _ in range(50):

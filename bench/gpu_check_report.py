@@ -183,6 +183,12 @@ def table(report: dict) -> str:
                      f"{_f(float(np.median(gen)) if gen else None, '9.3f')} {_f(b.get('ttft_512_ms'), '8.2f')} "
                      f"{_f(b.get('ttft_2048_ms'), '8.2f')} {_f(b.get('weight_gbs'), '11.0f')} "
                      f"{_f(b.get('copy_gbs'), '9.0f')} {_f(share, '6.1f')}")
+    for name, row in s["bundles"].items():
+        b = row.get("bench") or {}
+        if "step_graph_programmatic_ms" in b:
+            lines.append(f"{name}: decode step {_f(b.get('step_graph_ms'), '.4f')} ms, "
+                         f"{_f(b['step_graph_programmatic_ms'], '.4f')} ms with programmatic edges"
+                         + (f" (refused: {b['programmatic_error']})" if b.get("programmatic_error") else ""))
     for key, t in s["targets"].items():
         verdict = "NOT JUDGED" if not t["judged"] else "PASS" if t["pass"] else "FAIL"
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in t.items() if k not in ("pass", "judged")}

@@ -16,6 +16,7 @@ __device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_rows(const float* logits, int stride, int n, int T, int* out_idx, float* out_val) {
+    pdl_enter();
     __shared__ float sv[ARGMAX_THREADS / 32];
     __shared__ int si[ARGMAX_THREADS / 32];
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -16,8 +16,9 @@ attention_prefill_partial(const float* q, int q_stride, const int* seq, const in
                           const __nv_bfloat16* v_cache, int n_heads, int n_kv_heads, int head_dim,
                           float sm_scale, int max_splits, float* part_o, float* part_ml,
                           int n_tiles) {
+    pdl_enter();
     if ((int)blockIdx.x >= n_tiles) return;
-    attn_tile<false, true>(tile_start[blockIdx.x], tile_len[blockIdx.x], q, q_stride, seq, pos, block_table,
+    attn_tile<false, true, ATTN_QCHUNK>(tile_start[blockIdx.x], tile_len[blockIdx.x], q, q_stride, seq, pos, block_table,
               max_pages_per_seq, page_size, k_cache, v_cache, n_heads, n_kv_heads, head_dim,
-              sm_scale, max_splits, part_o, part_ml, nullptr, nullptr, 0.f);
+              sm_scale, max_splits, part_o, part_ml, nullptr, nullptr, 0.f, nullptr, 0);
 }

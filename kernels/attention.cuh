@@ -4,7 +4,13 @@
 //
 // One block = (tile of query rows of one sequence, kv head, split of ATTN_SPLIT positions).
 // Query vectors of the tile = its rows x the G = n_heads / n_kv_heads q heads sharing the kv
-// head, processed ATTN_QCHUNK at a time so every K/V vector loaded feeds all of them.
+// head, processed QC (template: ATTN_QCHUNK for prefill tiles, the decode kernel's G rounded up
+// to 2, 4 or 8) at a time so every K/V vector loaded feeds all of them. The loops over a chunk's
+// query vectors are unrolled, so QC sets the code a block runs: the decode kernel at G = 2 ran
+// ~30 us for 101 keys on an H200 with QC = 8 (7,904 SASS instructions, mostly straight-line).
+// Each query vector's arithmetic is the same for any QC (same bits).
+// direct_out (decode, a row of one split): the output itself, attention_merge's formula with
+// weight 1 (same bits), instead of part_o / part_ml.
 //   score[q, j] = (q . k_j) * sm_scale, masked to -inf for j > pos(q's row)
 //   m = max_j score, p_j = exp(score_j - m), l = sum_j p_j, o[d] = sum_j p_j v_j[d]
 //   part_ml[row, h, split] = (m, l);  part_o[row, h, split, :] = o  (unnormalized)
@@ -43,18 +49,20 @@ __device__ __forceinline__ uint4 kv_load(const __nv_bfloat16* cache, const int* 
     return NC ? __ldg(src) : __ldcg(src);  // cg: from L2, where this launch's stores went
 }
 
-template <bool ROPE_Q, bool NC>
+template <bool ROPE_Q, bool NC, int QC>
 __device__ __forceinline__ void attn_tile(
     int first, int n_rows, const float* __restrict__ q, int q_stride, const int* __restrict__ seq,
     const int* __restrict__ pos, const int* __restrict__ block_table, int max_pages_per_seq,
     int page_size, const __nv_bfloat16* __restrict__ k_cache,
     const __nv_bfloat16* __restrict__ v_cache, int n_heads, int n_kv_heads, int head_dim,
     float sm_scale, int max_splits, float* __restrict__ part_o, float* __restrict__ part_ml,
-    const __nv_bfloat16* __restrict__ q_norm_w, const float* __restrict__ inv_freq, float eps) {
-    __shared__ __align__(16) float qs[ATTN_QCHUNK][ATTN_MAX_HEAD_DIM];
-    __shared__ float S[ATTN_QCHUNK][ATTN_SPLIT];
-    __shared__ __align__(16) float red[ATTN_WARPS][ATTN_QCHUNK][ATTN_MAX_HEAD_DIM];
-    __shared__ int qpos[ATTN_QCHUNK];
+    const __nv_bfloat16* __restrict__ q_norm_w, const float* __restrict__ inv_freq, float eps,
+    float* __restrict__ direct_out, int out_stride) {
+    __shared__ __align__(16) float qs[QC][ATTN_MAX_HEAD_DIM];
+    __shared__ float S[QC][ATTN_SPLIT];
+    __shared__ __align__(16) float red[ATTN_WARPS][QC][ATTN_MAX_HEAD_DIM];
+    __shared__ int qpos[QC];
+    __shared__ float lsum[QC];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y, split = blockIdx.z;
@@ -69,8 +77,8 @@ __device__ __forceinline__ void attn_tile(
     const int* bt_row = block_table + (size_t)seq[first] * max_pages_per_seq;
     const int nq = n_rows * G;
 
-    for (int qc0 = 0; qc0 < nq; qc0 += ATTN_QCHUNK) {
-        const int nqc = min(ATTN_QCHUNK, nq - qc0);
+    for (int qc0 = 0; qc0 < nq; qc0 += QC) {
+        const int nqc = min(QC, nq - qc0);
         __syncthreads();  // the previous chunk is done with qs, S, red
         for (int idx = tid; idx < nqc * head_dim; idx += ATTN_THREADS) {
             const int qi = idx / head_dim, d = idx - qi * head_dim, gq = qc0 + qi;
@@ -100,7 +108,7 @@ __device__ __forceinline__ void attn_tile(
                 float kf[8];
                 bf16x8_to_float(kr[u], kf);
 #pragma unroll
-                for (int qi = 0; qi < ATTN_QCHUNK; ++qi) {
+                for (int qi = 0; qi < QC; ++qi) {
                     if (qi >= nqc) break;
                     const float4 qa = *reinterpret_cast<const float4*>(&qs[qi][c * 8]);
                     const float4 qb = *reinterpret_cast<const float4*>(&qs[qi][c * 8 + 4]);
@@ -135,14 +143,15 @@ __device__ __forceinline__ void attn_tile(
                 const int gq = qc0 + qi, row = first + gq / G, h = kvh * G + gq % G;
                 float* ml = part_ml + (((size_t)row * n_heads + h) * max_splits + split) * 2;
                 ml[0] = m; ml[1] = l;
+                lsum[qi] = l;
             }
         }
         __syncthreads();
 
         // Phase 3: o = sum_j p_j v_j; per thread 8 dims x its key group, then a fixed tree.
-        float acc[ATTN_QCHUNK][8];
+        float acc[QC][8];
 #pragma unroll
-        for (int qi = 0; qi < ATTN_QCHUNK; ++qi)
+        for (int qi = 0; qi < QC; ++qi)
 #pragma unroll
             for (int d = 0; d < 8; ++d) acc[qi][d] = 0.f;
         for (int j0 = 0; j0 < ATTN_SPLIT; j0 += KG * ATTN_UNROLL) {
@@ -160,7 +169,7 @@ __device__ __forceinline__ void attn_tile(
                 float vf[8];
                 bf16x8_to_float(vr[u], vf);
 #pragma unroll
-                for (int qi = 0; qi < ATTN_QCHUNK; ++qi) {
+                for (int qi = 0; qi < QC; ++qi) {
                     if (qi >= nqc) break;
                     const float pr = S[qi][j];
 #pragma unroll
@@ -169,7 +178,7 @@ __device__ __forceinline__ void attn_tile(
             }
         }
 #pragma unroll
-        for (int qi = 0; qi < ATTN_QCHUNK; ++qi) {
+        for (int qi = 0; qi < QC; ++qi) {
             if (qi >= nqc) break;
 #pragma unroll
             for (int d = 0; d < 8; ++d)
@@ -189,7 +198,11 @@ __device__ __forceinline__ void attn_tile(
             float o = red[0][qi][d];
 #pragma unroll
             for (int w = 1; w < ATTN_WARPS; ++w) o += red[w][qi][d];
-            part_o[(((size_t)row * n_heads + h) * max_splits + split) * head_dim + d] = o;
+            if (direct_out != nullptr)  // the row's only split: attention_merge's formula with w = 1, same bits
+                direct_out[(size_t)row * out_stride + (size_t)h * head_dim + d] =
+                    __fdiv_rn(fmaf(1.f, o, 0.f), fmaf(1.f, lsum[qi], 0.f));
+            else
+                part_o[(((size_t)row * n_heads + h) * max_splits + split) * head_dim + d] = o;
         }
     }
 }

@@ -9,7 +9,8 @@
 //      pos, after a __syncthreads (__ldcg loads, not __ldg: the cache changes in this launch);
 //   2. stages q[t, heads of kvh], norms and rotates them in shared memory, attends over its
 //      split, writes part_o / part_ml (attention.cuh);
-//   3. n == 1: the block merges alone. n > 1: __threadfence, then an atomic count per (t, kvh)
+//   3. n == 1: the block writes out directly (w = 1 in the formula below: the same bits, without
+//      the round trip through part_o). n > 1: __threadfence, then an atomic count per (t, kvh)
 //      in counters; the block that counts last (every other split's partials are then
 //      visible) resets the count to 0 for the next launch and merges, reading with __ldcg:
 //        M = max_s m_s, w_s = exp(m_s - M), L = sum_s w_s l_s, out[d] = (sum_s w_s o_s[d]) / L
@@ -35,6 +36,7 @@ attention_decode(const float* q, int q_stride, float* k, int k_stride, const flo
                  const __nv_bfloat16* k_norm_w, const float* inv_freq, float eps, int n_heads,
                  int n_kv_heads, int head_dim, float sm_scale, int max_splits, float* part_o,
                  float* part_ml, int* counters, float* out, int out_stride, int T) {
+    pdl_enter();
     __shared__ int is_last;
     const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     if (t >= T) return;
@@ -60,24 +62,32 @@ attention_decode(const float* q, int q_stride, float* k, int k_stride, const flo
         }
         __syncthreads();  // the cache row is visible to the block's loads in step 2
     }
-    // 2. q norm + rope in shared memory, attention over this split
-    attn_tile<true, false>(t, 1, q, q_stride, seq, pos, block_table, max_pages_per_seq, page_size,
-                           k_cache, v_cache, n_heads, n_kv_heads, head_dim, sm_scale, max_splits,
-                           part_o, part_ml, q_norm_w, inv_freq, eps);
+    // 2. q norm + rope in shared memory, attention over this split; a row of one split writes
+    // its output there (the merge's formula with weight 1, same bits) and is done. G <= 2 (most
+    // GQA models) runs a 2-vector chunk: a quarter of the unrolled code of the 8-vector one.
+    float* direct = n == 1 ? out : nullptr;
+    if (G <= 2)
+        attn_tile<true, false, 2>(t, 1, q, q_stride, seq, pos, block_table, max_pages_per_seq, page_size,
+                                  k_cache, v_cache, n_heads, n_kv_heads, head_dim, sm_scale, max_splits,
+                                  part_o, part_ml, q_norm_w, inv_freq, eps, direct, out_stride);
+    else
+        attn_tile<true, false, ATTN_QCHUNK>(t, 1, q, q_stride, seq, pos, block_table, max_pages_per_seq,
+                                            page_size, k_cache, v_cache, n_heads, n_kv_heads, head_dim, sm_scale,
+                                            max_splits, part_o, part_ml, q_norm_w, inv_freq, eps, direct,
+                                            out_stride);
+    if (n == 1) return;
     // 3. merge, by the last block of (t, kvh) to finish
     __threadfence();  // every thread's partials visible device-wide before the block counts
     __syncthreads();  // ... and to this block's threads
-    if (n > 1) {
-        if (tid == 0) {
-            int* c = counters + (size_t)t * n_kv_heads + kvh;
-            const int done = atomicAdd(c, 1);
-            is_last = done == n - 1;
-            if (is_last) *c = 0;  // every split has counted: reset for the next launch
-        }
-        __syncthreads();
-        if (!is_last) return;
-        __threadfence();  // the other splits' partials are read after their counts were seen
+    if (tid == 0) {
+        int* c = counters + (size_t)t * n_kv_heads + kvh;
+        const int done = atomicAdd(c, 1);
+        is_last = done == n - 1;
+        if (is_last) *c = 0;  // every split has counted: reset for the next launch
     }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();  // the other splits' partials are read after their counts were seen
     for (int i = tid; i < G * head_dim; i += ATTN_THREADS) {
         const int h = kvh * G + i / head_dim, d = i - (i / head_dim) * head_dim;
         const size_t base = ((size_t)t * n_heads + h) * max_splits;

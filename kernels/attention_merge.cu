@@ -16,6 +16,7 @@
 extern "C" __global__ void __launch_bounds__(MERGE_THREADS)
 attention_merge(const float* part_o, const float* part_ml, const int* seq, const int* pos,
                 int n_heads, int head_dim, int max_splits, float* out, int out_stride, int T) {
+    pdl_enter();
     const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
     if (t >= T || d >= head_dim) return;
     float* dst = out + (size_t)t * out_stride + (size_t)h * head_dim + d;

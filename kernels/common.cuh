@@ -107,6 +107,29 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
+// ---- programmatic dependent launch (graph edges of type PROGRAMMATIC, sm_90+) ----
+// pdl_trigger: the next kernel of the graph may start launching (its blocks then run their own
+// preamble beside this kernel); pdl_wait: returns once every kernel this one depends on has
+// completed and its writes are visible. Both are no-ops for a launch without a programmatic edge
+// (plain stream launches, the host-stepped loop). Rule for every kernel: nothing before pdl_wait
+// reads what an earlier kernel writes or writes what an earlier kernel reads; matvec_tile loads
+// only its (immutable) weights there.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// The preamble of a kernel with nothing to do before its inputs are ready.
+__device__ __forceinline__ void pdl_enter() {
+    pdl_trigger();
+    pdl_wait();
+}
+
 // ---- attention geometry shared by attention.cu and attention_merge.cu ----
 // Key positions per split: split s of a sequence covers positions [s*ATTN_SPLIT, (s+1)*ATTN_SPLIT).
 #define ATTN_SPLIT 256

@@ -12,6 +12,7 @@
 extern "C" __global__ void __launch_bounds__(EMB_THREADS)
 embed_gather(const int* tokens, const __nv_bfloat16* table, int vocab, int hidden, float* x,
              int T) {
+    pdl_enter();
     const int t = blockIdx.x;
     if (t >= T) return;
     const int tok = tokens[t];

@@ -42,6 +42,7 @@ grammar_advance(const float* cand_logits, const int* cand, const u8* valid, cons
                 int n_nodes, int max_edges, int max_out, int B, u64* state, int* status,
                 int* out_tokens, int* out_len, int* token_out, int* pos_out, int* sync_ws,
                 int* cond_out, cudaGraphConditionalHandle cond_handle) {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int b = blockIdx.x * GRAM_ADV_ROWS_PER_BLOCK + (threadIdx.x >> 5);
     bool running = false;

@@ -22,6 +22,7 @@ grammar_candidates(const int* sample_seq, const u64* state, const int* status,
                    const u32* node_edge_start, const int* edge_token, const u8* edge_kind,
                    const u64* edge_bits, int n_words, int n_nodes, int n_tools, int max_tools,
                    int allow_empty, int max_edges, int B, int* cand, u8* valid) {
+    pdl_enter();
     const int b = blockIdx.y, e = blockIdx.x * GRAM_THREADS + threadIdx.x;
     if (b >= B || e >= max_edges) return;
     const size_t i = (size_t)b * max_edges + e;

@@ -18,13 +18,25 @@ def add_node(drv, graph, deps: list, params):
 
 
 def add_kernel_node(drv, graph, deps: list, function, grid: tuple[int, int, int], block: tuple[int, int, int],
-                    params_ptr: int, name: str):
+                    params_ptr: int, name: str, programmatic: bool = False):
     """A kernel node of ``function`` after ``deps``; ``params_ptr`` is the address of the packed
-    argument pointers (kernels.launch.Kernel.pack), which must stay alive until the node is added."""
+    argument pointers (kernels.launch.Kernel.pack), which must stay alive until the node is added.
+
+    ``programmatic`` with exactly one dependency (a kernel node): the edge is a programmatic one
+    (programmatic dependent launch, sm_90+): this kernel may start once every block of the one
+    before has called pdl_trigger, and its pdl_wait returns when that kernel has completed
+    (kernels/common.cuh). Every kernel in kernels/ follows that protocol."""
     p = drv.CUDA_KERNEL_NODE_PARAMS()
     p.func, (p.gridDimX, p.gridDimY, p.gridDimZ), (p.blockDimX, p.blockDimY, p.blockDimZ) = function, grid, block
     p.sharedMemBytes, p.kernelParams, p.extra = 0, params_ptr, 0
-    return check(drv.cuGraphAddKernelNode(graph, deps or None, len(deps), p), f"cuGraphAddKernelNode({name})")
+    if not programmatic or len(deps) != 1:
+        return check(drv.cuGraphAddKernelNode(graph, deps or None, len(deps), p), f"cuGraphAddKernelNode({name})")
+    node = check(drv.cuGraphAddKernelNode(graph, None, 0, p), f"cuGraphAddKernelNode({name})")
+    edge = drv.CUgraphEdgeData()
+    edge.from_port = int(drv.CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC)
+    edge.type = int(drv.CUgraphDependencyType.CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC)
+    check(drv.cuGraphAddDependencies(graph, [deps[0]], [node], [edge], 1), f"cuGraphAddDependencies({name}, programmatic)")
+    return node
 
 
 def add_while_node(drv, graph, context, deps: list) -> tuple[int, object]:

@@ -21,6 +21,7 @@
 extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
 head_sparse(const float* xn, int x_stride, const int* cand, const u8* valid,
             const __nv_bfloat16* table, int hidden, int vocab, int n_cand, int B, float* out) {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int b = blockIdx.y, e = blockIdx.x * HEAD_CANDS_PER_BLOCK + (threadIdx.x >> 5);
     if (b >= B || e >= n_cand) return;
@@ -50,6 +51,7 @@ head_sparse(const float* xn, int x_stride, const int* cand, const u8* valid,
 extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
 head_gather(const float* logits, const int* cand, const u8* valid, int vocab, int n_cand, int B,
             float* out) {
+    pdl_enter();
     const int b = blockIdx.y, e = blockIdx.x * HEAD_THREADS + threadIdx.x;
     if (b >= B || e >= n_cand) return;
     const size_t i = (size_t)b * n_cand + e;

@@ -18,6 +18,9 @@
 // weights are loaded into registers before the current chunk is computed (loads in flight
 // across the chunk's arithmetic and barriers).
 //
+// Graphs with programmatic edges (common.cuh): the first chunk's weight loads are issued before
+// pdl_wait, so they overlap the previous kernel's tail.
+//
 // Determinism: for each (o, t) the products are summed in the same order (lane's vectors in
 // order, elements in order, fmaf), then one warp_sum; T and the tile a row lands in never
 // change its bits. Requires in % ELEMS == 0, x_stride % 4 == 0, 16-byte aligned bases.
@@ -152,6 +155,8 @@ __device__ __forceinline__ void matvec_tile(
     uint4 wn[R][VPL];
     u32 an[R][VPL];
     mv_load_chunk<F, R, VPL>(w, wscale, rb, in, out, obase, nvec, 0, lane, wn, an);
+    pdl_trigger();  // after the loads: before them, ptxas spills 4 bytes in nvfp4_matvec_swiglu
+    pdl_wait();     // the weights' first chunk is in flight; x, x2 and y come from earlier kernels
     if (PRO == PRO_RMSNORM && warp < nt) {  // one warp per activation row (TM == MV_WARPS)
         const float r = row_rms(x + (size_t)(t0 + warp) * x_stride, in, eps, lane);
         if (lane == 0) rms_s[warp] = r;

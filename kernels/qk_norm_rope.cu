@@ -26,6 +26,7 @@ qk_norm_rope_kv(float* q, int q_stride, float* k, int k_stride, const float* v, 
                 int page_size, const __nv_bfloat16* q_norm_w, const __nv_bfloat16* k_norm_w,
                 const float* inv_freq, float eps, int T, int n_heads, int n_kv_heads,
                 int head_dim, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache) {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.y, hh = blockIdx.x * ROPE_HEADS_PER_BLOCK + (threadIdx.x >> 5);
     if (t >= T || hh >= n_heads + n_kv_heads) return;

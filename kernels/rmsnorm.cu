@@ -15,6 +15,7 @@
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 rmsnorm(const float* x, int x_stride, const int* rows, const __nv_bfloat16* w, float eps,
         float* y, int y_stride, int B, int n) {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     const int b = blockIdx.x * NORM_ROWS_PER_BLOCK + (threadIdx.x >> 5);
     if (b >= B) return;

@@ -12,6 +12,7 @@
 
 extern "C" __global__ void __launch_bounds__(SWIGLU_THREADS)
 swiglu(const float* gate, const float* up, int in_stride, float* y, int y_stride, int T, int n) {
+    pdl_enter();
     const int t = blockIdx.y;
     const int i = blockIdx.x * SWIGLU_THREADS + threadIdx.x;  // float4 index
     if (t >= T || i >= n / 4) return;

@@ -302,6 +302,22 @@ static CUresult fk_cuGraphAddKernelNode(CUgraphNode* n, CUgraph g, const CUgraph
     *n = (CUgraphNode)(size_t)(++fg->nodes);
     return CUDA_SUCCESS;
 }
+static CUresult fk_cuGraphAddDependencies(CUgraph g, const CUgraphNode* from, const CUgraphNode* to,
+                                         const CUgraphEdgeData* edges, size_t n) {
+    ENTER("cuGraphAddDependencies", 0);
+    for (size_t i = 0; i < n; ++i) {
+        if (!from || !to || !from[i] || !to[i]) return CUDA_ERROR_INVALID_VALUE;
+        const int programmatic = edges && edges[i].type == CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC &&
+                                 edges[i].from_port == CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+        if (edges && edges[i].type && !programmatic) {
+            logf_("cuGraphAddDependencies: unexpected edge data");
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        logf_("cuGraphAddDependencies %zu -> %zu%s", (size_t)from[i], (size_t)to[i],
+              programmatic ? " programmatic" : "");
+    }
+    return CUDA_SUCCESS;
+}
 static CUresult fk_cuGraphConditionalHandleCreate(CUgraphConditionalHandle* h, CUgraph g, CUcontext c,
                                                   unsigned int dflt, unsigned int flags) {
     ENTER("cuGraphConditionalHandleCreate", 0);
@@ -367,7 +383,7 @@ static const struct { const char* name; void* fn; } FK[] = {
     E(cuMemcpyDtoD), E(cuMemcpyDtoDAsync), E(cuMemsetD8), E(cuStreamCreate), E(cuStreamDestroy), E(cuStreamQuery),
     E(cuStreamSynchronize), E(cuEventCreate), E(cuEventDestroy), E(cuEventRecord), E(cuEventQuery),
     E(cuEventSynchronize), E(cuEventElapsedTime), E(cuLaunchKernel), E(cuGraphCreate), E(cuGraphDestroy),
-    E(cuGraphAddKernelNode), E(cuGraphConditionalHandleCreate), E(cuGraphAddNode),
+    E(cuGraphAddKernelNode), E(cuGraphAddDependencies), E(cuGraphConditionalHandleCreate), E(cuGraphAddNode),
     E(cuGraphInstantiateWithFlags), E(cuGraphUpload), E(cuGraphLaunch), E(cuGraphExecDestroy),
     E(cuGetErrorName), E(cuGetErrorString),
 #undef E

@@ -50,6 +50,14 @@ def test_the_stand_in_drives_the_real_bindings(libdir, tmp_path):
             "a = g.upload(x); assert (g.download(a, x.shape, x.dtype) == x).all()\n"
             "r.run('swiglu', dict(T=2, n=8), x, x, 8, Out(np.zeros_like(x)), 8, 2, 8)\n"
             "run_while_graph(r, lambda h: [('swiglu', dict(T=2, n=8), (a, a, 8, a, 8, 2, 8))])\n"
+            "from cuda.bindings import driver as drv\n"
+            "from kernels.graph_nodes import add_kernel_node\n"
+            "from kernels.launch import check\n"
+            "k = r.kernel('swiglu'); pk, hold = k.pack((a, a, 8, a, 8, 2, 8))\n"
+            "gr = check(drv.cuGraphCreate(0), 'cuGraphCreate')\n"
+            "n1 = add_kernel_node(drv, gr, [], k.function, (1, 2, 1), (256, 1, 1), pk.ctypes.data, 'swiglu', True)\n"
+            "add_kernel_node(drv, gr, [n1], k.function, (1, 2, 1), (256, 1, 1), pk.ctypes.data, 'swiglu', True)\n"
+            "check(drv.cuGraphInstantiate(gr, 0), 'cuGraphInstantiate')\n"
             "g.close(); print('closed')\n")
     env = fake_cuda.env(libdir, log=tmp_path / "calls.log")
     r = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -57,7 +65,8 @@ def test_the_stand_in_drives_the_real_bindings(libdir, tmp_path):
     assert r.stdout.split() == ["NVIDIA", "H200", "sm_90", "closed"]
     log = (tmp_path / "calls.log").read_text()
     for line in ("cuLaunchKernel swiglu 1x2x1 256", "cuGraphConditionalHandleCreate default 1 flags 1",
-                 "cuGraphAddNode WHILE deps 0", "cuGraphAddKernelNode swiglu 1x2x1 deps 0", "cuGraphLaunch (WHILE)"):
+                 "cuGraphAddNode WHILE deps 0", "cuGraphAddKernelNode swiglu 1x2x1 deps 0", "cuGraphLaunch (WHILE)",
+                 "cuGraphAddDependencies 1 -> 2 programmatic"):
         assert line in log, line
 
 

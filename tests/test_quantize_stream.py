@@ -214,3 +214,53 @@ def test_load_dequantized_refuses_inconsistent_tensors(tmp_path, tensors, culpri
     with SafetensorsFile(tmp_path / "w.safetensors") as f, pytest.raises(Refusal) as err:
         load_dequantized(f, ["m.weight"])
     assert err.value.code == "bundle_invalid" and err.value.details["tensor"] == culprit
+
+
+
+class _File:
+    """A raw file whose write() is ``write(file, view)``: stands in for what a file system does."""
+
+    def __init__(self, path, write):
+        self.raw, self._write = open(path, "wb", buffering=0), write
+
+    def write(self, data):
+        return self._write(self.raw, memoryview(data).cast("B"))
+
+    def close(self):
+        self.raw.close()
+
+
+def _writes_through(monkeypatch, write):
+    import builtins
+
+    import runtime.tensor_file as tf
+    monkeypatch.setattr(tf, "open", lambda path, mode="r", **kw: _File(path, write) if mode == "wb"
+                        else builtins.open(path, mode, **kw), raising=False)
+
+
+def test_writer_continues_short_writes_and_reads_its_file_back(tmp_path, monkeypatch):
+    tensors = {"a": np.arange(1000, dtype=np.float32), "s": np.float32(3.5).reshape(()),
+               "q": (np.arange(77, dtype=np.uint8) % 120).view(ml_dtypes.float8_e4m3fn)}
+    write_tensors(tmp_path / "whole.safetensors", tensors, {"k": "v"})
+    _writes_through(monkeypatch, lambda f, view: f.write(view[:1000]))  # at most 1000 bytes a call
+    write_tensors(tmp_path / "short.safetensors", tensors, {"k": "v"})
+    assert (tmp_path / "short.safetensors").read_bytes() == (tmp_path / "whole.safetensors").read_bytes()
+    with SafetensorsFile(tmp_path / "short.safetensors") as f:
+        assert f.get("s") == np.float32(3.5) and np.array_equal(f.get("a"), tensors["a"])
+
+
+def test_writer_refuses_a_file_that_reads_back_differently(tmp_path, monkeypatch):
+    """Zeros where the header's padding was written (an H200 machine's failure) raise, naming the byte."""
+    calls = []
+
+    def write(f, view):  # the header (first call) loses its last 4 bytes; the file position still advances
+        calls.append(len(view))
+        if len(calls) == 1:
+            f.write(view[:-4])
+            f.seek(4, 1)
+            return len(view)
+        return f.write(view)
+    _writes_through(monkeypatch, write)
+    with pytest.raises(OSError, match="reads back differently") as e:
+        write_tensors(tmp_path / "bad.safetensors", {"a": np.arange(10, dtype=np.float32)}, {"k": "v"})
+    assert e.value.errno == 5 and "first differing header byte at" in str(e.value)

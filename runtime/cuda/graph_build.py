@@ -33,12 +33,17 @@ def dependencies(launches) -> tuple[list[list[int]], list[int]]:
 class GraphBuilder:
     """Instantiates launch lists of one CudaModel as graphs on its stream; owns two timing events."""
 
-    def __init__(self, model):
+    def __init__(self, model, programmatic: bool = False):
         from cuda.bindings import driver as drv
         self.m, self.drv = model, drv
         self.events = [check(drv.cuEventCreate(0), "cuEventCreate") for _ in range(2)]
+        # Programmatic edges between consecutive kernels (sm_90+: the next kernel's launch and
+        # weight loads overlap the previous one's tail). Off by default: on an H200 (2026-12-04)
+        # they saved nothing in fp8 and cost 6 % in nvfp4 (bench/RESULTS.md, "GPU first contact").
+        self.programmatic = bool(programmatic) and tuple(getattr(model.gpu, "compute_capability", (0, 0))) >= (9, 0)
+        self.programmatic_error: str | None = None  # why a graph fell back to full edges
 
-    def _add_kernels(self, graph, launches) -> list:
+    def _add_kernels(self, graph, launches, programmatic: bool) -> list:
         """Kernel nodes of ``launches`` in ``graph``; returns the last stage's nodes."""
         from .backend import Program
         drv, program = self.drv, Program(self.m, launches)
@@ -46,19 +51,28 @@ class GraphBuilder:
         nodes = []
         for (kernel, grid, block, params, _holders), dep in zip(program.items, deps):
             nodes.append(add_kernel_node(drv, graph, [nodes[j] for j in dep], kernel.function, grid, block,
-                                         params.ctypes.data, kernel.signature.name))
+                                         params.ctypes.data, kernel.signature.name, programmatic))
         return [nodes[j] for j in last]
 
     def instantiate(self, launches, body=None):
         """An executable graph: ``launches``, then (``body`` given) a WHILE node whose body is
-        ``body(handle)``'s launches; the condition defaults to 1 at every launch."""
+        ``body(handle)``'s launches; the condition defaults to 1 at every launch. If the driver
+        refuses programmatic edges, the graph is built again with full edges (and stays so)."""
+        if self.programmatic:
+            try:
+                return self._instantiate(launches, body, True)
+            except (CudaError, TypeError) as e:  # TypeError: bindings whose cuGraphAddDependencies takes no edge data
+                self.programmatic, self.programmatic_error = False, f"{type(e).__name__}: {e}"
+        return self._instantiate(launches, body, False)
+
+    def _instantiate(self, launches, body, programmatic: bool):
         drv = self.drv
         graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
         try:
-            last = self._add_kernels(graph, launches)
+            last = self._add_kernels(graph, launches, programmatic)
             if body is not None:
                 handle, body_graph = add_while_node(drv, graph, self.m.gpu.context, last)
-                self._add_kernels(body_graph, body(handle))
+                self._add_kernels(body_graph, body(handle), programmatic)
             exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         finally:
             check(drv.cuGraphDestroy(graph), "cuGraphDestroy")

@@ -1,0 +1,196 @@
+"""Per-kernel device time of one decode step's kernels at a model's shapes (default Qwen3-0.6B, T = 1).
+
+Each kernel runs as a chain of --nodes graph nodes (one after the other, as in the decode graph),
+each node reading its own copy of the weights out of a random pool larger than the L2 (--pool-mb),
+so no node finds its weights in cache, as no layer does in a real step. The graph is launched
+--reps times between two events; the median over launches / nodes is the kernel's time, gaps
+between nodes included. A chain of embed_gather (one 2 KiB row) gives the per-node floor.
+Weights and activations are random (never zeros); results are not checked here (the kernel
+parity tests and bench/gpu_check.py do that).
+
+    python3 bench/gpu_kernel_times.py [--json OUT.json]
+
+Each chain is timed with full edges and with programmatic ones (kernels/common.cuh), and a chain of
+--layers decode layers (qkv, attention_decode, o_proj, gate_up, down; each layer its own weights)
+gives a layer's time both ways. The table prints last: kernel, launch shape, us per node (full
+edges, programmatic), weight MB per node, GB/s of weights at full edges.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kernels.geometry import attention_max_splits, launch_shape  # noqa: E402
+from kernels.graph_nodes import add_kernel_node  # noqa: E402
+from kernels.launch import DeviceArray, Gpu, check  # noqa: E402
+from kernels.runner import KernelRunner  # noqa: E402
+
+Q06 = dict(hidden=1024, inter=3072, heads=16, kv_heads=8, head_dim=128, vocab=151936)
+EPS = np.float32(1e-6)
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """uint16 bf16 bit patterns of ``x`` (truncated)."""
+    return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+class Pool:
+    """One random device buffer handed out in aligned slices, cycling (weights of node i differ from node i+1's)."""
+
+    def __init__(self, gpu, nbytes: int, rng):
+        self.base = gpu.upload(rng.integers(0, 255, nbytes, dtype=np.uint8) & 0x77)  # e4m3 codes <= 0x77: finite
+        self.nbytes, self.next = nbytes, 0
+
+    def take(self, nbytes: int) -> DeviceArray:
+        nbytes = -(-nbytes // 256) * 256
+        if self.next + nbytes > self.nbytes:
+            self.next = 0
+        arr = DeviceArray(self.base.ptr + self.next, nbytes)
+        self.next += nbytes
+        return arr
+
+
+def matvec_args(fmt: str, kind: str, pool: Pool, floats, n_in: int, n_out: int):
+    """(args of one <fmt>_matvec<kind> node, its weight bytes); x/y/scales from ``floats``."""
+    x, x2, y, norm_w, scale, gscale = floats
+    if fmt == "fp8":
+        w_bytes, weight = n_out * n_in, lambda w: (w, scale)
+    else:  # nvfp4: codes [out, in/2], e4m3 block scales [out, in/16] (pool bytes <= 0x77: finite), fp32 global
+        w_bytes = n_out * n_in // 2 + n_out * n_in // 16
+        weight = lambda w: (w, DeviceArray(w.ptr + n_out * n_in // 2, n_out * n_in // 16), gscale)  # noqa: E731
+    w = pool.take(w_bytes)
+    head = {"": (x, n_in), "_rmsnorm": (x, n_in, norm_w, EPS), "_swiglu": (x, x2, n_in)}[kind]
+    return (*head, *weight(w), None, y, 1, n_in, n_out, int(kind != "_rmsnorm")), w_bytes
+
+
+def time_chain(runner, nodes: list, reps: int, programmatic: bool) -> float:
+    """Median device microseconds per node of a graph chaining ``nodes`` ((fn, sizes, args) each),
+    with programmatic edges (kernels/common.cuh) or full ones."""
+    from cuda.bindings import driver as drv
+    graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
+    keep, prev = [], []
+    for fn, sizes, args in nodes:
+        kernel = runner.kernel(fn)
+        grid, block = launch_shape(fn, **sizes)
+        params, holders = kernel.pack(tuple(args))
+        keep.append((params, holders))
+        prev = [add_kernel_node(drv, graph, prev, kernel.function, grid, block, params.ctypes.data, fn, programmatic)]
+    exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    stream = check(drv.cuStreamCreate(0), "cuStreamCreate")
+    ev = [check(drv.cuEventCreate(0), "cuEventCreate") for _ in range(2)]
+    times = []
+    for i in range(reps + 3):  # 3 warm-up launches
+        check(drv.cuEventRecord(ev[0], stream), "cuEventRecord")
+        check(drv.cuGraphLaunch(exe, stream), "cuGraphLaunch")
+        check(drv.cuEventRecord(ev[1], stream), "cuEventRecord")
+        check(drv.cuEventSynchronize(ev[1]), "cuEventSynchronize")
+        if i >= 3:
+            times.append(float(check(drv.cuEventElapsedTime(ev[0], ev[1]), "cuEventElapsedTime")))
+    for e in ev:
+        check(drv.cuEventDestroy(e), "cuEventDestroy")
+    check(drv.cuStreamDestroy(stream), "cuStreamDestroy")
+    check(drv.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
+    check(drv.cuGraphDestroy(graph), "cuGraphDestroy")
+    return 1000.0 * statistics.median(times) / len(nodes)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=56, help="graph nodes per chain (2 per layer of a 28-layer step)")
+    ap.add_argument("--reps", type=int, default=20, help="timed graph launches per kernel")
+    ap.add_argument("--pool-mb", type=int, default=512, help="random weight pool (several times the 60 MB L2)")
+    ap.add_argument("--positions", default="100,511", help="attention_decode: the row's positions (comma-separated); "
+                                                            "the layer chains use the last")
+    ap.add_argument("--only", help="comma-separated parts of the names to time (e.g. attention,layer); default all")
+    ap.add_argument("--formats", default="fp8,nvfp4")
+    ap.add_argument("--layers", type=int, default=28, help="layers of the layer chain (at most --nodes)")
+    ap.add_argument("--json", help="also write the rows here")
+    args = ap.parse_args()
+    s, rng = Q06, np.random.default_rng(0)
+    gpu = Gpu()
+    runner = KernelRunner(gpu)
+    pool = Pool(gpu, args.pool_mb << 20, rng)
+    width = max(2 * s["inter"], (s["heads"] + 2 * s["kv_heads"]) * s["head_dim"])
+    f32 = lambda n: gpu.upload(rng.standard_normal(n).astype(np.float32))  # noqa: E731
+    x, x2, y = f32(width), f32(width), f32(width)
+    norm_w = gpu.upload(np.full(s["hidden"], 0x3f80, np.uint16))  # bf16 1.0
+    scale = gpu.upload(np.abs(rng.standard_normal(width)).astype(np.float32) * 0.01)
+    gscale = gpu.upload(np.abs(rng.standard_normal(width)).astype(np.float32) * 0.01)
+    floats = (x, x2, y, norm_w, scale, gscale)
+    rows = []
+
+    want = lambda name: not args.only or any(part in name for part in args.only.split(","))  # noqa: E731
+
+    def record(name: str, fn: str, sizes: dict, nodes: list, w_bytes: int) -> None:
+        """One kernel's chain (``nodes``: its argument tuples), timed with full and programmatic edges."""
+        if not want(name):
+            return
+        chain = [(fn, sizes, a) for a in nodes]
+        us, us_pdl = (time_chain(runner, chain, args.reps, prog) for prog in (False, True))
+        grid, block = launch_shape(fn, **sizes)
+        rows.append(dict(name=name, kernel=fn, grid=list(grid), block=block[0], us=us, us_pdl=us_pdl,
+                         weight_mb=w_bytes / 1e6, gbs=w_bytes / us / 1e3))
+        print(f"{name:24} {us:8.2f} us, {us_pdl:8.2f} us with programmatic edges", flush=True)
+
+    emb = gpu.upload(bf16_bits(rng.standard_normal(64 * s["hidden"])))
+    tok = gpu.upload(np.array([3], np.int32))
+    record("embed_gather (floor)", "embed_gather", dict(T=1),
+           [(tok, emb, 64, s["hidden"], y, 1)] * args.nodes, 0)
+    h, i, q_dim = s["hidden"], s["inter"], s["heads"] * s["head_dim"]
+    qkv_out = q_dim + 2 * s["kv_heads"] * s["head_dim"]
+    layer_mv = {}  # fmt -> [(fn, sizes, args) per node] of each projection, for the layer chains below
+    for fmt in args.formats.split(","):
+        for name, kind, n_in, n_out in (("qkv", "_rmsnorm", h, qkv_out), ("o_proj", "", q_dim, h),
+                                        ("gate_up", "_rmsnorm", h, 2 * i), ("down", "_swiglu", i, h)):
+            nodes = [matvec_args(fmt, kind, pool, floats, n_in, n_out) for _ in range(args.nodes)]
+            record(f"{fmt} {name} {n_in}->{n_out}", f"{fmt}_matvec{kind}", dict(T=1, out=n_out),
+                   [a for a, _ in nodes], nodes[0][1])
+            layer_mv.setdefault(fmt, []).append([(f"{fmt}_matvec{kind}", dict(T=1, out=n_out), a) for a, _ in nodes])
+    # attention_decode: one row at --position, its pages in the cache; q|k|v raw in x
+    nh, nkv, hd, ps = s["heads"], s["kv_heads"], s["head_dim"], 32
+    S = attention_max_splits(2048)
+    n_pages = 2048 // ps
+    bt = gpu.upload(rng.permutation(n_pages).astype(np.int32)[None, :])
+    kc, vc = (gpu.upload(bf16_bits(rng.standard_normal(n_pages * ps * nkv * hd))) for _ in range(2))
+    qkv = f32(qkv_out)
+    k_dev, v_dev = DeviceArray(qkv.ptr + q_dim * 4, 0), DeviceArray(qkv.ptr + (q_dim + nkv * hd) * 4, 0)
+    seq = gpu.upload(np.array([0], np.int32))
+    inv_freq = gpu.upload((1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32))
+    qw = kw = gpu.upload(np.full(hd, 0x3f80, np.uint16))
+    part_o, part_ml = gpu.alloc(nh * S * hd * 4), gpu.alloc(nh * S * 2 * 4)
+    counters, out = gpu.zeros(nkv * 4), gpu.alloc(q_dim * 4)
+    att_sizes = dict(T=1, n_kv_heads=nkv, max_splits=S)
+    for position in map(int, args.positions.split(",")):
+        pos = gpu.upload(np.array([position], np.int32))
+        att = (qkv, qkv_out, k_dev, qkv_out, v_dev, qkv_out, seq, pos, bt, n_pages, ps, kc, vc, qw, kw, inv_freq,
+               EPS, nh, nkv, hd, np.float32(hd ** -0.5), S, part_o, part_ml, counters, out, q_dim, 1)
+        record(f"attention_decode pos {position}", "attention_decode", att_sizes, [att] * args.nodes, 0)
+    # a decode step's layers: qkv, attention, o_proj, gate_up, down, each layer its own weights
+    for fmt, (qkv_n, o_n, gu_n, down_n) in layer_mv.items() if want("layer") else ():
+        chain = [n for L in range(args.layers)
+                 for n in (qkv_n[L], ("attention_decode", att_sizes, att), o_n[L], gu_n[L], down_n[L])]
+        us, us_pdl = (5 * time_chain(runner, chain, args.reps, prog) for prog in (False, True))
+        rows.append(dict(name=f"{fmt} layer ({args.layers} layers)", kernel="layer", grid=[0], block=0, us=us,
+                         us_pdl=us_pdl, weight_mb=0.0, gbs=0.0))
+        print(f"{fmt} layer: {us:8.2f} us, {us_pdl:8.2f} us with programmatic edges", flush=True)
+    gpu.synchronize()
+    gpu.close()
+    print(f"\n== per-kernel device time, {gpu.name}, chains of {args.nodes} nodes, median of {args.reps}")
+    print(f"{'kernel':30} {'grid':>14} {'us/node':>8} {'us pdl':>8} {'MB':>7} {'GB/s':>7}")
+    for r in rows:
+        print(f"{r['name']:30} {'x'.join(map(str, r['grid'])):>14} {r['us']:8.2f} {r['us_pdl']:8.2f} "
+              f"{r['weight_mb']:7.2f} {r['gbs']:7.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(device=gpu.name, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
