@@ -19,7 +19,8 @@ naming the missing wheels, if not). Stages run in their own processes, each with
 under one global budget (--budget-s, default 450 s); each writes its result file after every
 job, so a stage that times out, crashes or exits non-zero still reports every record gathered
 (marked "partial"). Order:
-  kernels (GPU, graph-free cases and host-stepped loops) beside build-small and build-q06 (CPU);
+  kernels (GPU, graph-free cases and host-stepped loops) beside build-small, build-tool and
+  build-q06 (CPU);
   kernels-while (the WHILE-graph jobs alone, a short stage that exits hard after its timeout);
   cpuref (CPU reference tokens) beside the untimed e2e stages (graph-free paths first, then
   Engine.load with its canary and the decode graph); then, with the CPU quiet, the timed bench
@@ -185,7 +186,7 @@ def main() -> None:
         stages[key] = st.wait(h)
         write_report(report, work, built, st.start)
 
-    groups = {ck: [n for n in args.bundles if n.startswith(ck)] for ck in ("small", "q06")}
+    groups = {ck: [n for n in args.bundles if n.startswith(ck)] for ck in ("small", "tool", "q06")}
     h_kernels = st.launch("kernels", "kernels") if want("kernels") else None
     h_build = {ck: st.launch(f"build-{ck}", "build", names=names)
                for ck, names in groups.items() if names and want("build")}

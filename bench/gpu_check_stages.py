@@ -3,8 +3,8 @@ cannot take the others down) and returns a JSON-ready dict.
 
 Every stage takes a gpu_check_record.Recorder and puts each job's result as soon as it has it.
 
-build          synthetic checkpoints (a kernel-compatible "small" model and qwen3-0.6b) and
-               h200 bundles in fp8 and nvfp4
+build          synthetic checkpoints (a kernel-compatible "small" model and qwen3-0.6b), the
+               shipped tool model, and h200 bundles of each in fp8 and nvfp4
 kernels        every case of tests/test_kernels_gpu.py and the host-stepped grammar loops of
                tests/test_kernels_gpu_loop.py against kernels/reference.py (no graphs),
                recording relative errors instead of asserting
@@ -30,7 +30,15 @@ CATALOG = REPO / "builder" / "data" / "tools-64.json"
 SMALL_SHAPE = dict(hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64)
 # bundle -> (checkpoint, precision, max_input_tokens, prefill_chunk)
 BUNDLES = {"small-fp8": ("small", "fp8_e4m3", 256, 64), "small-nvfp4": ("small", "nvfp4", 256, 64),
+           "tool-fp8": ("tool", "fp8_e4m3", 256, 64), "tool-nvfp4": ("tool", "nvfp4", 256, 64),
            "q06-fp8": ("q06", "fp8_e4m3", 2048, 128), "q06-nvfp4": ("q06", "nvfp4", 2048, 128)}
+# checkpoints the repository ships (the trained tool model: 3 q heads on 1 kv head); the others
+# are synthesized into --work
+SHIPPED = {"tool": REPO / "models" / "toolcall-qwen3-tiny"}
+
+
+def checkpoint_dir(work: Path, ckpt: str) -> Path:
+    return SHIPPED.get(ckpt, work / ckpt)
 E2E_REQUESTS = 4  # canary candidate requests per bundle, plus one long multi-chunk prompt
 
 
@@ -82,7 +90,7 @@ def stage_build(work: Path, names: list[str], rec) -> dict:
     out = rec.data
     rec.put("headers", ensure_headers())
     work.mkdir(parents=True, exist_ok=True)
-    for ckpt in sorted({BUNDLES[n][0] for n in names}):
+    for ckpt in sorted({BUNDLES[n][0] for n in names} - set(SHIPPED)):
         t = time.perf_counter()
         if not (work / ckpt / "config.json").is_file():
             if ckpt == "small":
@@ -100,7 +108,7 @@ def stage_build(work: Path, names: list[str], rec) -> dict:
                                max_output_tokens=None, page_size=32, max_tokens_per_step=256, prefill_chunk=chunk,
                                memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
         try:
-            r = compile_bundle(work / ckpt, CATALOG, options, work / name, force=True)
+            r = compile_bundle(checkpoint_dir(work, ckpt), CATALOG, options, work / name, force=True)
         except Exception as e:  # one bundle failing leaves the others
             rec.put(name, {"error": f"{type(e).__name__}: {e}"[:800]})
             continue
