@@ -24,7 +24,8 @@ job, so a stage that times out, crashes or exits non-zero still reports every re
   kernels-while (the WHILE-graph jobs alone, a short stage that exits hard after its timeout);
   cpuref (CPU reference tokens) beside the untimed e2e stages (graph-free paths first, then
   Engine.load with its canary and the decode graph); then, with the CPU quiet, the timed bench
-  stages of the q06 bundles; the kernel GPU tests through pytest if time is left.
+  stages of the q06 bundles; bench/gpu_kernel_times.py (every decode kernel's device time at
+  Qwen3-0.6B's T = 1 shapes); the kernel GPU tests through pytest if time is left.
 Speed targets are judged only for bundles whose tokens equal the CPU reference on every path.
 The report (gpu_check.json, gpu_check_table.txt, gpu_check_logs.txt under $OUT, else
 artifacts/) is rewritten after every stage; the table prints last.
@@ -48,7 +49,8 @@ from gpu_check_stages import BUNDLES  # noqa: E402
 
 # seconds per stage process, each also capped by what is left of the budget
 TIMEOUTS = {"build": 330, "kernels": 200, "kernels-while": 60, "cpuref": 300, "e2e": 150, "bench": 120,
-            "pytest": 180}
+            "kernel-times": 120, "pytest": 180}
+EXTERNAL = ("pytest", "kernel-times")  # stages that are other programs: no "complete" in their results
 RESERVE_S = 15  # kept for the summary and the JSON
 SETUP_EXIT = 52  # common/errors.py EXIT_CODES["device_check_setup"]
 
@@ -118,7 +120,7 @@ class Stages:
         res = read_result(h["result"]) or {}
         if error is None and rc != 0:
             error = f"exit code {rc}" + (" (stopped: the device is stuck)" if "stuck" in res else "")
-        if error is None and not res.get("complete") and h["key"] != "pytest":  # pytest writes no result file
+        if error is None and not res.get("complete") and h["key"] not in EXTERNAL:
             error = "exit code 0 without a complete result"
         if error is not None:
             res["error"], res["partial"] = error, bool(res)
@@ -159,7 +161,7 @@ def main() -> None:
     ap.add_argument("--work", default=str(REPO / "artifacts" / "gpu-check"), help="checkpoints, bundles, logs")
     ap.add_argument("--bundles", nargs="*", default=list(BUNDLES), choices=list(BUNDLES))
     ap.add_argument("--only", help="comma-separated stage kinds to run (build, kernels, kernels-while, cpuref, e2e, "
-                                   "bench, pytest); default all")
+                                   "bench, kernel-times, pytest); default all")
     ap.add_argument("--cases", help="only the kernel cases whose id contains one of these comma-separated parts")
     ap.add_argument("--while-timeout-s", type=float, default=20.0, help="wait for one WHILE graph to end")
     ap.add_argument("--no-pytest", action="store_true", help="skip the kernel GPU tests at the end")
@@ -215,6 +217,10 @@ def main() -> None:
             stages[f"bench-{name}"] = {"error": "skipped: global time budget spent"}
             continue
         done(f"bench-{name}", st.launch(f"bench-{name}", "bench", names=[name]))
+    if want("kernel-times") and st.left() > 60:  # every decode kernel's device time, full and programmatic edges
+        done("kernel-times", st.launch("kernel-times", "kernel-times", cmd=[
+            sys.executable, str(REPO / "bench" / "gpu_kernel_times.py"), "--json",
+            str(work / "logs" / "kernel-times.json")]))
     if want("pytest") and not args.no_pytest and st.left() > 90:
         done("pytest", st.launch("pytest", "pytest", cmd=[
             sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",

@@ -189,6 +189,10 @@ def table(report: dict) -> str:
             lines.append(f"{name}: decode step {_f(b.get('step_graph_ms'), '.4f')} ms, "
                          f"{_f(b['step_graph_programmatic_ms'], '.4f')} ms with programmatic edges"
                          + (f" (refused: {b['programmatic_error']})" if b.get("programmatic_error") else ""))
+    rows = report["stages"].get("kernel-times", {}).get("rows") or []
+    if rows:
+        lines.append(f"{'kernel (T = 1, chain of graph nodes)':36} {'us':>7} {'us pdl':>7} {'GB/s':>6}")
+        lines += [f"{r['name']:36} {r['us']:7.2f} {r['us_pdl']:7.2f} {r['gbs']:6.0f}" for r in rows]
     for key, t in s["targets"].items():
         verdict = "NOT JUDGED" if not t["judged"] else "PASS" if t["pass"] else "FAIL"
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in t.items() if k not in ("pass", "judged")}
