@@ -192,7 +192,7 @@ def table(report: dict) -> str:
     rows = report["stages"].get("kernel-times", {}).get("rows") or []
     if rows:
         lines.append(f"{'kernel (T = 1, chain of graph nodes)':36} {'us':>7} {'us pdl':>7} {'GB/s':>6}")
-        lines += [f"{r['name']:36} {r['us']:7.2f} {r['us_pdl']:7.2f} {r['gbs']:6.0f}" for r in rows]
+        lines += [f"{r['name']:36} {r['us']:7.2f} {_f(r['us_pdl'], '7.2f'):>7} {r['gbs']:6.0f}" for r in rows]
     for key, t in s["targets"].items():
         verdict = "NOT JUDGED" if not t["judged"] else "PASS" if t["pass"] else "FAIL"
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in t.items() if k not in ("pass", "judged")}

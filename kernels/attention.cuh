@@ -6,10 +6,10 @@
 // Query vectors of the tile = its rows x the G = n_heads / n_kv_heads q heads sharing the kv
 // head, processed QC at a time (template: ATTN_QCHUNK for prefill tiles; the decode kernel uses 2
 // where G <= 2, else ATTN_QCHUNK) so every K/V vector loaded feeds all of them. The loops over a
-// chunk's query vectors are unrolled: at G = 2, QC = 2 instead of 8 took the decode kernel from
-// 29.5 to 27.4 us for 101 keys on an H200 (bench/RESULTS.md, "GPU first contact": the time is one
-// warp per scheduler issuing ~7,400 instructions). Each query vector's arithmetic is the same for
-// any QC (same bits).
+// chunk's query vectors are unrolled: at G = 2, QC = 2 instead of 8, with direct_out below, took
+// the decode kernel from 29.5 to 27.4 us for 101 keys on an H200 (bench/RESULTS.md, "GPU first
+// contact": the time is one warp per scheduler issuing ~7,400 instructions). Each query vector's
+// arithmetic is the same for any QC (same bits).
 // direct_out (decode, a row of one split): the output itself, attention_merge's formula with
 // weight 1 (same bits), instead of part_o / part_ml.
 //   score[q, j] = (q . k_j) * sm_scale, masked to -inf for j > pos(q's row)

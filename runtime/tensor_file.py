@@ -219,10 +219,11 @@ class SafetensorsWriter:
     ``specs`` is ``[(name, dtype_name, shape), ...]`` in file order; ``write`` must then be
     called once per tensor in that same order, so the model is never held in memory twice.
     Bytes go straight to the file descriptor (no Python buffer), every short write is
-    continued, and ``close`` reads the header and the size back: a file that differs from
-    what was written raises OSError (EIO) instead of becoming a bundle. (An H200 machine's
-    Python 3.12 wrote zeros over the header's 4 padding bytes of one NVFP4 build through the
-    buffered writer, 2026-12-04; cause not established.)
+    continued, and ``close`` reads the header and the file size back (through the OS: what the
+    file now holds, not what reached the disk): a header or size that differs from what was
+    written raises OSError (EIO) instead of becoming a bundle. Tensor bytes are not read back.
+    (On an H200 machine's Python 3.12 the buffered writer left zeros in the header's 4 padding
+    bytes of one NVFP4 build, 2026-12-04; cause not established.)
     """
 
     def __init__(self, path: str | os.PathLike, specs: list[tuple[str, str, tuple[int, ...]]],
@@ -243,13 +244,19 @@ class SafetensorsWriter:
         self._head = struct.pack("<Q", len(blob)) + blob
         self._size = len(self._head) + offset
         self._fh = open(self.path, "wb", buffering=0)
-        self._put(self._head)
+        try:
+            self._put(self._head)
+        except BaseException:
+            self.abort()
+            raise
         self._next = 0
 
     def _put(self, data) -> None:
         view = memoryview(data).cast("B")
         while view.nbytes:
             n = self._fh.write(view)
+            if not n:
+                raise OSError(errno.EIO, f"{self.path}: the file system accepted no bytes of a write", str(self.path))
             view = view[n:]
 
     def write(self, name: str, array: np.ndarray) -> None:
@@ -266,10 +273,12 @@ class SafetensorsWriter:
         with open(self.path, "rb") as fh:
             head, size = fh.read(len(self._head)), os.fstat(fh.fileno()).st_size
         if head != self._head or size != self._size:
-            first = next((i for i, (a, b) in enumerate(zip(head, self._head)) if a != b), min(len(head), len(self._head)))
-            raise OSError(errno.EIO, f"{self.path} reads back differently from what was written (size {size} "
-                          f"bytes, expected {self._size}; first differing header byte at {first}): the disk or "
-                          "file system lost data; write the file again", str(self.path))
+            where = f"size {size} bytes, expected {self._size}"
+            if head != self._head:
+                first = next((i for i, (a, b) in enumerate(zip(head, self._head)) if a != b), len(head))
+                where += f"; header byte {first} of {len(self._head)} differs"
+            raise OSError(errno.EIO, f"{self.path} reads back differently from what was written ({where}): "
+                          "the file did not keep the bytes written to it; write it again", str(self.path))
 
     def abort(self) -> None:
         """Closes and deletes the partial file (a failed build leaves nothing behind)."""
@@ -280,6 +289,10 @@ class SafetensorsWriter:
 def write_tensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
     """Writes a whole dict of arrays (in the dict's order) as one safetensors file."""
     writer = SafetensorsWriter(path, [(k, DTYPE_NAMES[v.dtype], tuple(v.shape)) for k, v in tensors.items()], metadata)
-    for k, v in tensors.items():
-        writer.write(k, v)
-    writer.close()
+    try:
+        for k, v in tensors.items():
+            writer.write(k, v)
+        writer.close()
+    except BaseException:
+        writer.abort()  # no file that failed its check stays at its name
+        raise

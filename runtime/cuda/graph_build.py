@@ -61,8 +61,13 @@ class GraphBuilder:
         if self.programmatic:
             try:
                 return self._instantiate(launches, body, True)
-            except (CudaError, TypeError) as e:  # TypeError: bindings whose cuGraphAddDependencies takes no edge data
-                self.programmatic, self.programmatic_error = False, f"{type(e).__name__}: {e}"
+            except TypeError as e:  # bindings whose cuGraphAddDependencies takes no edge data (12.x)
+                self.programmatic, self.programmatic_error = False, f"TypeError: {e}"
+            except CudaError as e:  # only what the edges can cause: adding them, or instantiating with them
+                call = str(e.details.get("call", ""))
+                if not (call.startswith("cuGraphAddDependencies") or call == "cuGraphInstantiate"):
+                    raise
+                self.programmatic, self.programmatic_error = False, str(e)
         return self._instantiate(launches, body, False)
 
     def _instantiate(self, launches, body, programmatic: bool):
@@ -76,7 +81,11 @@ class GraphBuilder:
             exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
         finally:
             check(drv.cuGraphDestroy(graph), "cuGraphDestroy")
-        check(drv.cuGraphUpload(exe, self.m.stream), "cuGraphUpload")
+        try:
+            check(drv.cuGraphUpload(exe, self.m.stream), "cuGraphUpload")
+        except CudaError:
+            check(drv.cuGraphExecDestroy(exe), "cuGraphExecDestroy")
+            raise
         return exe
 
     def launch(self, exe, timeout_s: float) -> float:
