@@ -135,11 +135,11 @@ def main() -> None:
     want = lambda name: not args.only or any(part in name for part in args.only.split(","))  # noqa: E731
     refused = []  # why programmatic edges could not be built (then us_pdl is None)
 
-    def timed_programmatic(chain, scale: int = 1):
+    def timed_programmatic(chain, nodes_per_row: int = 1):
         if refused:
             return None
         try:
-            return scale * time_chain(runner, chain, args.reps, True)
+            return nodes_per_row * time_chain(runner, chain, args.reps, True)
         except (TypeError, CudaError) as e:  # 12.x bindings take no edge data; a driver may refuse the edges
             refused.append(f"{type(e).__name__}: {e}")
             return None
@@ -169,7 +169,7 @@ def main() -> None:
             record(f"{fmt} {name} {n_in}->{n_out}", f"{fmt}_matvec{kind}", dict(T=1, out=n_out),
                    [a for a, _ in nodes], nodes[0][1])
             layer_mv.setdefault(fmt, []).append([(f"{fmt}_matvec{kind}", dict(T=1, out=n_out), a) for a, _ in nodes])
-    # attention_decode: one row at --position, its pages in the cache; q|k|v raw in x
+    # attention_decode: one row at each of --positions, its pages in the cache; q|k|v raw in x
     nh, nkv, hd, ps = s["heads"], s["kv_heads"], s["head_dim"], 32
     S = attention_max_splits(2048)
     n_pages = 2048 // ps
