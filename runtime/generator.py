@@ -29,7 +29,7 @@ import numpy as np
 from common.errors import EngineError, RequestError
 from .grammar import Grammar
 from .grammar_stepper import GrammarStepper
-from .sampling import greedy, margins, sample_row, sampling_problem
+from .sampling import draw_rows, greedy, margins, sample_row, sampling_problem
 from .scheduler import Request, Scheduler, Sequence
 
 HEAD_MODES = ("sparse", "dense", "check")  # check: sparse picks, dense must agree
@@ -263,9 +263,13 @@ class Generator:
                               nonfinite_logits=int((~np.isfinite(logits[allowed])).sum()))
         gaps = margins(logits, allowed)
         now = time.perf_counter()
-        best = greedy(logits, allowed)  # (B,) the greedy rows' picks, one vectorized argmax
-        picks = [int(best[b]) if s.sampling.temperature <= 0 else sample_row(logits[b], allowed[b], s.sampling, s.rng)
-                 for b, s in enumerate(seqs)]
+        picks = greedy(logits, allowed)  # (B,) the greedy rows' picks, one vectorized argmax
+        drawn = [b for b, s in enumerate(seqs) if s.sampling.temperature > 0]
+        if drawn:  # the sampled rows in one compiled call, each with one draw of its sequence's own rng
+            params = [seqs[b].sampling for b in drawn]
+            picks[drawn] = draw_rows(np.ascontiguousarray(logits[drawn], np.float32), allowed[drawn], np.array([q.temperature for q in params]),
+                                     np.array([q.top_p for q in params]), np.array([seqs[b].rng.random() for b in drawn]))
+        picks = picks.tolist()
         if self.head == "check":
             dense = np.take_along_axis(self.model.dense_logits(hidden), safe, axis=1)
             dense_picks = [sample_row(dense[b], allowed[b], s.sampling, np.random.default_rng(0))

@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 
 @dataclass(frozen=True)
@@ -54,20 +55,59 @@ def sample_row(logits: np.ndarray, allowed: np.ndarray, params: Sampling, rng: n
     """Index into the row's candidates; the rng is the sequence's own, so the batch never matters."""
     if params.temperature <= 0.0:
         return int(greedy(logits[None], allowed[None])[0])
-    idx = np.flatnonzero(allowed)
-    if len(idx) == 1:  # a forced token (inside a tool name): what _draw gives, its one draw still taken
-        rng.random()
-        return int(idx[0])
-    return _draw(logits, idx, params, rng)
+    return int(draw_rows(np.ascontiguousarray(logits[None], np.float32), np.ascontiguousarray(allowed[None]),
+                         np.array([params.temperature]), np.array([params.top_p]), np.array([rng.random()]))[0])
 
 
-def _draw(logits: np.ndarray, idx: np.ndarray, params: Sampling, rng: np.random.Generator) -> int:
-    """The temperature/top-p draw among the candidates ``idx`` (one ``rng.random()``)."""
-    z = logits[idx].astype(np.float64) / params.temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    order = np.argsort(-p, kind="stable")  # most likely first; ties keep token order
-    keep = np.cumsum(p[order]) - p[order] < params.top_p  # the smallest prefix reaching top_p
-    order = order[keep]
-    q = p[order] / p[order].sum()
-    return int(idx[order[min(np.searchsorted(np.cumsum(q), rng.random(), side="right"), len(q) - 1)]])
+@njit(cache=True, nogil=True)
+def draw_rows(logits, allowed, temperature, top_p, u):  # pragma: no cover - compiled
+    """(B,) the temperature/top-p draw per row: softmax(logits / temperature) over the row's allowed
+    candidates, cut to the smallest most-likely-first prefix reaching top_p (ties in token order),
+    drawn with the row's uniform ``u`` in [0, 1). One candidate: that one (its draw still taken by the
+    caller). logits (B, K) float32, allowed (B, K) bool, temperature/top_p/u (B,) float64. A row reads
+    only its allowed entries, in order, so its pick never depends on the batch's other rows or width;
+    -1 for a row with nothing allowed (never the grammar's case)."""
+    rows, width = logits.shape
+    out = np.full(rows, -1, np.int64)
+    idx = np.empty(width, np.int64)  # the allowed columns, in token order
+    p = np.empty(width, np.float64)
+    order = np.empty(width, np.int64)  # positions into idx, most likely first
+    for b in range(rows):
+        n = 0
+        for k in range(width):
+            if allowed[b, k]:
+                idx[n] = k
+                n += 1
+        if n <= 1:
+            if n == 1:
+                out[b] = idx[0]
+            continue
+        top = -np.inf
+        for i in range(n):
+            p[i] = np.float64(logits[b, idx[i]]) / temperature[b]
+            top = max(top, p[i])
+        total = 0.0
+        for i in range(n):
+            p[i] = np.exp(p[i] - top)
+            total += p[i]
+        for i in range(n):
+            p[i] /= total
+            order[i] = i
+        for i in range(1, n):  # stable insertion sort, descending p (n is a few dozen at most)
+            x, j = order[i], i
+            while j > 0 and p[order[j - 1]] < p[x]:
+                order[j] = order[j - 1]
+                j -= 1
+            order[j] = x
+        kept, before = 0, 0.0  # the prefix whose mass before each member is below top_p
+        while kept < n and before < top_p[b]:
+            before += p[order[kept]]
+            kept += 1
+        threshold, running, pick = u[b] * before, 0.0, kept - 1
+        for i in range(kept):
+            running += p[order[i]]
+            if running > threshold:
+                pick = i
+                break
+        out[b] = idx[order[pick]]
+    return out

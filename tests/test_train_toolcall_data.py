@@ -57,3 +57,22 @@ def test_clause_labels_name_each_token_s_tool_and_clause(encoded):
             if got != want:  # ... and so does a last token that runs past the clause ("'hello'" + "." -> "'.")
                 assert want.startswith(got) and spelled(ids + [prompt[mine[-1] + 1]]).startswith(want), e.request
         assert {label % tt.CLAUSES for label in labels if label >= 0} == set(range(len(e.tools)))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch (the test extra) trains the model")
+def test_keep_last_writes_the_last_steps_averaged_weights(tmp_path):
+    """--keep last writes the last step's EMA weights: byte-identical to that step's snapshot. A 102-step run
+    of a one-layer model validates at steps 100 and 101, both answering nothing right: "best" would keep 100."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "model"
+    cmd = [sys.executable, "-m", "models.toolcall.train", "--out", str(out), "--steps", "102", "--train-size", "600",
+           "--layers", "1", "--warmup", "1", "--ema", "0.5", "--save-every", "101", "--keep", "last"]
+    r = subprocess.run(cmd, cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "kept step 101" in r.stdout
+    snapshot = tmp_path / "model-step101"
+    assert (out / "model.safetensors").read_bytes() == (snapshot / "model.safetensors").read_bytes()
+    assert (out / "tokenizer.json").read_bytes() == (snapshot / "tokenizer.json").read_bytes()

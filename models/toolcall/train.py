@@ -233,6 +233,9 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=0,
                     help="drop the first N train examples (a continued run then sees new ones)")
     ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--keep", choices=("best", "last"), default="best",
+                    help="the weights written to OUT: the snapshot with the best validation (the first of equals), "
+                         "or the last step's (with --ema, its average)")
     ap.add_argument("--save-every", type=int, default=0,
                     help="also write the model at every N-th step to OUT-stepN (candidates for a choice on the dev set)")
     ap.add_argument("--v1", action="store_true", help="the v1 data (no v2 wording, phrasings or no-tool requests)")
@@ -340,6 +343,8 @@ def main() -> None:
                   f"{args.stop_step})", flush=True)
             break
 
+    if args.keep == "last":
+        best = (val_answer_accuracy(averaged, val_tensors, torch), step, averaged.state_dict())
     model.load_state_dict(best[2])
     print(f"kept step {best[1]}: val answers exact {best[0]:.4f}")
     write_folder(model.eval(), tokenizer, Path(args.out), torch)
