@@ -83,6 +83,8 @@ class Generator:
         self.max_tokens_per_step, self.prefill_chunk = max_tokens_per_step, prefill_chunk
         self.scheduler = Scheduler(kv, self.stepper, max_output_tokens)
         self._handles = itertools.count()
+        # compiled (or loaded from numba's cache) at load, in the signature every step uses, not at a first sampled pick
+        draw_rows(np.zeros((1, 2), np.float32), np.ones((1, 2), bool), *np.ones((3, 1)))
 
     def validate(self, request: Request) -> None:
         """Raises RequestError for a request that can never run under these limits."""

@@ -155,6 +155,26 @@ def test_draw_rows_picks_what_the_numpy_draw_picks(width, share, temperature, to
     assert batch.tolist() == [reference_draw(logits[b], allowed[b], params, u[b]) for b in range(200)]
 
 
+def test_the_draw_is_compiled_at_load_in_the_one_signature_steps_use(parts, monkeypatch):
+    """The generator calls draw_rows while it is built, with the argument types (numba's signature) that
+    every sampled step then uses: numba compiles, or loads from its cache, at load, not at a first pick."""
+    import numba
+    from runtime import generator as generator_module
+    calls = []
+
+    def recording(*args):
+        calls.append(tuple(numba.typeof(a) for a in args))
+        return generator_module.draw_rows.__wrapped__(*args)
+
+    recording.__wrapped__ = generator_module.draw_rows
+    monkeypatch.setattr(generator_module, "draw_rows", recording)
+    gen = make(parts)
+    at_load = set(calls)
+    assert len(at_load) == 1
+    gen.generate([Request(p, Sampling(0.9, 0.95, i)) for i, p in enumerate(parts[3][:3])])
+    assert len(calls) > 1 and set(calls) == at_load
+
+
 @pytest.mark.parametrize("top_p", [1.0, 0.95, 1e-3])
 def test_a_forced_token_is_sampled_as_the_general_path_would(top_p):
     """sample_row with one candidate returns it and consumes one draw, as with several."""
