@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from . import numba_target  # noqa: F401  (the one compile target: runtime/numba_target.py)
+
 
 @dataclass(frozen=True)
 class Sampling:

@@ -219,3 +219,15 @@ def test_forced_tokens_ride_in_fewer_steps_with_the_same_answers(parts, max_toke
     assert any(len(t) > 1 for t, *_ in stepwise)
     cut, _, _ = run(False, max_output=3)
     assert cut == run(True, max_output=3)[0] and "length" in {f for _, _, f, _ in cut}
+
+
+def test_every_numba_module_compiles_for_the_one_target():
+    """The draw (runtime/sampling.py) and the CPU kernels set the same numba target whichever a process
+    imports first (runtime/numba_target.py): a draw compiled first must not re-key the kernels' cache."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    probe = "import {0}, numba; print(numba.config.CPU_NAME, numba.config.CPU_FEATURES)"
+    seen = [subprocess.run([sys.executable, "-c", probe.format(m)], cwd=Path(__file__).parents[1], capture_output=True,
+                           text=True, timeout=120).stdout for m in ("runtime.sampling", "runtime.cpu.fast_kernels")]
+    assert seen[0] and seen[0] == seen[1]

@@ -1,6 +1,6 @@
 """numba kernels of the fast CPU backend beside the linear layers (runtime/cpu/linear_kernels.py):
-embedding gather, rms_norm, rope, silu * up; and the process-wide numba target setup (attention:
-runtime/cpu/attention_kernels.py).
+embedding gather, rms_norm, rope, silu * up (attention: runtime/cpu/attention_kernels.py; the
+process-wide numba target: runtime/numba_target.py).
 
 Every kernel computes a row independently of the step's other rows with one fixed reduction
 order: each sum here is one call of the one compiled ``_dot`` (vector lanes fixed at compile time
@@ -15,37 +15,13 @@ another core while the engine thread computes.
 from __future__ import annotations
 
 import math
-import os
 
-import llvmlite.binding as llvm
-import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
-
-
-def _use_512_bit_vectors() -> None:
-    """Compile for this CPU with 512-bit vectors where it has AVX-512.
-
-    LLVM tunes recent Xeons to "prefer 256-bit" vectors; for these kernels (integer decode plus a
-    float32 multiply-add per weight, no frequency-heavy FMA storms) zmm measured 2-4x faster on
-    this machine (bench/RESULTS.md). Set before numba's first compile (its target machine is made
-    then; the cache key includes the features, so cached code always matches). An explicit
-    NUMBA_CPU_NAME / NUMBA_CPU_FEATURES in the environment wins. Only speed depends on it: the
-    kernels' bits are batch-independent either way.
-    """
-    if os.environ.get("NUMBA_CPU_NAME") or os.environ.get("NUMBA_CPU_FEATURES"):
-        return
-    features = llvm.get_host_cpu_features().flatten()
-    if "+avx512f" not in features.split(","):
-        return
-    os.environ["NUMBA_CPU_NAME"] = "generic"  # generic tuning with the host features; a named Xeon re-imposes 256-bit
-    os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
-    numba.config.reload_config()
-
-
-_use_512_bit_vectors()
 from numba.extending import intrinsic
+
+from runtime import numba_target  # noqa: F401  (before any compile: the target every kernel is built for)
 
 
 @intrinsic
