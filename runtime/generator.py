@@ -29,7 +29,7 @@ import numpy as np
 from common.errors import EngineError, RequestError
 from .grammar import Grammar
 from .grammar_stepper import GrammarStepper
-from .sampling import draw_rows, greedy, margins, sample_row, sampling_problem
+from .sampling import Sampling, greedy, margins, sample_row, sample_rows, sampling_problem
 from .scheduler import Request, Scheduler, Sequence
 
 HEAD_MODES = ("sparse", "dense", "check")  # check: sparse picks, dense must agree
@@ -83,8 +83,8 @@ class Generator:
         self.max_tokens_per_step, self.prefill_chunk = max_tokens_per_step, prefill_chunk
         self.scheduler = Scheduler(kv, self.stepper, max_output_tokens)
         self._handles = itertools.count()
-        # compiled (or loaded from numba's cache) at load, in the signature every step uses, not at a first sampled pick
-        draw_rows(np.zeros((1, 2), np.float32), np.ones((1, 2), bool), *np.ones((3, 1)))
+        # the draw compiled (or loaded from numba's cache) here, at load, not at a first sampled pick
+        sample_rows(np.zeros((1, 2), np.float32), np.ones((1, 2), bool), [Sampling(1.0)], [np.random.default_rng(0)])
 
     def validate(self, request: Request) -> None:
         """Raises RequestError for a request that can never run under these limits."""
@@ -268,9 +268,8 @@ class Generator:
         picks = greedy(logits, allowed)  # (B,) the greedy rows' picks, one vectorized argmax
         drawn = [b for b, s in enumerate(seqs) if s.sampling.temperature > 0]
         if drawn:  # the sampled rows in one compiled call, each with one draw of its sequence's own rng
-            params = [seqs[b].sampling for b in drawn]
-            picks[drawn] = draw_rows(np.ascontiguousarray(logits[drawn], np.float32), allowed[drawn], np.array([q.temperature for q in params]),
-                                     np.array([q.top_p for q in params]), np.array([seqs[b].rng.random() for b in drawn]))
+            picks[drawn] = sample_rows(logits[drawn], allowed[drawn], [seqs[b].sampling for b in drawn],
+                                       [seqs[b].rng for b in drawn])
         picks = picks.tolist()
         if self.head == "check":
             dense = np.take_along_axis(self.model.dense_logits(hidden), safe, axis=1)

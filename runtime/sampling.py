@@ -57,8 +57,16 @@ def sample_row(logits: np.ndarray, allowed: np.ndarray, params: Sampling, rng: n
     """Index into the row's candidates; the rng is the sequence's own, so the batch never matters."""
     if params.temperature <= 0.0:
         return int(greedy(logits[None], allowed[None])[0])
-    return int(draw_rows(np.ascontiguousarray(logits[None], np.float32), np.ascontiguousarray(allowed[None]),
-                         np.array([params.temperature]), np.array([params.top_p]), np.array([rng.random()]))[0])
+    return int(sample_rows(logits[None], allowed[None], [params], [rng])[0])
+
+
+def sample_rows(logits: np.ndarray, allowed: np.ndarray, params: list[Sampling], rngs: list) -> np.ndarray:
+    """(B,) indices into each sampled row's candidates (every ``params`` with temperature > 0): one
+    ``draw_rows`` call, one draw from each row's own rng."""
+    temperature = np.array([q.temperature for q in params], np.float64)
+    top_p = np.array([q.top_p for q in params], np.float64)
+    u = np.array([rng.random() for rng in rngs], np.float64)
+    return draw_rows(np.ascontiguousarray(logits, np.float32), np.ascontiguousarray(allowed), temperature, top_p, u)
 
 
 @njit(cache=True, nogil=True)

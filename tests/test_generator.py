@@ -159,15 +159,14 @@ def test_the_draw_is_compiled_at_load_in_the_one_signature_steps_use(parts, monk
     """The generator calls draw_rows while it is built, with the argument types (numba's signature) that
     every sampled step then uses: numba compiles, or loads from its cache, at load, not at a first pick."""
     import numba
-    from runtime import generator as generator_module
-    calls = []
+    from runtime import sampling
+    calls, compiled = [], sampling.draw_rows
 
     def recording(*args):
         calls.append(tuple(numba.typeof(a) for a in args))
-        return generator_module.draw_rows.__wrapped__(*args)
+        return compiled(*args)
 
-    recording.__wrapped__ = generator_module.draw_rows
-    monkeypatch.setattr(generator_module, "draw_rows", recording)
+    monkeypatch.setattr(sampling, "draw_rows", recording)
     gen = make(parts)
     at_load = set(calls)
     assert len(at_load) == 1

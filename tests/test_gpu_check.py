@@ -104,7 +104,6 @@ def test_a_while_loop_that_never_ends_costs_only_its_stage(libdir, tmp_path, whi
     assert "kernels-while" in printed
 
 
-
 def test_kernel_times_stage_reports_every_kernel_both_ways(libdir, tmp_path):
     """bench/gpu_kernel_times.py as a stage: its rows reach the JSON and the table (stand-in timings)."""
     report, printed, wall = gpu_check(tmp_path, libdir, 120, "--only", "kernel-times")
@@ -114,6 +113,7 @@ def test_kernel_times_stage_reports_every_kernel_both_ways(libdir, tmp_path):
     assert names[0] == "embed_gather (floor)" and "fp8 layer (28 layers)" in names
     assert all(r["us"] > 0 and r["us_pdl"] > 0 for r in stage["rows"])
     assert "attention_decode pos 511" in printed and "us pdl" in printed
+
 
 @pytest.mark.slow
 def test_e2e_runs_the_graph_free_paths_first_and_reports_after_every_stage(libdir, tmp_path):

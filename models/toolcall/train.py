@@ -336,7 +336,7 @@ def main() -> None:
             if (step >= args.steps // 2 or out_of_time) and (step % 100 == 0 or last):
                 acc = val_answer_accuracy(averaged, val_tensors, torch)
                 line += f", val answers exact {acc:.4f}"
-                if acc > best[0]:
+                if acc > best[0] or (last and args.keep == "last"):
                     best = (acc, step, {k: v.detach().clone() for k, v in averaged.state_dict().items()})
             if args.save_every and step and step % args.save_every == 0:
                 snapshot = copy.deepcopy(averaged).eval()
@@ -347,8 +347,6 @@ def main() -> None:
                   f"{args.stop_step})", flush=True)
             break
 
-    if args.keep == "last":
-        best = (val_answer_accuracy(averaged, val_tensors, torch), step, averaged.state_dict())
     model.load_state_dict(best[2])
     print(f"kept step {best[1]}: val answers exact {best[0]:.4f}")
     write_folder(model.eval(), tokenizer, Path(args.out), torch)
