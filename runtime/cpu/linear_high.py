@@ -105,14 +105,18 @@ def linear_f32(x, w, y):
                     y[t, o + p] = acc
 
 
-@njit(parallel=True, nogil=True, cache=True)
+# The sparse head runs serially on the calling thread (the engine thread, between steps): its work is
+# rows x candidates x hidden (26 x 26 x 192 multiply-adds a lane step of the tool model: 9 us), less
+# than a parallel launch costs once other threads hold the cores (the launch waits for its slowest
+# chunk's thread: 77 us a call with two busy processes beside it, against 8 us serial).
+@njit(nogil=True, cache=True)
 def candidate_logits_bf16(hidden, wbits, cand, out):
     """out[t, k] = row cand[t, k] of linear_bf16(hidden, wbits) (the sparse head), bit-equal to it."""
     t_rows, n = hidden.shape
     assert wbits.shape[1] == n and hidden.strides[1] == 4 and out.strides[1] == 4 and wbits.strides[1] == 2
     assert cand.size == 0 or (cand.min() >= 0 and cand.max() < wbits.shape[0])  # rows are read by address
     nb, ha, oa, wa0 = n // LANES, _addr(hidden), _addr(out), _addr(wbits)
-    for t in prange(t_rows):
+    for t in range(t_rows):
         for k in range(cand.shape[1]):
             row = cand[t, k]
             dst = oa + t * np.int64(out.strides[0]) + 4 * k
@@ -124,13 +128,13 @@ def candidate_logits_bf16(hidden, wbits, cand, out):
             out[t, k] = acc
 
 
-@njit(parallel=True, nogil=True, cache=True)
+@njit(nogil=True, cache=True)
 def candidate_logits_f32(hidden, w, cand, out):
     t_rows, n = hidden.shape
     assert w.shape[1] == n and hidden.strides[1] == 4 and out.strides[1] == 4 and w.strides[1] == 4
     assert cand.size == 0 or (cand.min() >= 0 and cand.max() < w.shape[0])
     nb, ha, oa, wa0 = n // LANES, _addr(hidden), _addr(out), _addr(w)
-    for t in prange(t_rows):
+    for t in range(t_rows):
         for k in range(cand.shape[1]):
             row = cand[t, k]
             dst = oa + t * np.int64(out.strides[0]) + 4 * k
