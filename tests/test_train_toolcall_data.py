@@ -69,7 +69,8 @@ def test_keep_last_writes_the_last_steps_averaged_weights(tmp_path):
 
     out = tmp_path / "model"
     cmd = [sys.executable, "-m", "models.toolcall.train", "--out", str(out), "--steps", "102", "--train-size", "600",
-           "--layers", "1", "--warmup", "1", "--ema", "0.5", "--save-every", "101", "--keep", "last"]
+           "--seed", "0", "--threads", "1", "--layers", "1", "--warmup", "1", "--ema", "0.5", "--save-every", "101",
+           "--keep", "last"]
     r = subprocess.run(cmd, cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "kept step 101" in r.stdout

@@ -4,10 +4,11 @@
 
 With no flags this is the committed model's recipe, from a fresh init: seed 1, two torch threads, 6,500
 steps of 48 requests over 320,000 generated ones, peak LR 2e-3 (warmup 100, cosine decay), the last
-step's exponential moving average of the weights (decay 0.998) kept; about 51 minutes on a 2-vCPU
-AMD EPYC (Zen 4). Same flags, same bytes (bench/RESULTS.md, "The committed model from one command").
+step's exponential moving average of the weights (decay 0.998) kept; 46-51 minutes on a 2-vCPU
+AMD EPYC (Zen 4). Same flags on the same kind of CPU and torch build, same bytes (bench/RESULTS.md,
+"The committed model from one command").
 
-Model v2: a ``transformers.Qwen3ForCausalLM`` (6 layers, hidden 192, MLP 512, 3 heads / 1 KV
+Models v2 and v3 (one shape): a ``transformers.Qwen3ForCausalLM`` (6 layers, hidden 192, MLP 512, 3 heads / 1 KV
 head of 64 (head_dim 64: the smallest the GPU attention kernels take), tied embeddings, vocab
 2048: 2.76M parameters) learns to answer a request, wrapped in the catalog's prompt template,
 with its tools' token paths joined by SEP and closed by END, or END alone when no tool fits:
@@ -28,8 +29,8 @@ the exact token sequence the runtime's grammar walks.
   the middle layer that names each request token's clause (its tool and its index). It teaches
   the model to segment a request into clauses, the skill multi-intent requests need.
 - Torch on CPU, deterministic from the seed and the thread count (seeded init, fixed data order,
-  no dropout). ``--max-seconds`` ends a run early (on a busy machine); ``--stop-step`` repeats
-  such a run exactly.
+  no dropout) on one kind of CPU and torch build (another may pick kernels that round differently).
+  ``--max-seconds`` ends a run early (on a busy machine); ``--stop-step`` repeats such a run exactly.
 """
 from __future__ import annotations
 
@@ -188,8 +189,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--counts", type=float, nargs=4, default=TRAIN_COUNTS, help="P(1, 2, 3, 4 tools) per request")
     ap.add_argument("--threads", type=int, default=2,
-                    help="torch CPU threads (part of the recipe: another count may round differently; on a "
-                         "shared, busy machine 2 threads ran 6x slower, spinning)")
+                    help="torch CPU threads (part of the recipe: another count may round differently); on a "
+                         "shared, busy machine use 1 (2 ran 6x slower there, spinning)")
     ap.add_argument("--clause-loss", type=float, default=0.5,
                     help="weight of the auxiliary loss that labels each request token with its clause's tool and index")
     ap.add_argument("--ema", type=float, default=0.998,

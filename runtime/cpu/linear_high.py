@@ -106,9 +106,9 @@ def linear_f32(x, w, y):
 
 
 # The sparse head runs serially on the calling thread (the engine thread, between steps): its work is
-# rows x candidates x hidden (26 x 26 x 192 multiply-adds a lane step of the tool model: 9 us), less
+# rows x candidates x hidden (26 x 26 x 192 multiply-adds a lane step of the tool model: 8-9 us), less
 # than a parallel launch costs once other threads hold the cores (the launch waits for its slowest
-# chunk's thread: 77 us a call with two busy processes beside it, against 8 us serial).
+# chunk's thread: with two busy processes beside it, 77 us a call parallel against 8 us serial).
 @njit(nogil=True, cache=True)
 def candidate_logits_bf16(hidden, wbits, cand, out):
     """out[t, k] = row cand[t, k] of linear_bf16(hidden, wbits) (the sparse head), bit-equal to it."""
