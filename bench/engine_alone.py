@@ -31,7 +31,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="Kernel threads.")
     ap.add_argument("--lanes", type=int, default=1, help="Lanes (runtime/lanes.py), each on --threads kernel threads.")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--profile", action="store_true", help="One more pass under cProfile; its top 20 by own time.")
+    ap.add_argument("--warm", type=int, default=256,
+                    help="Requests run before the timed passes (256: every distinct prompt prefilled; the burst's "
+                         "warm-up is 64, so a cold pass is --warm 64 --repeats 1).")
+    ap.add_argument("--profile", action="store_true", help="One more pass under cProfile; its top 20 by --sort.")
+    ap.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"], help="The profile's order.")
     args = ap.parse_args()
     engine = Engine.load(args.bundle, threads=args.threads)
     bodies = requests_for(256)
@@ -45,12 +49,13 @@ def main() -> None:
         from runtime.lanes import Lanes
         generator = Lanes.of(generator, args.lanes)
     models = generator.lanes if args.lanes > 1 else [generator]
-    for g in models:
-        def counted(tokens, *a, _forward=g.model.forward, **k):
+    for g in models:  # every forward of the fast model goes through forward_call (the lanes call it directly)
+        name = "forward_call" if hasattr(g.model, "forward_call") else "forward"
+        def counted(tokens, *a, _call=getattr(g.model, name), **k):
             rows[0] += len(tokens)
-            return _forward(tokens, *a, **k)
-        g.model.forward = counted
-    generator.generate(requests()[:256])  # warm: the kernels' first calls, the pool's pages
+            return _call(tokens, *a, **k)
+        setattr(g.model, name, counted)
+    generator.generate(requests()[:args.warm])  # warm: the kernels' first calls, the pool's pages
     best, cpu = float("inf"), float("inf")
     for _ in range(args.repeats):
         rows[0], batch = 0, requests()
@@ -66,7 +71,7 @@ def main() -> None:
         profile.enable()
         generator.generate(batch)
         profile.disable()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+        pstats.Stats(profile).sort_stats(args.sort).print_stats(20)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -161,6 +162,13 @@ class Generator:
             return None
         return self.model.forward(plan.tokens, plan.slots, plan.positions, self.kv, outputs=plan.outputs)
 
+    def forward_call(self, plan: "StepPlan") -> Callable[[], np.ndarray | None]:
+        """``forward`` split for runtime/lanes.py (models with ``forward_call``: the fast CPU one): lays the
+        step out now (engine thread) and returns the call that computes it (a lane's worker)."""
+        if not plan.running:
+            return lambda: None
+        return self.model.forward_call(plan.tokens, plan.slots, plan.positions, self.kv, outputs=plan.outputs)
+
     def land(self, plan: "StepPlan", hidden: np.ndarray | None) -> list[tuple[int, Result | RequestError]]:
         """The last third (engine thread): picks the sampled rows' tokens, retires finished sequences."""
         finished = plan.refused
@@ -281,72 +289,40 @@ class Generator:
                                   dense=[int(cand[b, p]) for b, p in enumerate(dense_picks)])
         rows = np.arange(len(seqs))
         assert allowed[rows, picks].all(), "a pick outside the allowed candidates"
-        self._advance(seqs, states, edges[rows, picks], cand[rows, picks])
+        first = [not seq.output for seq in seqs]
+        self._advance(seqs, states, edges[rows, picks])
         gaps = gaps.tolist()
         for b, seq in enumerate(seqs):
             seq.min_margin = min(seq.min_margin, gaps[b])
             if seq.step_logits is not None:
                 seq.step_logits.append(logits[b].copy())
                 seq.step_candidates.append(cand[b].copy())
-            if len(seq.output) == 1:
+            if first[b]:
                 seq.first_token_at = now
-        self._append_forced([s for s in seqs if s.step_logits is None])
 
-    def _advance(self, seqs: list[Sequence], states: np.ndarray, taken: np.ndarray, tokens: np.ndarray) -> None:
-        """Each sequence takes its grammar edge ``taken`` (B,), appending its token ``tokens`` (B,)."""
-        new_states = self.stepper.take_edges(states, taken)
-        closed = self.grammar.edge_tool[taken].tolist()  # (B,) tool index closed by the edge, -1 if none
-        done = self.stepper.done_batch(new_states).tolist()
-        tokens = tokens.tolist()
+    def _advance(self, seqs: list[Sequence], states: np.ndarray, taken: np.ndarray) -> None:
+        """Each sequence takes its picked grammar edge ``taken`` (B,), then the run of tokens the grammar
+        forces after it (name chains, single allowed edges; GrammarStepper.take_and_force), up to
+        max_output_tokens: they ride in its next step's rows, computed with no pick of their own. A
+        sampled sequence takes one draw a forced token, as ``sample_row`` does for a forced pick. A
+        sequence keeping its steps' logits takes only its pick (a step, and its logits, a token)."""
+        room = [self.max_output_tokens - len(seq.output) for seq in seqs]
+        force = [seq.step_logits is None for seq in seqs]
+        new, tokens, n_tokens, closed, n_closed = self.stepper.take_and_force(states, taken, room, force)
+        done = self.stepper.done_batch(new).tolist()
+        flat = tokens[np.arange(tokens.shape[1]) < n_tokens[:, None]].tolist()  # row by row, only the appended
+        n_tokens, closed, n_closed = n_tokens.tolist(), closed.tolist(), n_closed.tolist()
+        names, at = self.grammar.tool_names, 0
         for b, seq in enumerate(seqs):
-            seq.state = new_states[b]
+            seq.state = new[b]
             seq.done = done[b]
-            seq.output.append(tokens[b])
-            if closed[b] >= 0:
-                seq.tools.append(self.grammar.tool_names[closed[b]])
-
-    def _append_forced(self, seqs: list[Sequence]) -> None:
-        """Appends each sequence's run of forced tokens (one allowed candidate), as many rounds as the
-        longest run; a sampled sequence takes one draw a token, as ``sample_row`` does for a forced one.
-        Runs the trie alone forces (GrammarStepper.name_chains) are appended whole, the others (forced by
-        the used tools) a round each."""
-        while True:
-            seqs = [s for s in seqs if not s.done and len(s.output) < self.max_output_tokens]
-            if not seqs:
-                return
-            self._follow_name_chains(seqs)
-            seqs = [s for s in seqs if len(s.output) < self.max_output_tokens]  # name edges never end an answer
-            if not seqs:
-                return
-            states = self._states(seqs)
-            cand, edges, allowed = self.stepper.allowed_mask_batch(states)
-            forced = np.flatnonzero(allowed.sum(axis=1) == 1)
-            if not len(forced):
-                return
-            col = allowed[forced].argmax(axis=1)
-            seqs = [seqs[b] for b in forced.tolist()]
-            for seq in seqs:
-                if seq.sampling.temperature > 0:
-                    seq.rng.random()
-            self._advance(seqs, states[forced], edges[forced, col], cand[forced, col])
-
-    def _follow_name_chains(self, seqs: list[Sequence]) -> None:
-        """Each sequence takes its node's trie-forced name tokens, up to max_output_tokens."""
-        chains = self.stepper.name_chains
-        for seq in seqs:
-            chain = chains.get(int(seq.state["node"]))
-            if chain is None:
-                continue
-            chain = chain[:self.max_output_tokens - len(seq.output)]
-            if not chain:
-                continue
-            seq.output.extend(token for token, _ in chain)
-            if seq.sampling.temperature > 0:
-                for _ in chain:
-                    seq.rng.random()
-            state = seq.state.copy()
-            state["node"] = chain[-1][1]
-            seq.state = state
+            n = n_tokens[b]
+            seq.output.extend(flat[at:at + n])
+            at += n
+            if n_closed[b]:
+                seq.tools.extend(names[t] for t in closed[b][:n_closed[b]])
+            if n > 1 and seq.sampling.temperature > 0:
+                seq.rng.random(n - 1)  # the same stream as n - 1 single draws
 
     def _result(self, seq: Sequence) -> Result:
         done = seq.done

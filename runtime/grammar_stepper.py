@@ -14,14 +14,16 @@ Taking a kind 1/2 edge sets the closed tool's bit and adds 1 to ``count``. A fre
 ``used`` empty (any tool may be named); a state restricted to a subset of the catalog starts
 with every other tool's bit set, so ``used`` holds ``count`` bits plus those.
 
-The batch calls are vectorized over B states; the scalar calls wrap them.
+The batch calls are vectorized over B states (the allowed set, and a pick with the tokens forced
+after it, are one compiled call each: runtime/grammar_kernels.py); the scalar calls wrap them.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from common.errors import RequestError
-from .grammar import EDGE_EMPTY_END, EDGE_END, EDGE_NAME, EDGE_SEP, ROOT, Grammar
+from .grammar import EDGE_END, EDGE_NAME, EDGE_SEP, ROOT, Grammar
+from .grammar_kernels import allowed_edges, take_and_force
 
 
 def state_dtype(bitset_words: int) -> np.dtype:
@@ -39,6 +41,14 @@ class GrammarStepper:
         self._start = grammar.node_edge_start.astype(np.int64)
         self._max_tools, self._num_tools = grammar.max_tools, grammar.num_tools
         self.name_chains = self._name_chains()
+        # the chains as arrays for take_and_force: node n's chain is chain_token/chain_node[start[n]:start[n + 1]]
+        lengths = np.zeros(grammar.num_nodes + 1, np.int64)
+        for node, chain in self.name_chains.items():
+            lengths[node + 1] = len(chain)
+        self._chain_start = np.cumsum(lengths)
+        flat = [step for node in sorted(self.name_chains) for step in self.name_chains[node]]
+        self._chain_token = np.array([t for t, _ in flat], np.int32)
+        self._chain_node = np.array([n for _, n in flat], np.int32)
 
     def _name_chains(self) -> dict[int, list[tuple[int, int]]]:
         """node -> [(token, child), ...]: the name tokens the trie alone forces from the node (each node on
@@ -74,28 +84,38 @@ class GrammarStepper:
         g = self.grammar
         width = self.max_edges if max_edges is None else max_edges
         assert width >= self.max_edges, f"{width} columns cannot hold {self.max_edges} edges"
-        node = states["node"].astype(np.int64)
-        first = self._start[node]
-        degree = self._start[node + 1] - first
-        slot = np.arange(width)
-        valid = slot[None, :] < degree[:, None]  # [B, M]
-        edges = np.where(valid, first[:, None] + slot[None, :], -1)
-        tokens = np.where(valid, g.edge_token[np.maximum(edges, 0)], -1).astype(np.int32)
+        batch = len(states)
+        tokens, edges = np.empty((batch, width), np.int32), np.empty((batch, width), np.int32)
+        allowed = np.empty((batch, width), np.bool_)
+        # the fields as C-contiguous copies: one compiled signature whatever the batch (a field of a
+        # one-state batch is typed C-contiguous, of a larger one strided)
+        node, count, used = (np.ascontiguousarray(states[f]) for f in ("node", "count", "used"))
+        allowed_edges(node, count, used, self._start, g.edge_token, g.edge_kind, g.edge_bits, self._max_tools,
+                      self._num_tools, bool(g.allow_empty), tokens, edges, allowed)
+        return tokens, edges, allowed
 
-        # Only real (row, slot) pairs are tested: the bitset gather is sum(degree) x W words.
-        rows, cols = np.nonzero(valid)
-        e = edges[rows, cols]
-        kind = g.edge_kind[e]
-        count = states["count"][rows].astype(np.int64)
-        used = states["used"][rows]  # (R, W)
-        has_unused = ((g.edge_bits[e] & ~used) != 0).any(axis=1)
-        used_bits = np.bitwise_count(used).sum(axis=1, dtype=np.int64)
-        sep_ok = (count + 1 < self._max_tools) & (used_bits + 1 < self._num_tools)
-        ok = np.where(kind == EDGE_EMPTY_END, (count == 0) & g.allow_empty,
-                      has_unused & ((kind != EDGE_SEP) | sep_ok))
-        allowed = np.zeros(valid.shape, bool)
-        allowed[rows, cols] = ok
-        return tokens, edges.astype(np.int32), allowed
+    def take_and_force(self, states: np.ndarray, taken: np.ndarray, room: np.ndarray, force: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Each row takes its edge ``taken`` int[B] (allowed: not rechecked) and, where ``force`` bool[B],
+        the tokens the grammar forces after it (name chains, single allowed edges) until it is done, has
+        appended ``room`` int[B] tokens (the taken one included), or has a choice. Returns the new states [B], the tokens appended
+        int32[B, L] (row b's first ``n_tokens[b]``), ``n_tokens`` int64[B], the tools closed int32[B, K]
+        (row b's first ``n_closed[b]``) and ``n_closed`` int64[B]."""
+        g = self.grammar
+        batch = len(states)
+        room = np.asarray(room, np.int64)
+        assert (room >= 1).all(), "a row with no room left cannot take its edge"
+        tokens = np.empty((batch, int(room.max()) if batch else 1), np.int32)
+        closed = np.empty((batch, self._max_tools + 1), np.int32)
+        n_tokens, n_closed = np.empty(batch, np.int64), np.empty(batch, np.int64)
+        node, count, used = (np.array(states[f]) for f in ("node", "count", "used"))  # copies: written in place
+        take_and_force(node, count, used, np.asarray(taken, np.int64), room, np.asarray(force, np.bool_), self._start,
+                       g.edge_token, g.edge_child, g.edge_kind, g.edge_tool, g.edge_bits, self._chain_start,
+                       self._chain_token, self._chain_node, self._max_tools, self._num_tools, bool(g.allow_empty),
+                       int(g.terminal), tokens, n_tokens, closed, n_closed)
+        new = states.copy()
+        new["node"], new["count"], new["used"] = node, count, used
+        return new, tokens, n_tokens, closed, n_closed
 
     def step_batch(self, states: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Advance each state by its token where allowed; never raises.

@@ -8,8 +8,11 @@ with two kernel threads, waits at launches and barriers whenever the event loop 
 (bench/RESULTS.md, serving "Eighth pass"). Lanes split the running sequences into N groups, each a
 Generator over the same KV pool and weights (its own step buffers: ``FastCpuModel.twin``), and step them
 in turn: lane i's forward runs on a worker thread while the engine thread lands and plans the other
-lanes. The kernels of different lanes never synchronize, so a lane whose thread is preempted delays
-no one else.
+lanes. The engine thread also lays each forward out (``Generator.forward_call``: views, embedding rows,
+the rows' pages; Python it runs holding the GIL anyway), so a worker runs only the nogil layer loop and
+takes the GIL just to enter and return, instead of queueing for it behind the engine thread and the
+event loop before every forward. The kernels of different lanes never synchronize, so a lane whose
+thread is preempted delays no one else.
 
 What stays as one engine: one KV pool, one page allocator, touched only on the engine thread (admission
 and retirement happen in plan/land, never while another thread could read the same pages: a lane's
@@ -97,13 +100,14 @@ class Lanes:
             try:
                 finished += self._land(i)
                 plan = lane.plan()
+                compute = lane.forward_call(plan) if plan.running else None  # laid out here, under the GIL
             except BaseException:
                 self._fail()
                 raise
             finished += plan.refused
             plan.refused = []
-            if plan.running:
-                self._flight[i] = (plan, self._pool.submit(lane.forward, plan))
+            if compute is not None:
+                self._flight[i] = (plan, self._pool.submit(compute))
         for handle, _ in finished:
             self._lane_of.pop(handle, None)
         return finished

@@ -108,6 +108,23 @@ def test_keep_logits_records_each_steps_candidates(parts):
         assert cand[np.argmax(np.where(allowed, logits, -np.inf))] == token  # greedy picked from these
 
 
+def test_a_sampled_answer_is_the_same_a_step_a_token(parts):
+    """keep_logits steps one token a step (every token drawn by its pick); otherwise the grammar's forced
+    tokens ride after a pick, each with one draw of its own: the same stream, so the same answer."""
+    gen, prompts = make(parts), parts[3]
+    requests = [Request(p, Sampling(1.5, 0.95, seed)) for seed, p in enumerate(prompts[:4] * 2)]
+    plain = gen.generate(requests)
+    kept = gen.generate([Request(r.prompt_ids, r.sampling, keep_logits=True) for r in requests])
+    assert [r.token_ids for r in kept] == [r.token_ids for r in plain]
+    forced = 0  # tokens the grammar forced (one allowed), which the plain run appended after a pick
+    for r in plain:
+        state = gen.stepper.initial_state()
+        for token in r.token_ids:
+            forced += len(gen.stepper.allowed(state)[0]) == 1
+            state = gen.stepper.advance(state, token)
+    assert forced > 0
+
+
 @pytest.mark.parametrize("sampling", [Sampling(1e-320), Sampling(float("nan")), Sampling(float("inf")),
                                       Sampling(0.5, top_p=0.0), Sampling(0.5, top_p=float("nan")), Sampling(seed=-1)])
 def test_every_request_path_refuses_bad_sampling(parts, sampling):

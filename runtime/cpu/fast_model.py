@@ -11,6 +11,7 @@ chunking. ``CpuModel`` (runtime/cpu/model.py, numpy float32) stays the reference
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -132,7 +133,15 @@ class FastCpuModel:
         """Runs rows (T,) through every layer, writing their K/V into the pool; returns (T, hidden) after the
         final norm, or only the rows ``outputs`` (R,) sorted: the last layer stores every row's K/V, then
         runs attention, o_proj and the MLP on those rows alone (each row's bits as in a full pass)."""
-        cfg = self.cfg
+        return self.forward_call(tokens, slots, positions, kv, trace, outputs)()
+
+    def forward_call(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: PagedKVPool,
+                     trace: list | None = None, outputs: np.ndarray | None = None) -> Callable[[], np.ndarray]:
+        """``forward`` in two parts: this call lays the step out (Python: views, embedding rows, rotary
+        tables, the rows' pages) and returns the rest. With the fused layer loop the rest is one nogil call
+        that holds the GIL only to enter and to return, so runtime/lanes.py runs this part on the engine
+        thread, which holds the GIL for its own Python anyway, and the rest on a lane's worker: the worker
+        no longer waits for the GIL behind the engine thread (and the event loop) before its kernels."""
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
         t = len(tokens)
@@ -144,7 +153,16 @@ class FastCpuModel:
         cos, sin = cos_sin(self.freqs, positions)
         kv_rows = kv.rows_at(slots, positions)  # (pages, offsets) (T,) int64, checked once for every layer
         if self.fused is not None and trace is None:
-            return self._fused_forward(v, cos, sin, kv_rows, slots, positions, kv, outputs)
+            return self._fused_call(v, cos, sin, kv_rows, slots, positions, kv, outputs)
+        return lambda: self._layers_forward(v, cos, sin, kv_rows, slots, positions, kv, trace, outputs)
+
+    def _layers_forward(self, v: dict, cos, sin, kv_rows, slots, positions, kv: PagedKVPool, trace: list | None,
+                        outputs: np.ndarray | None) -> np.ndarray:
+        """forward's layers from Python, a kernel launch each (the same kernels as the fused loop)."""
+        cfg = self.cfg
+        if numba.get_num_threads() != self.threads:  # the thread that runs this may not be forward_call's
+            numba.set_num_threads(self.threads)
+        t = len(slots)
         last = len(self.layers) - 1
         for layer, w in enumerate(self.layers):
             x, h, qkv = v["hidden"], v["normed"], v["qkv"]
@@ -183,9 +201,10 @@ class FastCpuModel:
         out = np.empty_like(v["hidden"])
         return self._norm(v["hidden"], self.final_norm, out)
 
-    def _fused_forward(self, v: dict, cos, sin, kv_rows, slots, positions, kv: PagedKVPool,
-                       outputs: np.ndarray | None) -> np.ndarray:
-        """forward's layers in one nogil call (runtime/cpu/fused_forward.py): the same kernels and bits."""
+    def _fused_call(self, v: dict, cos, sin, kv_rows, slots, positions, kv: PagedKVPool,
+                    outputs: np.ndarray | None) -> Callable[[], np.ndarray]:
+        """forward's layers as one nogil call (runtime/cpu/fused_forward.py; the same kernels and bits), its
+        arguments bound."""
         t = len(slots)
         rows = np.arange(t, dtype=np.int64) if outputs is None else np.ascontiguousarray(outputs, np.int64)
         assert np.all(rows[1:] > rows[:-1]) and (len(rows) == 0 or 0 <= rows[0] <= rows[-1] < t)
@@ -195,12 +214,17 @@ class FastCpuModel:
             self._pools = (kv, ff.as_list(as_bits(a) for a in kv.k), ff.as_list(as_bits(a) for a in kv.v))
         out = np.empty_like(r["hidden"])
         layers = ff.fused_layers_serial if self.threads == 1 else ff.fused_layers
-        return layers(self.fused, self._pools[1], self._pools[2],
-                               kv.block_table, self.eps, self.scale, self.cfg.num_heads, cos, sin, *kv_rows,
-                               slots, positions, rows, v["hidden"], v["normed"], v["qkv"], v["attn_out"],
-                               v["gate_up"], v["attn_scores"], slots[rows], positions[rows], r["hidden"],
-                               r["normed"], r["qkv"], r["attn_out"], r["gate_up"], r["attn_scores"],
-                               self.final_norm, out)
+        args = (self.fused, self._pools[1], self._pools[2], kv.block_table, self.eps, self.scale, self.cfg.num_heads,
+                cos, sin, *kv_rows, slots, positions, rows, v["hidden"], v["normed"], v["qkv"], v["attn_out"],
+                v["gate_up"], v["attn_scores"], slots[rows], positions[rows], r["hidden"], r["normed"], r["qkv"],
+                r["attn_out"], r["gate_up"], r["attn_scores"], self.final_norm, out)
+        threads = self.threads
+
+        def call() -> np.ndarray:
+            if threads > 1 and numba.get_num_threads() != threads:  # per thread: the worker's own setting
+                numba.set_num_threads(threads)
+            return layers(*args)
+        return call
 
     def _views(self, t: int) -> dict[str, np.ndarray]:
         """The workspace's first ``t`` rows, with q/k/v and gate/up as column views of their joined buffers."""
