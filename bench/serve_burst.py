@@ -99,11 +99,11 @@ class Server:
     """`runtime serve` in a subprocess on 127.0.0.1, port read from its ready line."""
 
     def __init__(self, bundle: str, noop: bool, request_timeout_s: float, threads: int | None = None,
-                 lanes: int | None = None):
+                 lanes: int | None = None, root: Path = ROOT):
         cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "serve", bundle, "--port", "0",
                "--request-timeout", str(request_timeout_s)] + ([] if threads is None else ["--threads", str(threads)]) \
             + ([] if lanes is None else ["--lanes", str(lanes)])
-        self.proc = subprocess.Popen(cmd + (["--noop-engine"] if noop else []), cwd=ROOT, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(cmd + (["--noop-engine"] if noop else []), cwd=root, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         line = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
