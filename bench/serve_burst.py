@@ -100,6 +100,7 @@ class Server:
 
     def __init__(self, bundle: str, noop: bool, request_timeout_s: float, threads: int | None = None,
                  lanes: int | None = None, root: Path = ROOT):
+        bundle = str(Path(bundle).resolve())  # the server runs in ``root``, not in the caller's directory
         cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "serve", bundle, "--port", "0",
                "--request-timeout", str(request_timeout_s)] + ([] if threads is None else ["--threads", str(threads)]) \
             + ([] if lanes is None else ["--lanes", str(lanes)])

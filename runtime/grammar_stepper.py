@@ -98,14 +98,13 @@ class GrammarStepper:
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Each row takes its edge ``taken`` int[B] (allowed: not rechecked) and, where ``force`` bool[B],
         the tokens the grammar forces after it (name chains, single allowed edges) until it is done, has
-        appended ``room`` int[B] tokens (the taken one included), or has a choice. Returns the new states [B], the tokens appended
+        appended ``room`` int[B] tokens (the taken one included; at least it), or has a choice. Returns the new states [B], the tokens appended
         int32[B, L] (row b's first ``n_tokens[b]``), ``n_tokens`` int64[B], the tools closed int32[B, K]
         (row b's first ``n_closed[b]``) and ``n_closed`` int64[B]."""
         g = self.grammar
         batch = len(states)
         room = np.asarray(room, np.int64)
-        assert (room >= 1).all(), "a row with no room left cannot take its edge"
-        tokens = np.empty((batch, int(room.max()) if batch else 1), np.int32)
+        tokens = np.empty((batch, max(1, int(room.max()) if batch else 1)), np.int32)  # room < 1: the edge alone
         closed = np.empty((batch, self._max_tools + 1), np.int32)
         n_tokens, n_closed = np.empty(batch, np.int64), np.empty(batch, np.int64)
         node, count, used = (np.array(states[f]) for f in ("node", "count", "used"))  # copies: written in place

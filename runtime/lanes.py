@@ -11,7 +11,8 @@ in turn: lane i's forward runs on a worker thread while the engine thread lands 
 lanes. The engine thread also lays each forward out (``Generator.forward_call``: views, embedding rows,
 the rows' pages; Python it runs holding the GIL anyway), so a worker runs only the nogil layer loop and
 takes the GIL just to enter and return, instead of queueing for it behind the engine thread and the
-event loop before every forward. The kernels of different lanes never synchronize, so a lane whose
+event loop before every forward. (numba's thread count is per thread: laying a forward out sets the
+engine thread's to the lane's, which only the dense head's parallel kernel, a test path, would feel.) The kernels of different lanes never synchronize, so a lane whose
 thread is preempted delays no one else.
 
 What stays as one engine: one KV pool, one page allocator, touched only on the engine thread (admission

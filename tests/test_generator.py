@@ -108,14 +108,22 @@ def test_keep_logits_records_each_steps_candidates(parts):
         assert cand[np.argmax(np.where(allowed, logits, -np.inf))] == token  # greedy picked from these
 
 
-def test_a_sampled_answer_is_the_same_a_step_a_token(parts):
+@pytest.mark.parametrize("max_output_tokens", [None, 3, 5])  # None: the grammar's longest answer
+def test_a_sampled_answer_is_the_same_a_step_a_token(parts, max_output_tokens):
     """keep_logits steps one token a step (every token drawn by its pick); otherwise the grammar's forced
-    tokens ride after a pick, each with one draw of its own: the same stream, so the same answer."""
+    tokens ride after a pick, each with one draw of its own: the same stream, so the same answer, also
+    when max_output_tokens cuts a forced run short."""
     gen, prompts = make(parts), parts[3]
+    if max_output_tokens is not None:
+        gen.max_output_tokens = gen.scheduler.max_output_tokens = max_output_tokens
     requests = [Request(p, Sampling(1.5, 0.95, seed)) for seed, p in enumerate(prompts[:4] * 2)]
     plain = gen.generate(requests)
     kept = gen.generate([Request(r.prompt_ids, r.sampling, keep_logits=True) for r in requests])
     assert [r.token_ids for r in kept] == [r.token_ids for r in plain]
+    assert all(0 <= r.ttft_s <= r.total_s for r in plain + kept)  # the first token's time: its pick's
+    if max_output_tokens is not None:
+        assert all(len(r.token_ids) <= max_output_tokens for r in plain)
+        assert any(r.finish == "length" for r in plain)
     forced = 0  # tokens the grammar forced (one allowed), which the plain run appended after a pick
     for r in plain:
         state = gen.stepper.initial_state()

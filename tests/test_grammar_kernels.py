@@ -24,6 +24,7 @@ CASES = [
     ("two bitset words", 100, 4, False, None, 0),
     ("two words, a subset across them", 100, 3, True, 5, 2),
     ("every tool may be named", 6, 6, False, None, 0),
+    ("a subset below max_tools", 20, 6, False, 3, 0),  # the separator stops at the subset's last unused tool
 ]
 
 
