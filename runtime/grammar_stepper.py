@@ -87,8 +87,8 @@ class GrammarStepper:
         batch = len(states)
         tokens, edges = np.empty((batch, width), np.int32), np.empty((batch, width), np.int32)
         allowed = np.empty((batch, width), np.bool_)
-        # the fields as C-contiguous copies: one compiled signature whatever the batch (a field of a
-        # one-state batch is typed C-contiguous, of a larger one strided)
+        # the fields made C-contiguous (copied unless they already are): one compiled signature whatever the
+        # batch (a field of a one-state batch is typed C-contiguous, of a larger one strided)
         node, count, used = (np.ascontiguousarray(states[f]) for f in ("node", "count", "used"))
         allowed_edges(node, count, used, self._start, g.edge_token, g.edge_kind, g.edge_bits, self._max_tools,
                       self._num_tools, bool(g.allow_empty), tokens, edges, allowed)
@@ -122,20 +122,13 @@ class GrammarStepper:
         Returns the new states [B] (a rejected row keeps its state) and the edge taken per row,
         int32[B] (-1 where the token was not allowed).
         """
-        g = self.grammar
         tokens = np.asarray(tokens, np.int64).reshape(len(states))
         cand, edges, allowed = self.allowed_mask_batch(states)
         hit = allowed & (cand == tokens[:, None])  # at most one per row: tokens unique per node
         ok = hit.any(axis=1)
         taken = np.where(ok, edges[np.arange(len(states)), hit.argmax(axis=1)], -1).astype(np.int32)
         new = states.copy()
-        rows = np.flatnonzero(ok)
-        e = taken[rows]
-        new["node"][rows] = g.edge_child[e]
-        closes = (g.edge_kind[e] == EDGE_SEP) | (g.edge_kind[e] == EDGE_END)
-        rows, e = rows[closes], e[closes]
-        new["used"][rows] |= g.edge_bits[e]
-        new["count"][rows] += 1
+        new[ok] = self.take_edges(states[ok], taken[ok])
         return new, taken
 
     def take_edges(self, states: np.ndarray, edges: np.ndarray) -> np.ndarray:
