@@ -18,6 +18,7 @@ COPY kernels ./kernels
 COPY runtime ./runtime
 COPY builder ./builder
 COPY schemas ./schemas
+COPY models ./models
 # A wheel install (not editable): the source tree is not needed at run time.
 RUN pip install ".[serve]" && cd / && rm -rf /opt/toolcall-engine
 

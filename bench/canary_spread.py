@@ -13,19 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
+checkout.use()
 
 CATALOG = ROOT / "builder" / "data" / "tools-64.json"
 
 
 def largest_shift(engine, canary, head: str = "sparse") -> tuple[float, int, int]:
     """(max |dlogit| over recorded candidates, candidates compared, prompts with the same tokens)."""
-    from runtime.generator import Request
+    from toolcall.runtime.batching.batcher import Request
     engine.generator.head = head
     worst, n, same = 0.0, 0, 0
     for p in canary.prompts:
@@ -44,10 +44,10 @@ def main() -> None:
     ap.add_argument("checkpoints", nargs="+")
     ap.add_argument("--json", dest="json_out")
     args = ap.parse_args()
-    from builder.canary import LOGIT_TOLERANCE
-    from builder.compile import compile_bundle
-    from runtime.contract import BuildOptions
-    from runtime.engine import Engine
+    from toolcall.builder.canary import LOGIT_TOLERANCE
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.bundle.contract import BuildOptions
+    from toolcall.runtime.engine import Engine
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

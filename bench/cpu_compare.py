@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # this checkout's runtime, as in the children (PYTHONPATH=ROOT)
-OURS = ("fp8_e4m3", "nvfp4", "bf16")
+import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
+checkout.use()
 ORDER = ("ours:fp8_e4m3", "llama:q8_0", "ours:nvfp4", "llama:q4_0", "ours:bf16", "transformers:bf16")
 
 
@@ -45,11 +45,11 @@ def _prompt(vocab: int, n: int) -> list[int]:
 def child_ours(bundle: str, threads: int, prefill: int, decode: int, backend: str = "fast") -> dict:
     import numpy as np
 
-    from runtime.bundle import WEIGHTS_FILE, read_contract
-    from runtime.cpu.fast_model import FastCpuModel
-    from runtime.cpu.kv_pool import PagedKVPool
-    from runtime.cpu.model import CpuModel
-    from runtime.engine import load_cpu_weights
+    from toolcall.runtime.bundle.files import WEIGHTS_FILE, read_contract
+    from toolcall.runtime.cpu.backend import load_cpu_weights
+    from toolcall.runtime.cpu.fast_model import FastCpuModel
+    from toolcall.runtime.cpu.kv_pool import PagedKVPool
+    from toolcall.runtime.cpu.model import CpuModel
 
     t0 = time.perf_counter()
     contract = read_contract(bundle)
@@ -156,48 +156,61 @@ def make_gguf(checkpoint: Path, out: Path, llama_python: str, converter: Path) -
 QWEN3_06B_LINEARS = ((2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072))
 
 
-def kernels(threads: int, rows: int) -> dict:
-    """Our linear kernels on one token's worth of the 0.6B shape's matrices (28 layers x q, k, v, o,
-    gate, up, down, random weights: 440 M, more than the caches hold) and the 151,936-row bf16 head,
-    ``rows`` activation rows: best of 3 passes, ns per weight (per row) and GB/s of weights read."""
+def _random_linear(fmt, o: int, n: int, rng):
+    """A linear [o, n] of random codes in weight format ``fmt``, held as the fast backend holds it
+    (stored_weights.LAYOUTS: fp8/bf16 in output panels, nvfp4 in rows)."""
     import numpy as np
 
-    from runtime.cpu import linear_high as lh, linear_kernels as lk, panel_kernels as pk
-    from runtime.cpu.fast_model import set_threads
+    from toolcall.common.formats import BF16, FP8_E4M3, NVFP4
+    from toolcall.runtime.cpu.stored_weights import LAYOUTS
+
+    def fp8():
+        q = rng.integers(-100, 100, (o, n), dtype=np.int8)
+        q[q == -1] = 1  # no E4M3 NaN code (0xFF; 0x7F is out of the range)
+        return q, rng.random(o, dtype=np.float32)
+    stored = {FP8_E4M3: fp8,
+              NVFP4: lambda: (rng.integers(0, 256, (o, n // 2), dtype=np.uint8),
+                              rng.integers(8, 0x70, (o, n // 16), dtype=np.uint8), np.float32(0.01)),
+              BF16: lambda: (rng.integers(0x3C00, 0x3F00, (o, n), dtype=np.uint16),)}
+    return LAYOUTS[fmt].load(None, "w", *stored[fmt]())
+
+
+def kernels(threads: int, rows: int) -> dict:
+    """Our linear kernels on one token's worth of the 0.6B shape's matrices (28 layers x q, k, v, o,
+    gate, up, down, random weights: 440 M, more than the caches hold) per bundle weight format, as the model
+    runs them (stored_weights.LAYOUTS), and the 151,936-row bf16 head (``head_bf16``), ``rows`` activation
+    rows: best of 3 passes, ns per weight (per row) and GB/s of weights read."""
+    import numpy as np
+
+    from toolcall.common.formats import BF16, WEIGHT_FORMATS
+    from toolcall.runtime.cpu import linear_high as lh
+    from toolcall.runtime.cpu.fast_model import set_threads
+    from toolcall.runtime.cpu.stored_weights import LAYOUTS, StoredLinear
 
     set_threads(threads)
     rng = np.random.default_rng(0)
     out = {}
-    for fmt in ("fp8", "nvfp4", "bf16", "head_bf16"):
-        shapes = [(151936, 1024)] if fmt == "head_bf16" else list(QWEN3_06B_LINEARS) * 28
-        mats = []
-        for o, n in shapes:
-            if fmt == "fp8":  # fp8 / bf16 linears as the model holds them: output panels (old: bench/panel_kernels.py)
-                q, s = rng.integers(-100, 100, (o, n), dtype=np.int8), rng.random(o, dtype=np.float32)
-                mats.append((pk.repack(q), pk.padded_scale(s)))
-            elif fmt == "nvfp4":
-                mats.append((rng.integers(0, 256, (o, n // 2), dtype=np.uint8),
-                             rng.integers(8, 0x70, (o, n // 16), dtype=np.uint8)))
-            else:
-                w = rng.integers(0x3C00, 0x3F00, (o, n), dtype=np.uint16)
-                mats.append((w if fmt == "head_bf16" else pk.repack(w),))
+    cases = [(fmt.name, list(QWEN3_06B_LINEARS) * 28, fmt) for fmt in WEIGHT_FORMATS if fmt.in_bundles]
+    for name, shapes, fmt in cases + [("head_bf16", [(151936, 1024)], None)]:
+        if fmt is None:  # the head: bf16 rows (u16 bits)
+            mats = [StoredLinear(BF16, rng.integers(0x3C00, 0x3F00, shapes[0], dtype=np.uint16))]
+        else:
+            mats = [_random_linear(fmt, o, n, rng) for o, n in shapes]
         xs = {n: rng.standard_normal((rows, n), dtype=np.float32) for _, n in shapes}
         ys = {o: np.empty((rows, o), np.float32) for o, _ in shapes}
 
         def run():
             for (o, n), m in zip(shapes, mats):
-                if fmt == "fp8":
-                    pk.linear_fp8_panels(xs[n], m[0], m[1], ys[o])
-                elif fmt == "nvfp4":
-                    lk.linear_nvfp4(xs[n], m[0], m[1], np.float32(0.01), ys[o])
+                if fmt is None:
+                    lh.linear_rows(xs[n], m.weight, ys[o])
                 else:
-                    (lh.linear_bf16 if fmt == "head_bf16" else pk.linear_bf16_panels)(xs[n], m[0], ys[o])
+                    LAYOUTS[fmt].run(m, xs[n], ys[o])
         run()
         best = min(_timed(run) for _ in range(3))
         weights = sum(o * n for o, n in shapes)
-        nbytes = sum(a.nbytes for m in mats for a in m)
-        out[fmt] = {"seconds": best, "weights": weights, "ns_per_weight_row": best / weights / rows * 1e9,
-                    "weight_GB_s": nbytes / best / 1e9}
+        nbytes = sum(a.nbytes for m in mats for a in (m.weight, m.scale, m.block, m.global_scale) if a is not None)
+        out[name] = {"seconds": best, "weights": weights, "ns_per_weight_row": best / weights / rows * 1e9,
+                     "weight_GB_s": nbytes / best / 1e9}
     return out
 
 
@@ -224,7 +237,7 @@ def run_child(kind: str, target: str, args, python: str) -> dict:
     cmd = [python, __file__, "--child", kind, target, "--threads", str(args.threads),
            "--prefill-tokens", str(args.prefill_tokens), "--decode-tokens", str(args.decode_tokens)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": str(checkout.import_folder(ROOT))})
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])

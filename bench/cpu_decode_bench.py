@@ -31,13 +31,14 @@ def main() -> None:
     import torch
     import transformers
 
-    from builder.synth import hf_config_json
-    from runtime.bundle import GRAMMAR_FILE, WEIGHTS_FILE, read_contract
-    from runtime.cpu.model import CpuModel
-    from runtime.engine import load_cpu_weights
-    from runtime.grammar import Grammar
-    from runtime.grammar_stepper import GrammarStepper
-    from runtime.cpu.kv_pool import PagedKVPool
+    from toolcall.builder.synth import hf_config_json
+    from toolcall.common.formats import KV_BF16
+    from toolcall.runtime.bundle.files import GRAMMAR_FILE, WEIGHTS_FILE, read_contract
+    from toolcall.runtime.cpu.backend import load_cpu_weights
+    from toolcall.runtime.cpu.kv_pool import PagedKVPool
+    from toolcall.runtime.cpu.model import CpuModel
+    from toolcall.runtime.grammar.stepper import GrammarStepper
+    from toolcall.runtime.grammar.trie import Grammar
 
     folder = Path(args.bundle)
     contract = read_contract(folder)
@@ -52,7 +53,7 @@ def main() -> None:
     total = args.prompt_tokens + 2 * args.steps + 4
 
     def ours(head: str):
-        pool = PagedKVPool(cfg, -(-total // 32), 32, 1, total, "bf16")
+        pool = PagedKVPool(cfg, -(-total // 32), 32, 1, total, KV_BF16)
         slot = pool.admit(total, tuple(int(t) for t in prompt))  # the prompt: decode rows are answer rows
         model.forward(prompt, np.full(len(prompt), slot), np.arange(len(prompt)), pool)
 

@@ -3,7 +3,7 @@ the bundle's generator at once, best of --repeats passes; requests/s, ms a reque
 with --profile the top functions by own time (cProfile). What the engine costs a burst request when
 nothing else shares the machine: the figure serve_burst's rate is measured against. Also the process's
 CPU ms a request (all threads, and the engine thread's own: plan and land, which with lanes is all but the
-kernels), and with --lanes N the server's lanes (runtime/lanes.py) instead of one generator.
+kernels), and with --lanes N the server's lanes (runtime/batching/lanes.py) instead of one generator.
 
     python bench/engine_alone.py BUNDLE [--requests 2048] [--threads 1] [--lanes 1] [--repeats 3] [--warm 256]
                                         [--profile [--sort tottime|cumulative]]
@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
+checkout.use()
 
-from bench.serve_burst import requests_for, sampling_of  # noqa: E402
-from runtime.engine import Engine  # noqa: E402
+from serve_burst import requests_for, sampling_of  # noqa: E402
+
+from toolcall.runtime.engine import Engine  # noqa: E402
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("bundle")
     ap.add_argument("--requests", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1, help="Kernel threads.")
-    ap.add_argument("--lanes", type=int, default=1, help="Lanes (runtime/lanes.py), each on --threads kernel threads.")
+    ap.add_argument("--lanes", type=int, default=1, help="Lanes (runtime/batching/lanes.py), each on --threads kernel threads.")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--warm", type=int, default=256,
                     help="Requests run before the timed passes (256: every distinct prompt prefilled; the burst's "
@@ -47,7 +47,7 @@ def main() -> None:
 
     generator, rows = engine.generator, [0]
     if args.lanes > 1:
-        from runtime.lanes import Lanes
+        from toolcall.runtime.batching.lanes import Lanes
         generator = Lanes.of(generator, args.lanes)
     models = generator.lanes if args.lanes > 1 else [generator]
     for g in models:  # every forward of the fast model goes through forward_call (the lanes call it directly)

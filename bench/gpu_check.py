@@ -11,7 +11,7 @@ three dependencies come as wheels in .whl/ (git-ignored), fetched on the develop
 and carried with this exact device call (one run; 540 s leaves room for a second in 15 minutes):
 
     run(carry=[".whl"], timeout_s=540, command="python3 -m pip install -q --no-index --no-deps --no-compile
-        --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD &&
+        --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site &&
         PYTHONUNBUFFERED=1 python3 bench/gpu_check.py")
 
 Before any stage the script checks those four modules import (exit 52, device_check_setup,
@@ -41,7 +41,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
+sys.path.insert(0, str(REPO / "bench"))
+import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
+checkout.use()
 
 from gpu_check_record import Recorder, arm_deadline, missing_wheels, read_result  # noqa: E402
 from gpu_check_report import machine_facts, summarize, table  # noqa: E402
@@ -94,8 +96,8 @@ class Stages:
         log = open(self.work / "logs" / f"{key}.log", "w")
         result = self.work / "logs" / f"{key}.json"
         result.unlink(missing_ok=True)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-                   PYTHONUNBUFFERED="1")
+        path = os.pathsep.join([str(checkout.import_folder(REPO)), os.environ.get("PYTHONPATH", "")])
+        env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
         if threads:
             env.update({v: str(threads) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
         timeout = max(1.0, min(TIMEOUTS[stage], self.left()))

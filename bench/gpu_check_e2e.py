@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from gpu_check_record import close_all, exit_stuck, is_stuck
 from gpu_check_stages import e2e_prompts
 
@@ -57,30 +56,30 @@ def manual_engine(folder: Path):
 
     from tokenizers import Tokenizer
 
-    from runtime.bundle import read_contract
-    from runtime.cuda.backend import load_cuda_model
-    from runtime.cuda.graph import CudaDecodeLoop
-    from runtime.generator import Generator
-    from runtime.grammar import Grammar
+    from toolcall.runtime.batching.batcher import StepBatcher
+    from toolcall.runtime.bundle.files import read_contract
+    from toolcall.runtime.cuda.backend import load_cuda_model
+    from toolcall.runtime.cuda.graph import DecodeGraph
+    from toolcall.runtime.grammar.trie import Grammar
     c, g = read_contract(folder), Grammar.read(folder / "grammar.msgpack")
     m = load_cuda_model(folder, c, g, strict=False)
     lim = c.limits
-    gen = Generator(m, m.kv, g, max_input_tokens=lim.max_input_tokens, max_output_tokens=lim.max_output_tokens,
+    gen = StepBatcher(m, m.kv, g, max_input_tokens=lim.max_input_tokens, max_output_tokens=lim.max_output_tokens,
                     max_tokens_per_step=lim.max_tokens_per_step, prefill_chunk=lim.prefill_chunk)
-    loop = None
+    decode_graph = None
     try:
-        loop = CudaDecodeLoop(m)
+        decode_graph = DecodeGraph(m)
     except Exception:
         pass
-    return SimpleNamespace(model=m, loop=loop, generator=gen, grammar=g, contract=c, close=m.close,
+    return SimpleNamespace(model=m, decode_graph=decode_graph, generator=gen, grammar=g, contract=c, close=m.close,
                            tokenizer=Tokenizer.from_file(str(folder / "tokenizer.json")))
 
 
 def _generate(engine, prompts, head: str) -> dict:
-    from runtime.generator import Generator, Request, Result
+    from toolcall.runtime.batching.batcher import Request, Result, StepBatcher
     m, c = engine.model, engine.contract
     lim = c.limits
-    gen = engine.generator if head == "sparse" else Generator(
+    gen = engine.generator if head == "sparse" else StepBatcher(
         m, m.kv, engine.grammar, max_input_tokens=lim.max_input_tokens, max_output_tokens=lim.max_output_tokens,
         max_tokens_per_step=lim.max_tokens_per_step, prefill_chunk=lim.prefill_chunk, head=head)
     res = gen.generate([Request(p) for p in prompts])
@@ -90,7 +89,7 @@ def _generate(engine, prompts, head: str) -> dict:
 
 
 def stage_e2e(work: Path, name: str, rec) -> dict:
-    from runtime.engine import Engine
+    from toolcall.runtime.engine import Engine
     t = time.perf_counter()
     # 1. graph-free paths, saved before any graph is launched
     parts = attempt(rec, "load_graph_free", lambda: manual_engine(work / name))
@@ -100,14 +99,14 @@ def stage_e2e(work: Path, name: str, rec) -> dict:
     rec.put("load_graph_free", {"seconds": time.perf_counter() - t, "module_errors": m.module_errors,
                                 "device_bytes": m.device_bytes(), "contract_memory": c.memory.__dict__,
                                 "canary": list(c.canary.expected_token_ids)})
-    if parts.loop is not None:
-        attempt(rec, "launches_per_token", lambda: len(parts.loop.body(0)))
+    if parts.decode_graph is not None:
+        attempt(rec, "launches_per_token", lambda: len(parts.decode_graph.body(0)))
     prompts = e2e_prompts(parts.grammar, parts.tokenizer, c.limits.max_input_tokens)
     rec.put("prompt_lengths", [len(p) for p in prompts])
     attempt(rec, "generator", lambda: _generate(parts, prompts, "sparse"))
     attempt(rec, "generator_check_head", lambda: _generate(parts, prompts, "check"))
-    if parts.loop is not None:
-        attempt(rec, "host_loop", lambda: [parts.loop.generate(p, mode="host").token_ids for p in prompts])
+    if parts.decode_graph is not None:
+        attempt(rec, "host_loop", lambda: [parts.decode_graph.generate(p, mode="host").token_ids for p in prompts])
 
     def hidden():
         p = np.asarray(c.canary.prompt_token_ids)
@@ -128,7 +127,7 @@ def stage_e2e(work: Path, name: str, rec) -> dict:
     if isinstance(engine, dict):
         return rec.data
     rec.put("load", {"seconds": time.perf_counter() - t})
-    attempt(rec, "graph", lambda: [engine.loop.generate(p).token_ids for p in prompts])
+    attempt(rec, "graph", lambda: [engine.decode_graph.generate(p).token_ids for p in prompts])
     close_error = close_all([engine.close])
     if close_error:
         rec.put("close_error", close_error)
@@ -138,15 +137,15 @@ def stage_e2e(work: Path, name: str, rec) -> dict:
 def stage_bench(work: Path, name: str, rec) -> dict:
     """The timings of the module docstring, each part put as it ends (Engine.load's gate first;
     after a refusal the parts without the gate, to time what runs)."""
-    from runtime.engine import Engine
+    from toolcall.runtime.engine import Engine
     engine = attempt(rec, "load", lambda: Engine.load(work / name))
     if isinstance(engine, dict):
         engine = attempt(rec, "load_without_canary", lambda: manual_engine(work / name))
-        if isinstance(engine, dict) or engine.loop is None:
+        if isinstance(engine, dict) or engine.decode_graph is None:
             return rec.data
     else:
         rec.put("load", "ok")
-    m, loop = engine.model, engine.loop
+    m, loop = engine.model, engine.decode_graph
     canary = list(engine.contract.canary.prompt_token_ids)
     res = {}
     for key, fn in (("copy", copy_bandwidth), ("ttft", ttft), ("steps", step_times), ("answers", answer_times)):
@@ -174,7 +173,7 @@ def stage_bench(work: Path, name: str, rec) -> dict:
 def _events_ms(m, ev, fn) -> float:
     from cuda.bindings import driver as drv
 
-    from kernels.launch import check
+    from toolcall.kernels.launch import check
     check(drv.cuEventRecord(ev[0], m.stream), "cuEventRecord")
     fn()
     check(drv.cuEventRecord(ev[1], m.stream), "cuEventRecord")
@@ -185,7 +184,7 @@ def _events_ms(m, ev, fn) -> float:
 def copy_bandwidth(m, loop, canary) -> dict:
     from cuda.bindings import driver as drv
 
-    from kernels.launch import check
+    from toolcall.kernels.launch import check
     n = 1 << 30  # the copy-bandwidth ceiling, measured here: 1 GiB, 10 copies, read + write bytes
     src, dst = m.gpu.alloc(n), m.gpu.alloc(n)
     try:
@@ -220,7 +219,7 @@ def step_times(m, loop, canary) -> dict:
     """The canary's prefill graph, then its last decode step replayed as a graph and from the host."""
     from cuda.bindings import driver as drv
 
-    from kernels.launch import check
+    from toolcall.kernels.launch import check
     res, b = {}, loop.builder
     prefill, times = b.instantiate(loop.plan(-(-len(canary) // loop.C))), []
     for i in range(4):

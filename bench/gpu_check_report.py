@@ -17,7 +17,7 @@ SMI_FIELDS = ("name", "driver_version", "clocks.sm", "clocks.mem", "clocks.max.s
 
 
 def machine_facts() -> dict:
-    """GPU name, driver, clocks (nvidia-smi), compute capability and free memory (runtime.machine), versions."""
+    """GPU name, driver, clocks (nvidia-smi), compute capability and free memory (toolcall.runtime.bundle.machine), versions."""
     facts = {"host": platform.node(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
     for fields in (SMI_FIELDS, SMI_FIELDS[:2]):  # the short query if a field name is not known there
         try:
@@ -31,7 +31,7 @@ def machine_facts() -> dict:
         except Exception as e:
             facts["nvidia_smi"] = f"unavailable: {type(e).__name__}: {e}"
     try:
-        from runtime.machine import gpu_facts
+        from toolcall.runtime.bundle.machine import gpu_facts
         f = gpu_facts()
         facts.update(gpu_name=f.gpu_name, compute_capability=f.compute_capability, driver_version=f.driver_version,
                      free_bytes=f.free_bytes, no_gpu_reason=f.no_gpu_reason)

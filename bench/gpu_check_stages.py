@@ -51,10 +51,10 @@ def load_test_module(name: str):
 
 # ---- build ----
 def synth_small(out: Path) -> None:
-    """A synthetic checkpoint of SMALL_SHAPE (builder.synth's tiny shape with the sizes replaced)."""
+    """A synthetic checkpoint of SMALL_SHAPE (toolcall.builder.synth's tiny shape with the sizes replaced)."""
     from unittest import mock
 
-    import builder.synth as synth
+    import toolcall.builder.synth as synth
     original = synth.model_config_for
 
     def small_config(opts, vocab):
@@ -64,11 +64,11 @@ def synth_small(out: Path) -> None:
 
 
 def ensure_headers() -> str:
-    """kernels.nvrtc_build.include_dir(), or (if cuda.pathfinder cannot find them) the first
+    """toolcall.kernels.nvrtc_build.include_dir(), or (if cuda.pathfinder cannot find them) the first
     folder on the Python path or in /usr/local/cuda holding cuda_fp8.h and cuda_fp4.h."""
     import sys
 
-    import kernels.nvrtc_build as nb
+    import toolcall.kernels.nvrtc_build as nb
     try:
         return nb.include_dir()
     except Exception as e:
@@ -84,9 +84,9 @@ def ensure_headers() -> str:
 
 
 def stage_build(work: Path, names: list[str], rec) -> dict:
-    from builder.compile import compile_bundle
-    from builder.synth import SynthOptions, synth_checkpoint
-    from runtime.contract import BuildOptions
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.builder.synth import SynthOptions, synth_checkpoint
+    from toolcall.runtime.bundle.contract import BuildOptions
     out = rec.data
     rec.put("headers", ensure_headers())
     work.mkdir(parents=True, exist_ok=True)
@@ -140,10 +140,11 @@ def kernel_jobs(graphs: bool, cases: str | None) -> list[tuple[str, object, tupl
 def stage_kernels(rec, graphs: bool = False, cases: str | None = None, while_timeout_s: float = 20.0) -> dict:
     """Every job's records and error are put as soon as the job ends; a stuck WHILE graph ends
     the stage at once (exit_stuck); ``gpu.close()`` is best effort and its error recorded."""
-    import kernels.runner as runner_mod
     from gpu_check_record import close_all, exit_stuck, is_stuck
-    from kernels.launch import Gpu
-    from kernels.runner import KernelRunner
+
+    import toolcall.kernels.runner as runner_mod
+    from toolcall.kernels.launch import Gpu
+    from toolcall.kernels.runner import KernelRunner
 
     class RecordingRunner(KernelRunner):
         """close/same record ||got - want|| / ||want|| and pass/fail instead of asserting."""
@@ -194,7 +195,7 @@ def stage_kernels(rec, graphs: bool = False, cases: str | None = None, while_tim
 
 # ---- prompts shared by e2e and cpuref ----
 def e2e_prompts(grammar, tokenizer, max_input: int) -> list[tuple[int, ...]]:
-    from builder.canary import CANARY_REQUESTS
+    from toolcall.builder.canary import CANARY_REQUESTS
     texts = list(CANARY_REQUESTS[:E2E_REQUESTS]) + [" ".join(CANARY_REQUESTS * 2)]
     return [tuple(tokenizer.encode(grammar.render_prompt(t)).ids)[-max_input:] for t in texts]
 
@@ -202,15 +203,15 @@ def e2e_prompts(grammar, tokenizer, max_input: int) -> list[tuple[int, ...]]:
 def stage_cpuref(work: Path, names: list[str], rec) -> dict:
     from tokenizers import Tokenizer
 
-    from runtime.bundle import read_contract
-    from runtime.engine import cpu_generator, load_cpu_weights
-    from runtime.generator import Request, Result
-    from runtime.grammar import Grammar
+    from toolcall.runtime.batching.batcher import Request, Result
+    from toolcall.runtime.bundle.files import read_contract
+    from toolcall.runtime.cpu.backend import cpu_batcher, load_cpu_weights
+    from toolcall.runtime.grammar.trie import Grammar
     for name in names:
         t, folder = time.perf_counter(), work / name
         c, g = read_contract(folder), Grammar.read(folder / "grammar.msgpack")
         tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        gen = cpu_generator(c.model, load_cpu_weights(folder / "weights.safetensors", c.model), g, c.limits)
+        gen = cpu_batcher(c.model, load_cpu_weights(folder / "weights.safetensors", c.model), g, c.limits)
         prompts = e2e_prompts(g, tok, c.limits.max_input_tokens)
         res = gen.generate([Request(p) for p in prompts])
         p = np.asarray(c.canary.prompt_token_ids)

@@ -20,19 +20,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
+checkout.use()
 
-from kernels.geometry import attention_max_splits, launch_shape  # noqa: E402
-from kernels.graph_nodes import add_kernel_node  # noqa: E402
-from common.errors import CudaError  # noqa: E402
-from kernels.launch import DeviceArray, Gpu, check  # noqa: E402
-from kernels.runner import KernelRunner  # noqa: E402
+from toolcall.common.errors import CudaError  # noqa: E402
+from toolcall.common.formats import WEIGHT_FORMATS  # noqa: E402
+from toolcall.kernels.declarations import Launch  # noqa: E402
+from toolcall.kernels.geometry import MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU, attention_max_splits, matvec_kernel  # noqa: E402
+from toolcall.kernels.graph_nodes import add_kernel_node  # noqa: E402
+from toolcall.kernels.launch import DeviceArray, Gpu, check  # noqa: E402
+from toolcall.kernels.runner import KernelRunner  # noqa: E402
+from toolcall.kernels.weight_args import weight_args  # noqa: E402
 
 Q06 = dict(hidden=1024, inter=3072, heads=16, kv_heads=8, head_dim=128, vocab=151936)
 EPS = np.float32(1e-6)
@@ -59,35 +62,37 @@ class Pool:
         return arr
 
 
-def matvec_args(fmt: str, kind: str, pool: Pool, floats, n_in: int, n_out: int):
-    """(args of one <fmt>_matvec<kind> node, its weight bytes); x/y/scales from ``floats``."""
-    x, x2, y, norm_w, scale, gscale = floats
-    if fmt == "fp8":
-        w_bytes, weight = n_out * n_in, lambda w: (w, scale)
-    else:  # nvfp4: codes [out, in/2], e4m3 block scales [out, in/16] (pool bytes <= 0x77: finite), fp32 global
-        w_bytes = n_out * n_in // 2 + n_out * n_in // 16
-        weight = lambda w: (w, DeviceArray(w.ptr + n_out * n_in // 2, n_out * n_in // 16), gscale)  # noqa: E731
-    w = pool.take(w_bytes)
-    head = {"": (x, n_in), "_rmsnorm": (x, n_in, norm_w, EPS), "_swiglu": (x, x2, n_in)}[kind]
-    return (*head, *weight(w), None, y, 1, n_in, n_out, int(kind != "_rmsnorm")), w_bytes
+def matvec_launch(fmt, prologue: str, pool: Pool, floats, n_in: int, n_out: int) -> tuple[Launch, int]:
+    """(one <fmt>_matvec<prologue> node, its weight bytes): weight arguments (codes, e4m3 block scales, bf16)
+    from the pool (bytes <= 0x77: finite in every format), float32 per-row scales and x/y from ``floats``."""
+    x, x2, y, norm_w, scale = floats
+    weights, w_bytes = {}, 0
+    for arg in weight_args(fmt):
+        if arg.dtype == np.float32:  # a per-row float32 scale [out]
+            weights[arg.param] = scale
+        else:
+            weights[arg.param] = pool.take(arg.nbytes(n_out, n_in))
+            w_bytes += arg.nbytes(n_out, n_in)
+    head = {PLAIN: dict(x=x), RMSNORM: dict(x=x, norm_w=norm_w, eps=EPS), SWIGLU: dict(gate=x, up=x2)}[prologue]
+    return Launch(matvec_kernel(fmt, prologue), dict(**head, x_stride=n_in, **weights, bias=None, y=y, T=1, n_in=n_in,
+                                                     n_out=n_out, accumulate=int(prologue != RMSNORM))), w_bytes
 
 
 def fmt_us(us: float | None) -> str:
     return "       -" if us is None else f"{us:8.2f}"
 
 
-def time_chain(runner, nodes: list, reps: int, programmatic: bool) -> float:
-    """Median device microseconds per node of a graph chaining ``nodes`` ((fn, sizes, args) each),
-    with programmatic edges (kernels/common.cuh) or full ones."""
+def time_chain(runner, nodes: list[Launch], reps: int, programmatic: bool) -> float:
+    """Median device microseconds per node of a graph chaining ``nodes``, with programmatic edges
+    (kernels/common.cuh) or full ones."""
     from cuda.bindings import driver as drv
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
     keep, prev = [], []
-    for fn, sizes, args in nodes:
-        kernel = runner.kernel(fn)
-        grid, block = launch_shape(fn, **sizes)
-        params, holders = kernel.pack(tuple(args))
+    for ln in nodes:
+        kernel = runner.kernel(ln.fn)
+        params, holders = kernel.pack(ln.args)
         keep.append((params, holders))
-        prev = [add_kernel_node(drv, graph, prev, kernel.function, grid, block, params.ctypes.data, fn, programmatic)]
+        prev = [add_kernel_node(drv, graph, prev, kernel.function, *ln.shape, params.ctypes.data, ln.fn, programmatic)]
     exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
     stream = check(drv.cuStreamCreate(0), "cuStreamCreate")
     ev = [check(drv.cuEventCreate(0), "cuEventCreate") for _ in range(2)]
@@ -115,7 +120,7 @@ def main() -> None:
     ap.add_argument("--positions", default="100,511", help="attention_decode: the row's positions (comma-separated); "
                                                             "the layer chains use the last")
     ap.add_argument("--only", help="comma-separated parts of the names to time (e.g. attention,layer); default all")
-    ap.add_argument("--formats", default="fp8,nvfp4")
+    ap.add_argument("--formats", default="fp8_e4m3,nvfp4", help="comma-separated weight formats (common/formats.py)")
     ap.add_argument("--layers", type=int, default=28, help="layers of the layer chain (at most --nodes)")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
@@ -128,8 +133,7 @@ def main() -> None:
     x, x2, y = f32(width), f32(width), f32(width)
     norm_w = gpu.upload(np.full(s["hidden"], 0x3f80, np.uint16))  # bf16 1.0
     scale = gpu.upload(np.abs(rng.standard_normal(width)).astype(np.float32) * 0.01)
-    gscale = gpu.upload(np.abs(rng.standard_normal(width)).astype(np.float32) * 0.01)
-    floats = (x, x2, y, norm_w, scale, gscale)
+    floats = (x, x2, y, norm_w, scale)
     rows = []
 
     want = lambda name: not args.only or any(part in name for part in args.only.split(","))  # noqa: E731
@@ -144,31 +148,31 @@ def main() -> None:
             refused.append(f"{type(e).__name__}: {e}")
             return None
 
-    def record(name: str, fn: str, sizes: dict, nodes: list, w_bytes: int) -> None:
-        """One kernel's chain (``nodes``: its argument tuples), timed with full and programmatic edges."""
+    def record(name: str, chain: list[Launch], w_bytes: int) -> None:
+        """One kernel's chain (one kernel, each node its own arguments), timed with full and programmatic edges."""
         if not want(name):
             return
-        chain = [(fn, sizes, a) for a in nodes]
         us, us_pdl = time_chain(runner, chain, args.reps, False), timed_programmatic(chain)
-        grid, block = launch_shape(fn, **sizes)
-        rows.append(dict(name=name, kernel=fn, grid=list(grid), block=block[0], us=us, us_pdl=us_pdl,
+        grid, block = chain[0].shape
+        rows.append(dict(name=name, kernel=chain[0].fn, grid=list(grid), block=block[0], us=us, us_pdl=us_pdl,
                          weight_mb=w_bytes / 1e6, gbs=w_bytes / us / 1e3))
         print(f"{name:24} {us:8.2f} us, {fmt_us(us_pdl)} us with programmatic edges", flush=True)
 
     emb = gpu.upload(bf16_bits(rng.standard_normal(64 * s["hidden"])))
     tok = gpu.upload(np.array([3], np.int32))
-    record("embed_gather (floor)", "embed_gather", dict(T=1),
-           [(tok, emb, 64, s["hidden"], y, 1)] * args.nodes, 0)
+    record("embed_gather (floor)", [Launch("embed_gather", dict(tokens=tok, table=emb, vocab=64, hidden=s["hidden"],
+                                                                 x=y, T=1))] * args.nodes, 0)
     h, i, q_dim = s["hidden"], s["inter"], s["heads"] * s["head_dim"]
     qkv_out = q_dim + 2 * s["kv_heads"] * s["head_dim"]
-    layer_mv = {}  # fmt -> [(fn, sizes, args) per node] of each projection, for the layer chains below
-    for fmt in args.formats.split(","):
-        for name, kind, n_in, n_out in (("qkv", "_rmsnorm", h, qkv_out), ("o_proj", "", q_dim, h),
-                                        ("gate_up", "_rmsnorm", h, 2 * i), ("down", "_swiglu", i, h)):
-            nodes = [matvec_args(fmt, kind, pool, floats, n_in, n_out) for _ in range(args.nodes)]
-            record(f"{fmt} {name} {n_in}->{n_out}", f"{fmt}_matvec{kind}", dict(T=1, out=n_out),
-                   [a for a, _ in nodes], nodes[0][1])
-            layer_mv.setdefault(fmt, []).append([(f"{fmt}_matvec{kind}", dict(T=1, out=n_out), a) for a, _ in nodes])
+    layer_mv = {}  # format -> [the nodes of each projection], for the layer chains below
+    for fmt in map(WEIGHT_FORMATS.get, args.formats.split(",")):
+        if fmt not in MATVEC_FORMATS:
+            raise SystemExit(f"--formats: the GPU kernels take {', '.join(f.name for f in MATVEC_FORMATS)}")
+        for name, prologue, n_in, n_out in (("qkv", RMSNORM, h, qkv_out), ("o_proj", PLAIN, q_dim, h),
+                                            ("gate_up", RMSNORM, h, 2 * i), ("down", SWIGLU, i, h)):
+            nodes = [matvec_launch(fmt, prologue, pool, floats, n_in, n_out) for _ in range(args.nodes)]
+            record(f"{fmt.name} {name} {n_in}->{n_out}", [ln for ln, _ in nodes], nodes[0][1])
+            layer_mv.setdefault(fmt, []).append([ln for ln, _ in nodes])
     # attention_decode: one row at each of --positions, its pages in the cache; q|k|v raw in x
     nh, nkv, hd, ps = s["heads"], s["kv_heads"], s["head_dim"], 32
     S = attention_max_splits(2048)
@@ -182,20 +186,22 @@ def main() -> None:
     qw = kw = gpu.upload(np.full(hd, 0x3f80, np.uint16))
     part_o, part_ml = gpu.alloc(nh * S * hd * 4), gpu.alloc(nh * S * 2 * 4)
     counters, out = gpu.zeros(nkv * 4), gpu.alloc(q_dim * 4)
-    att_sizes = dict(T=1, n_kv_heads=nkv, max_splits=S)
     for position in map(int, args.positions.split(",")):
         pos = gpu.upload(np.array([position], np.int32))
-        att = (qkv, qkv_out, k_dev, qkv_out, v_dev, qkv_out, seq, pos, bt, n_pages, ps, kc, vc, qw, kw, inv_freq,
-               EPS, nh, nkv, hd, np.float32(hd ** -0.5), S, part_o, part_ml, counters, out, q_dim, 1)
-        record(f"attention_decode pos {position}", "attention_decode", att_sizes, [att] * args.nodes, 0)
+        att = Launch("attention_decode", dict(
+            q=qkv, q_stride=qkv_out, k=k_dev, k_stride=qkv_out, v=v_dev, v_stride=qkv_out, seq=seq, pos=pos,
+            block_table=bt, max_pages_per_seq=n_pages, page_size=ps, k_cache=kc, v_cache=vc, q_norm_w=qw, k_norm_w=kw,
+            inv_freq=inv_freq, eps=EPS, n_heads=nh, n_kv_heads=nkv, head_dim=hd, sm_scale=np.float32(hd ** -0.5),
+            max_splits=S, part_o=part_o, part_ml=part_ml, counters=counters, out=out, out_stride=q_dim, T=1))
+        record(f"attention_decode pos {position}", [att] * args.nodes, 0)
     # a decode step's layers: qkv, attention, o_proj, gate_up, down, each layer its own weights
     for fmt, (qkv_n, o_n, gu_n, down_n) in layer_mv.items() if want("layer") else ():
         chain = [n for L in range(args.layers)
-                 for n in (qkv_n[L], ("attention_decode", att_sizes, att), o_n[L], gu_n[L], down_n[L])]
+                 for n in (qkv_n[L], att, o_n[L], gu_n[L], down_n[L])]
         us, us_pdl = 5 * time_chain(runner, chain, args.reps, False), timed_programmatic(chain, 5)
-        rows.append(dict(name=f"{fmt} layer ({args.layers} layers)", kernel="layer", grid=[0], block=0, us=us,
+        rows.append(dict(name=f"{fmt.name} layer ({args.layers} layers)", kernel="layer", grid=[0], block=0, us=us,
                          us_pdl=us_pdl, weight_mb=0.0, gbs=0.0))
-        print(f"{fmt} layer: {us:8.2f} us, {fmt_us(us_pdl)} us with programmatic edges", flush=True)
+        print(f"{fmt.name} layer: {us:8.2f} us, {fmt_us(us_pdl)} us with programmatic edges", flush=True)
     gpu.synchronize()
     gpu.close()
     print(f"\n== per-kernel device time, {gpu.name}, chains of {args.nodes} nodes, median of {args.reps}")

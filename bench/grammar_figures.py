@@ -14,11 +14,11 @@ import platform
 import time
 from importlib import resources
 
-from builder.catalog import load_catalog
-from builder.synth_tokenizer import END_OF_TURN, train_tokenizer
-from builder.trie import build_grammar
-from runtime.grammar import Grammar
-from runtime.grammar_stepper import GrammarStepper
+from toolcall.builder.catalog import load_catalog
+from toolcall.builder.synth_tokenizer import END_OF_TURN, train_tokenizer
+from toolcall.builder.trie import build_grammar
+from toolcall.runtime.grammar.stepper import GrammarStepper
+from toolcall.runtime.grammar.trie import Grammar
 
 VERBS = ("get set list create update delete search find send book cancel check track convert "
          "schedule share upload download").split()

@@ -4,7 +4,7 @@
 
 Loads the bundle's CudaModel onto a host stand-in device (fake addresses; weights are read and
 "copied" but nothing runs), builds the decode graph's loop body the way the runtime does
-(runtime/cuda/graph.py CudaDecodeLoop.body: runtime/cuda/launches.py's forward over one decode
+(runtime/cuda/graph.py DecodeGraph.body: runtime/cuda/launches.py's forward over one decode
 row, then the sampling step) and counts its launches by kernel, plus one prefill chunk's for
 comparison. Every launch is argument-packed against its kernel's parameter list, so a count
 comes from a launch list the runtime could really run. The last line is
@@ -15,15 +15,14 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
+checkout.use()
 
-from kernels.geometry import launch_shape  # noqa: E402
-from kernels.launch import DeviceArray  # noqa: E402
-from kernels.runner import DryRunGpu  # noqa: E402
+from toolcall.kernels.launch import DeviceArray  # noqa: E402
+from toolcall.kernels.runner import DryRunGpu  # noqa: E402
 
 
 class CountingGpu(DryRunGpu):
@@ -40,23 +39,23 @@ class CountingGpu(DryRunGpu):
 
 def count(bundle: Path) -> dict:
     """Launch counts of one decode step (the WHILE body) and one prefill chunk of ``bundle``."""
-    from runtime.bundle import read_contract
-    from runtime.cuda.backend import load_cuda_model
-    from runtime.cuda.graph import CudaDecodeLoop
-    from runtime.grammar import Grammar
+    from toolcall.runtime.bundle.files import read_contract
+    from toolcall.runtime.cuda.backend import load_cuda_model
+    from toolcall.runtime.cuda.graph import DecodeGraph
+    from toolcall.runtime.grammar.trie import Grammar
     c = read_contract(bundle)
     if c.target.sm_arch is None:
         raise SystemExit(f"{bundle}: a {c.target.name} bundle has no kernels; build one for a GPU target")
     model = load_cuda_model(bundle, c, Grammar.read(bundle / "grammar.msgpack"), gpu=CountingGpu())
     try:
-        loop = CudaDecodeLoop(model)
+        loop = DecodeGraph(model)
         body, chunk = loop.body(0), loop.chunk(0)
         layers = c.model.num_layers
         sample = loop.first_sample()
         per_layer = (len(body) - len(sample) - 1) / layers  # minus sampling and embed_gather
         chunk_per_layer = (len(chunk) - 1) / layers
         for ln in body + chunk:  # pack and shape-check every launch as a Program would
-            model.gpu.launch(model.kernel(ln.fn), *launch_shape(ln.fn, **ln.sizes), *ln.args)
+            model.gpu.launch(model.kernel(ln.fn), *ln.shape, ln.args)
         return {"bundle": str(bundle), "precision": c.precision.weights, "layers": layers,
                 "decode_step": len(body), "decode_per_layer": per_layer, "sampling": len(sample),
                 "decode_kernels": dict(collections.Counter(ln.fn for ln in body)),

@@ -21,11 +21,11 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
+checkout.use()
 
 CATALOG = Path(__file__).resolve().parents[1] / "builder" / "data" / "qwen3-tools-64.json"
 ASKS = ("Book a flight to {p}", "What's the weather in {p} tomorrow?", "Find a hotel in {p} for two nights",
@@ -46,9 +46,9 @@ def requests(n: int) -> list[str]:
 
 
 def build(work: Path) -> Path:
-    from builder.compile import compile_bundle
-    from builder.synth import SynthOptions, synth_checkpoint
-    from runtime.contract import BuildOptions
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.builder.synth import SynthOptions, synth_checkpoint
+    from toolcall.runtime.bundle.contract import BuildOptions
 
     ckpt, bundle = work / "tiny", work / "tiny-tools64-prompt-cpu"
     if not (ckpt / "config.json").exists():
@@ -63,9 +63,9 @@ def build(work: Path) -> Path:
 
 def pool_capacity(engine, prompt: tuple[int, ...], sharing: bool) -> int:
     """Sequences of ``prompt`` (+ max answer) a pool of the contract's num_pages admits at once (slots unbounded)."""
-    from common.errors import RequestError
-    from runtime.cpu.kv_pool import PagedKVPool
-    from runtime.prefix_cache import prefill_prefix
+    from toolcall.common.errors import RequestError
+    from toolcall.runtime.batching.prefix_cache import prefill_prefix
+    from toolcall.runtime.cpu.kv_pool import PagedKVPool
 
     c = engine.contract
     lim = c.limits
@@ -84,8 +84,8 @@ def pool_capacity(engine, prompt: tuple[int, ...], sharing: bool) -> int:
 
 
 def run_side(bundle: Path, texts: list[str], sharing: bool) -> dict:
-    from runtime.engine import Engine
-    from runtime.generator import Result
+    from toolcall.runtime.batching.batcher import Result
+    from toolcall.runtime.engine import Engine
 
     start = time.perf_counter()
     engine = Engine.load(bundle, prefix_cache=sharing)

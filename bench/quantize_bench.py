@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
+checkout.use()
 
 TARGETS_GB_PER_S = {"fp8_e4m3": 0.5, "nvfp4": 0.3}  # on the 2-core build machine, Qwen3-0.6B shape
 TARGET_PEAK_RSS_GB = 1.5
@@ -42,8 +43,8 @@ def machine() -> dict:
 
 def run_one(checkpoint_dir: str, precision: str, workers: int, out_dir: str) -> dict:
     """Runs in the child: one precision, returns its measurements."""
-    from builder.checkpoint import open_checkpoint
-    from builder.quantize import quantize_checkpoint
+    from toolcall.builder.checkpoint import open_checkpoint
+    from toolcall.builder.quantize import quantize_checkpoint
 
     ckpt = open_checkpoint(checkpoint_dir)
     source_bytes = ckpt.source_bytes()
@@ -73,9 +74,9 @@ def micro(seed: int = 0) -> dict:
     import ml_dtypes
     import numpy as np
 
-    from builder.fp8 import quantize_fp8
-    from builder.nvfp4 import quantize_nvfp4
-    from builder.quantize import DequantError
+    from toolcall.builder.quantize import DequantError
+    from toolcall.common.fp8 import quantize_fp8
+    from toolcall.common.nvfp4 import quantize_nvfp4
 
     w = np.random.default_rng(seed).standard_normal((3072, 1024)).astype(ml_dtypes.bfloat16)
     cases = {"fp8_plain": lambda: quantize_fp8(w, fast=False), "fp8_fast": lambda: quantize_fp8(w),

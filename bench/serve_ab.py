@@ -18,13 +18,13 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
+checkout.use()
 
-from bench.serve_burst import Server, burst, cpu_seconds, requests_for  # noqa: E402
+from serve_burst import Server, burst, cpu_seconds, requests_for  # noqa: E402
 
 
 def one_burst(bundle: str, root: Path, bodies: list[dict], clients: int, timeout_s: float) -> dict:

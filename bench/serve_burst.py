@@ -7,7 +7,7 @@ clients (connection limits lifted) with varied tool-discovery requests (the tool
 split; a quarter sampled with a seed), and reports requests/s, p50/p99 latency, TTFT, refusals
 by reason and lost (= requests with neither an answer nor a typed refusal). Every answer is
 compared with the same request run alone on the CPU reference. Then the same burst against
-the same server with a no-op engine (`--noop-engine`): our rate as a share of the HTTP stack's
+the same server with a no-op engine (bench/noop_engine.py): our rate as a share of the HTTP stack's
 own ceiling on this machine. Also: KV pages in use after the burst (must be 0) and the server's
 RSS before and after, and where the burst's CPU went: milliseconds a request on the server's
 main thread (the event loop), its other threads (the engine and lanes), and this client. With
@@ -35,12 +35,13 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
+checkout.use()
 
 
 def requests_for(distinct: int) -> list[dict]:
     """``distinct`` request bodies: test-split texts; every fourth sampled (temperature 0.8, its own seed)."""
-    from models.toolcall.data import make_split
+    from toolcall.models.recipe.data import make_split
 
     texts = [e.request for e in make_split("test", size=max(distinct, 1))][:distinct]
     return [{"request": t, **({"temperature": 0.8, "top_p": 0.95, "seed": i} if i % 4 == 3 else {})}
@@ -49,14 +50,14 @@ def requests_for(distinct: int) -> list[dict]:
 
 def sampling_of(body: dict):
     """The Sampling a /v1/discover body asks for (the server's defaults where it is silent)."""
-    from runtime.sampling import Sampling
+    from toolcall.runtime.batching.sampling import Sampling
 
     return Sampling(body.get("temperature", 0.0), body.get("top_p", 1.0), body.get("seed", 0))
 
 
 def solo_answers(bundle: str, bodies: list[dict]) -> list[list[int]]:
     """Each body's token ids, run alone (one request at a time) on the bundle's CPU engine."""
-    from runtime.engine import Engine
+    from toolcall.runtime.engine import Engine
 
     engine = Engine.load(bundle, threads=1)  # one kernel thread: no barrier stalls when the machine is busy
     out = []
@@ -101,11 +102,16 @@ class Server:
     def __init__(self, bundle: str, noop: bool, request_timeout_s: float, threads: int | None = None,
                  lanes: int | None = None, root: Path = ROOT):
         bundle = str(Path(bundle).resolve())  # the server runs in ``root``, not in the caller's directory
-        cmd = [sys.executable, "-c", "from runtime.cli import main; main()", "serve", bundle, "--port", "0",
-               "--request-timeout", str(request_timeout_s)] + ([] if threads is None else ["--threads", str(threads)]) \
-            + ([] if lanes is None else ["--lanes", str(lanes)])
-        self.proc = subprocess.Popen(cmd + (["--noop-engine"] if noop else []), cwd=root, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        if noop:  # the same server with bench/noop_engine.py's engine
+            cmd = [sys.executable, str(Path(__file__).with_name("noop_engine.py")), bundle, "--port", "0",
+                   "--request-timeout", str(request_timeout_s)]
+        else:
+            cmd = [sys.executable, "-c", "from toolcall.runtime.cli import main; main()", "serve", bundle, "--port",
+                   "0", "--request-timeout", str(request_timeout_s)] + \
+                ([] if threads is None else ["--threads", str(threads)]) + ([] if lanes is None else ["--lanes", str(lanes)])
+        env = {**os.environ, "PYTHONPATH": str(checkout.import_folder(root))}  # ``root``'s code as toolcall
+        self.proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
         line = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
@@ -230,13 +236,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds < 1 or args.clients < 1 or args.distinct < 1:
         raise SystemExit("--rounds, --clients and --distinct must be at least 1")
-    from runtime.serve.server import raise_open_files
+    from toolcall.runtime.serve.server import raise_open_files
 
     soft, _ = raise_open_files()  # this process holds one socket per client
     if soft < args.clients + 64:
         raise SystemExit(f"open-files limit {soft} is below {args.clients} clients; raise `ulimit -n`")
 
-    from runtime.bundle import read_contract
+    from toolcall.runtime.bundle.files import read_contract
 
     contract = read_contract(args.bundle)
     bodies = requests_for(args.distinct)

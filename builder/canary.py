@@ -20,12 +20,12 @@ from typing import Callable
 
 import numpy as np
 
-from runtime.contract import Canary, CanaryPrompt, CanaryStep, Limits
-from runtime.engine import cpu_generator, load_cpu_weights
-from common.errors import BuildError, EngineError
-from runtime.generator import Request, Result
-from runtime.grammar import Grammar
-from runtime.grammar_stepper import GrammarStepper
+from toolcall.common.errors import BuildError, EngineError
+from toolcall.runtime.batching.batcher import Request, Result
+from toolcall.runtime.bundle.contract import Canary, CanaryPrompt, CanaryStep, Limits
+from toolcall.runtime.cpu.backend import cpu_batcher, load_cpu_weights
+from toolcall.runtime.grammar.stepper import GrammarStepper
+from toolcall.runtime.grammar.trie import Grammar
 
 CANARY_REQUESTS = (
     "What is the weather in Paris tomorrow?",
@@ -93,7 +93,7 @@ def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
     that qualify (module docstring). ``encode(text)``: the runtime's Engine.encode for this
     bundle's tokenizer and template. BuildError("build_failed") when none qualifies."""
     # the fast backend on the stored weights (memory-mapped): the build never holds a float32 copy
-    generator = cpu_generator(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits)
+    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits)
     kept: list[CanaryPrompt] = []
     rejected: dict[str, int] = {"too long": 0, "near tie": 0, "first candidate at every step": 0}
     best_margin = 0.0

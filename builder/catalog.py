@@ -17,8 +17,8 @@ from pathlib import Path
 import jsonschema
 import tokenizers
 
-from common.errors import BuildError, CatalogError
-from schemas import load_schema
+from toolcall.common.errors import BuildError, CatalogError
+from toolcall.schemas import load_schema
 
 # Largest catalog: 256 words of 64 bits per edge bitset. The grammar's bitset bytes grow as
 # tools x edges (both ~linear in the catalog), so 16,384 tools is ~100 MB of bitsets at ~3

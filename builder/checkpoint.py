@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from common.errors import CheckpointError
-from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
-from runtime.file_kind import path_kind, require_file
-from runtime.tensor_file import SafetensorsFile
+from toolcall.common.errors import CheckpointError
+from toolcall.runtime.bundle.file_kind import path_kind, require_file
+from toolcall.runtime.bundle.model_config import FAMILIES, ModelConfig, RopeScaling
+from toolcall.runtime.bundle.tensor_file import SafetensorsFile
 
 SOURCE_DTYPES = ("BF16", "F16", "F32")
 

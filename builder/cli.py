@@ -7,8 +7,11 @@ import time
 
 import click
 
-from runtime.cli_errors import TypedErrorGroup, exit_code_help, fail, json_text
-from common.errors import EngineError
+from toolcall.builder.quantize import weight_format
+from toolcall.common.errors import EngineError
+from toolcall.common.formats import WEIGHT_FORMATS
+from toolcall.runtime.console import TypedErrorGroup, exit_code_help, fail, json_text
+
 
 def progress_printer(label: str):
     """A progress(name, done, total) callback drawing a bar on a terminal, silent elsewhere."""
@@ -68,7 +71,7 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the model config as JSON.")
 def synth(shape, family, seed, shards, out_dir, force, as_json):
     """Write a synthetic Hugging Face checkpoint (config, safetensors, trained BPE tokenizer)."""
-    from .synth import SynthOptions, synth_checkpoint
+    from toolcall.builder.synth import SynthOptions, synth_checkpoint
 
     start = time.perf_counter()
     try:
@@ -83,13 +86,14 @@ def synth(shape, family, seed, shards, out_dir, force, as_json):
                    f"{time.perf_counter() - start:.1f} s")
 
 
-PRECISIONS = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "nvfp4": "nvfp4", "bf16": "bf16"}
+# the bundle weight formats by name, and their older spellings (fp8 for fp8_e4m3)
+PRECISIONS = sorted(n for f in WEIGHT_FORMATS if f.in_bundles for n in (f.name, *f.aliases))
 
 
 @main.command(name="compile")
 @click.argument("checkpoint", type=click.Path())
 @click.option("--catalog", type=click.Path(), required=True, help="Tool catalog JSON: {\"tools\": [{\"name\", \"description\"}, ...], separator, max tools per answer, prompt template}.")
-@click.option("--precision", type=click.Choice(sorted(PRECISIONS)), default="fp8", show_default=True,
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp8_e4m3", show_default=True,
               help="Weights of the decoder's linear layers; embeddings, norms and head stay bf16.")
 @click.option("--target", default="cpu", show_default=True,
               help="cpu (numpy reference), a GPU (h100, h200, b200, rtx5090) or an architecture (sm_90).")
@@ -115,14 +119,13 @@ def compile_cmd(checkpoint, catalog, precision, target, max_sequences, max_input
     """Compile CHECKPOINT (a Hugging Face folder) and a tool catalog into a bundle with its contract.json."""
     from pathlib import Path
 
-    from runtime.contract import BuildOptions
-
-    from .compile import compile_bundle
-    from .memory_plan import parse_size
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.builder.memory_plan import parse_size
+    from toolcall.runtime.bundle.contract import BuildOptions
 
     try:
         options = BuildOptions(
-            precision=PRECISIONS[precision], target=target.lower(), max_sequences=max_sequences,
+            precision=weight_format(precision).name, target=target.lower(), max_sequences=max_sequences,
             max_input_tokens=max_input_tokens, max_output_tokens=max_output_tokens, page_size=page_size,
             max_tokens_per_step=max_tokens_per_step, prefill_chunk=prefill_chunk,
             memory_budget_bytes=parse_size(memory_budget) if memory_budget else None,
@@ -142,7 +145,7 @@ def compile_cmd(checkpoint, catalog, precision, target, max_sequences, max_input
                                "source_gb_per_s": result.source_bytes / 1e9 / max(result.timings["quantize"], 1e-9),
                                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
         return
-    from .inspect_bundle import format_inspection, inspect_bundle
+    from toolcall.builder.inspect_bundle import format_inspection, inspect_bundle
 
     click.echo(format_inspection(inspect_bundle(result.out_dir)))
     click.echo(f"\nbuilt in {sum(result.timings.values()):.1f} s ("
@@ -157,7 +160,7 @@ def inspect(bundle, as_json):
 
     Reads only contract.json (schema-checked); `builder verify` checks the files against it.
     """
-    from .inspect_bundle import format_inspection, inspect_bundle
+    from toolcall.builder.inspect_bundle import format_inspection, inspect_bundle
 
     try:
         info = inspect_bundle(bundle)
@@ -182,7 +185,7 @@ def verify(bundle, as_json):
     canary   canary ids lie in the vocabulary and the expected answer follows the grammar
     kernels  kernels/*.cubin present exactly for GPU targets, each compiled for the contract's sm_arch
     """
-    from .inspect_bundle import CHECKS, verify_bundle
+    from toolcall.builder.inspect_bundle import CHECKS, verify_bundle
 
     try:
         contract = verify_bundle(bundle)
@@ -200,7 +203,7 @@ def verify(bundle, as_json):
 @click.argument("checkpoint", type=click.Path())
 @click.option("--gpu-memory", required=True,
               help="Device memory the bundle may take, e.g. 24GiB: what the large model leaves free.")
-@click.option("--precision", type=click.Choice(sorted(PRECISIONS)), default="fp8", show_default=True,
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp8_e4m3", show_default=True,
               help="Weights of the decoder's linear layers.")
 @click.option("--target", default="h200", show_default=True, help="A GPU (h100, h200, b200, rtx5090), sm_XY or cpu.")
 @click.option("--page-size", type=int, default=32, show_default=True, help="Tokens per KV-cache page.")
@@ -221,12 +224,17 @@ def plan(checkpoint, gpu_memory, precision, target, page_size, max_input_tokens,
     from dataclasses import asdict
     from pathlib import Path
 
-    from kernels.targets import resolve_target
-
-    from .checkpoint import parse_config
-    from .kernel_build import check_kernel_shapes, contract_target
-    from .memory_plan import format_size, parse_size
-    from .tiers import DEFAULT_MAX_INPUT_TOKENS, DEFAULT_MAX_OUTPUT_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows
+    from toolcall.builder.checkpoint import parse_config
+    from toolcall.builder.kernel_build import check_kernel_shapes, contract_target
+    from toolcall.builder.memory_plan import format_size, parse_size
+    from toolcall.builder.tiers import (
+        DEFAULT_MAX_INPUT_TOKENS,
+        DEFAULT_MAX_OUTPUT_TOKENS,
+        TIER_COLUMNS,
+        plan_tiers,
+        tier_rows,
+    )
+    from toolcall.kernels.targets import resolve_target
 
     try:
         max_in = DEFAULT_MAX_INPUT_TOKENS if max_input_tokens is None else max_input_tokens
@@ -240,11 +248,11 @@ def plan(checkpoint, gpu_memory, precision, target, page_size, max_input_tokens,
             raise EngineError("checkpoint_invalid", f"{checkpoint}: not a folder; expected a Hugging Face checkpoint "
                               "folder with config.json", path=str(checkpoint))
         cfg = parse_config(Path(checkpoint))
-        check_kernel_shapes(contract_target(t.name), cfg, PRECISIONS[precision])  # as `compile` does, first
+        check_kernel_shapes(contract_target(t.name), cfg, weight_format(precision).name)  # as `compile` does, first
         if max_in + max_out > cfg.max_position_embeddings:
             raise EngineError("usage", f"max input + output tokens ({max_in + max_out}) exceed the model's "
                               f"{cfg.max_position_embeddings} positions", limit=cfg.max_position_embeddings)
-        tiers = plan_tiers(cfg, PRECISIONS[precision], budget, t.name, page_size, max_input_tokens=max_in,
+        tiers = plan_tiers(cfg, weight_format(precision).name, budget, t.name, page_size, max_input_tokens=max_in,
                            max_output_tokens=max_out, context_reserve_bytes=reserve)
     except EngineError as e:
         fail(e, as_json)
@@ -256,12 +264,12 @@ def plan(checkpoint, gpu_memory, precision, target, page_size, max_input_tokens,
 
     if as_json:
         click.echo(json_text({"checkpoint": str(checkpoint), "gpu_memory_bytes": budget, "target": t.name,
-                               "precision": PRECISIONS[precision], "page_size": page_size,
+                               "precision": weight_format(precision).name, "page_size": page_size,
                                "tiers": [{"tier": x.name, "limits": asdict(x.limits), "memory": asdict(x.memory),
                                           "compile_args": compile_args(x.limits)} for x in tiers]}))
         return
     click.echo(f"{checkpoint}: {cfg.family}, {cfg.param_count() / 1e6:.1f}M parameters\n"
-               f"{t.name}{' (' + t.sm_arch + ')' if t.sm_arch else ''}, {PRECISIONS[precision]} weights, "
+               f"{t.name}{' (' + t.sm_arch + ')' if t.sm_arch else ''}, {weight_format(precision).name} weights, "
                f"{format_size(budget)} to fill, pages of {page_size} tokens")
     rows = [tuple(str(v) for v in r) for r in [TIER_COLUMNS, *tier_rows(tiers)]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(TIER_COLUMNS))]
@@ -344,8 +352,8 @@ def manifest(bundle, kubernetes, image, replicas, name, namespace, out_file, bun
         --bundle-pvc toolcall-bundles --bundle-subpath q06-nvfp4-h200 --replicas 4 --out deploy.yaml
       kubectl apply -f deploy.yaml
     """
-    from .manifest import BundleSource, ManifestOptions, bundle_manifests, to_yaml
-    from .memory_plan import parse_size
+    from toolcall.builder.manifest import BundleSource, ManifestOptions, bundle_manifests, to_yaml
+    from toolcall.builder.memory_plan import parse_size
 
     try:
         if not kubernetes:

@@ -16,22 +16,40 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from runtime.progress import done as stage_done
-from runtime.progress import stage
-from runtime.bundle import GRAMMAR_FILE, KERNELS_DIR, REPORT_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry
-from runtime.contract import (CONTRACT_FILE, FORMAT_NAME, FORMAT_VERSION, BuildOptions, Contract, EngineSection,
-                              Format, GrammarSection, Limits, Precision, PromptSection, compute_bundle_id)
-from runtime.prompt import TOKENIZATION, PromptEncoder
-from common.errors import BuildError, CatalogError
-from runtime.file_kind import require_file
-
-from .canary import record_canary
-from .catalog import load_catalog
-from .checkpoint import open_checkpoint
-from .kernel_build import check_kernel_shapes, compile_kernels, contract_target
-from .memory_plan import default_context_reserve, plan_memory, prefix_pages, size_pool_for_budget
-from .quantize import quantize_checkpoint
-from .trie import build_grammar
+from toolcall.builder.canary import record_canary
+from toolcall.builder.catalog import load_catalog
+from toolcall.builder.checkpoint import open_checkpoint
+from toolcall.builder.kernel_build import check_kernel_shapes, compile_kernels, contract_target
+from toolcall.builder.memory_plan import default_context_reserve, plan_memory, prefix_pages, size_pool_for_budget
+from toolcall.builder.quantize import quantize_checkpoint
+from toolcall.builder.trie import build_grammar
+from toolcall.common.errors import BuildError, CatalogError
+from toolcall.runtime.batching.prompt import TOKENIZATION, PromptEncoder
+from toolcall.runtime.bundle.contract import (
+    CONTRACT_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    BuildOptions,
+    Contract,
+    EngineSection,
+    Format,
+    GrammarSection,
+    Limits,
+    Precision,
+    PromptSection,
+    compute_bundle_id,
+)
+from toolcall.runtime.bundle.file_kind import require_file
+from toolcall.runtime.bundle.files import (
+    GRAMMAR_FILE,
+    KERNELS_DIR,
+    REPORT_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    file_entry,
+)
+from toolcall.runtime.console import done as stage_done
+from toolcall.runtime.console import stage
 
 
 @dataclass
@@ -160,7 +178,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         kernels = compile_kernels(target, tmp / KERNELS_DIR)
         lap("kernels")
         stage("recording the canary")
-        # Engine.encode's encoder (runtime/prompt.py): the load re-encodes each canary request with it.
+        # Engine.encode's encoder (runtime/batching/prompt.py): the load re-encodes each canary request with it.
         canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits,
                                PromptEncoder.create(tokenizer, grammar.prompt_template).encode)
         stage_done()

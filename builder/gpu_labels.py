@@ -1,5 +1,5 @@
 """A contract's target as NVIDIA GPU Feature Discovery (GFD) node labels: the node-affinity terms
-that select exactly the nodes whose GPU the runtime's target check (runtime/machine.py) accepts.
+that select exactly the nodes whose GPU the runtime's target check (runtime/bundle/machine.py) accepts.
 
 GFD (github.com/NVIDIA/k8s-device-plugin, internal/lm) writes, per node:
 - ``nvidia.com/gpu.product``: the NVML device name with spaces replaced by ``-`` ("NVIDIA H200" ->
@@ -26,8 +26,8 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from common.errors import BuildError
-from runtime.contract import Contract
+from toolcall.common.errors import BuildError
+from toolcall.runtime.bundle.contract import Contract
 
 PRODUCT = "nvidia.com/gpu.product"
 MEMORY_MIB = "nvidia.com/gpu.memory"

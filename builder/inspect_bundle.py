@@ -2,8 +2,8 @@
 verify`` (whether the files say the same).
 
 verify runs the runtime's own checks (contract present, schema, format version, required files
-listed, sizes and hashes, bundle_id over the contract; ``runtime/bundle.py``; then the contract
-against its files, ``runtime/bundle_checks.py``: what hashes cannot catch, a consistent forgery or
+listed, sizes and hashes, bundle_id over the contract; ``runtime/bundle/files.py``; then the contract
+against its files, ``runtime/bundle/checks.py``: what hashes cannot catch, a consistent forgery or
 a faulty builder), and two of its own: no unlisted file, kernels for the contract's architecture.
 Each failure is code ``bundle_invalid`` naming the file, the expected and the found value.
 """
@@ -14,14 +14,19 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from runtime.bundle import GRAMMAR_FILE, KERNELS_DIR, TOKENIZER_FILE, check_files, read_contract
-from runtime.bundle_checks import (check_canary, check_grammar, check_limits, check_memory, check_model,
-                                   check_weights)
-from runtime.contract import CPU_TARGET, CONTRACT_FILE, Contract
-from common.errors import EngineError
-from runtime.grammar import Grammar
-
-from .memory_plan import format_size
+from toolcall.builder.memory_plan import format_size
+from toolcall.common.errors import EngineError
+from toolcall.runtime.bundle.checks import (
+    check_canary,
+    check_grammar,
+    check_limits,
+    check_memory,
+    check_model,
+    check_weights,
+)
+from toolcall.runtime.bundle.contract import CONTRACT_FILE, CPU_TARGET, Contract
+from toolcall.runtime.bundle.files import GRAMMAR_FILE, KERNELS_DIR, TOKENIZER_FILE, check_files, read_contract
+from toolcall.runtime.grammar.trie import Grammar
 
 SHA_PREFIX = 12  # hex digits of a file's sha256 shown in the table
 # CUDA cubins are ELF files: e_machine EM_CUDA; with ELF ABI version >= 8 (CUDA 12.8+) bits

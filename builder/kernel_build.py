@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernels.geometry import shape_problems
-from kernels.nvrtc_build import compile_all
-from kernels.targets import resolve_target
-from runtime.contract import Target
-from runtime.cuda.weights import FORMATS
-from common.errors import BuildError
-from runtime.model_config import ModelConfig
+from toolcall.builder.quantize import weight_format
+from toolcall.common.errors import BuildError
+from toolcall.kernels.geometry import shape_problems
+from toolcall.kernels.nvrtc_build import compile_all
+from toolcall.kernels.targets import resolve_target
+from toolcall.runtime.bundle.contract import Target
+from toolcall.runtime.bundle.model_config import ModelConfig
 
 
 def contract_target(name: str) -> Target:
@@ -39,7 +39,7 @@ def check_kernel_shapes(target: Target, cfg: ModelConfig, precision: str) -> Non
     if target.sm_arch is None:
         return
     problems = shape_problems(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                              cfg.head_dim, FORMATS[precision])
+                              cfg.head_dim, weight_format(precision))
     if problems:
         raise BuildError("build_failed", f"the {target.name} kernels cannot run this model: {'; '.join(problems)}; "
                          "build for --target cpu, or use a model with supported sizes", problems=problems)

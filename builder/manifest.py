@@ -12,12 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from common.errors import EngineError
-from runtime.bundle import read_contract, sha256_file
-from runtime.contract import CONTRACT_FILE, Contract
-from runtime.cpu import serving_threads
-
-from .gpu_labels import GPU_RESOURCE, MIB, PRODUCT, node_selector_terms
+from toolcall.builder.gpu_labels import GPU_RESOURCE, MIB, PRODUCT, node_selector_terms
+from toolcall.common.errors import EngineError
+from toolcall.runtime.bundle.contract import CONTRACT_FILE, Contract
+from toolcall.runtime.bundle.files import read_contract, sha256_file
+from toolcall.runtime.bundle.machine import serving_threads
 
 PORT = 8000
 MOUNT_PATH = "/bundle"

@@ -1,7 +1,7 @@
 """The memory plan: device bytes of a bundle by use, computed from shapes without allocating.
 
 Terms (all bytes):
-- weights: tensor data of weights.safetensors, from ``quantize.output_specs``.
+- weights: tensor data of weights.safetensors (runtime/bundle/layout.py ``weights_bytes``).
 - KV pool: num_pages * page_size * num_layers * 2 (K and V) * num_kv_heads * head_dim * 2 (bf16);
   num_pages includes the prompt prefix's pinned pages (``prefix_pages``), shared by all sequences.
 - workspace: float32 buffers for one step of max_tokens_per_step rows; ``workspace_breakdown``
@@ -14,20 +14,25 @@ Terms (all bytes):
 """
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 import re
 from decimal import Decimal, InvalidOperation
 
-# The KV and workspace formulas are the runtime's (it re-checks the memory section at load with them).
-from runtime.layout import (F32, KV_BYTES, attention_splits, kv_bytes_per_token,  # noqa: F401 (re-exported)
-                            kv_pool_bytes, workspace_breakdown)
-from runtime.contract import CPU_TARGET, Limits, Memory
-from common.errors import BuildError
-from runtime.model_config import ModelConfig
-from runtime.tensor_file import DTYPES
+from toolcall.builder.quantize import weight_format
+from toolcall.common.errors import BuildError
+from toolcall.runtime.bundle.contract import CPU_TARGET, Limits, Memory
 
-from .quantize import output_specs
+# The KV and workspace formulas are the runtime's (it re-checks the memory section at load with them).
+from toolcall.runtime.bundle.layout import (  # noqa: F401 (re-exported)
+    F32,
+    attention_splits,
+    kv_bytes_per_token,
+    kv_pool_bytes,
+    weights_bytes,
+    workspace_breakdown,
+)
+from toolcall.runtime.bundle.model_config import ModelConfig
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -76,17 +81,6 @@ def parse_size(text: str | int) -> int:
     return int(value)  # fractional bytes round down
 
 
-def weights_bytes(config: ModelConfig, precision: str) -> int:
-    """Tensor data bytes of the bundle's weights.safetensors."""
-    total = 0
-    for _name, dtype, shape in output_specs(config, precision):
-        n = 1
-        for s in shape:
-            n *= s
-        total += n * DTYPES[dtype].itemsize
-    return total
-
-
 def prefix_pages(prefix_tokens: int, page_size: int) -> int:
     """Pinned KV pages of a fixed prompt prefix: its whole pages (shared) plus a partial last one (copied)."""
     return -(-prefix_tokens // page_size)
@@ -109,7 +103,7 @@ def plan_memory(config: ModelConfig, precision: str, limits: Limits, target_name
         raise BuildError("usage", f"context reserve: expected a non-negative byte count, found {reserve}",
                          found=reserve)
     return Memory.from_parts(
-        weights_bytes=weights_bytes(config, precision),
+        weights_bytes=weights_bytes(config, weight_format(precision)),
         kv_pool_bytes=kv_pool_bytes(config, limits.num_pages, limits.page_size),
         workspace_bytes=sum(workspace_breakdown(config, limits, max_edges_per_node, target_name).values()),
         graphs_bytes=graphs_bytes(target_name),

@@ -1,20 +1,15 @@
-"""Which checkpoint tensors are quantized, and the streaming checkpoint -> bundle weights conversion.
+"""The streaming checkpoint -> bundle weights conversion.
 
-The one rule: the linear weights of the decoder layers (``model.layers.N.….{q,k,v,o,gate,up,
-down}_proj.weight``) take the build precision; everything else (embedding, lm_head, norms,
-biases) stays high precision, stored BF16. Precision "bf16" stores every tensor BF16.
-
-Bundle tensor names (ModelOpt-compatible), per quantized ``<m>.weight``:
-    fp8_e4m3: <m>.weight F8_E4M3 [out, in], <m>.weight_scale F32 [out]
-    nvfp4:    <m>.weight U8 [out, in/2], <m>.weight_scale F8_E4M3 [out, in/16], <m>.weight_scale_2 F32 []
-in the checkpoint's tensor order (ModelConfig.tensor_shapes), companions right after their weight.
+Which tensors take the build's weight format is one rule (runtime/bundle/layout.py ``is_quantized``:
+the decoder layers' linear weights); the stored layout and the quantizer are the format's own
+(common/formats.py). Everything else (embedding, lm_head, norms, biases) is stored BF16, in the
+checkpoint's tensor order (ModelConfig.tensor_shapes), companions right after their weight.
 """
 from __future__ import annotations
 
 import collections
 import math
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,48 +18,37 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
-from common.errors import CheckpointError, QuantizeError
-from runtime.model_config import ModelConfig
-from runtime.tensor_file import SafetensorsWriter
+from toolcall.common.errors import CheckpointError, QuantizeError
+from toolcall.common.formats import WEIGHT_FORMATS, WeightFormat
+from toolcall.common.minifloat import SOURCE_FLOATS
+from toolcall.runtime.bundle.layout import is_quantized, weight_specs
+from toolcall.runtime.bundle.model_config import ModelConfig
+from toolcall.runtime.bundle.tensor_file import SafetensorsWriter
 
-from .fp8 import SOURCE_FLOATS, quantize_fp8
-from .nvfp4 import BLOCK, quantize_nvfp4
-
-PRECISIONS = ("fp8_e4m3", "nvfp4", "bf16")
-_QUANTIZED_LINEAR = re.compile(r"^model\.layers\.\d+\.(?:[\w.]+\.)?(?:q|k|v|o|gate|up|down)_proj\.weight$")
 _HIGH_PRECISION_CHUNK = 1 << 20  # elements per conversion step of a high-precision tensor
 
 
-def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
+def weight_format(precision: str) -> WeightFormat:
+    """The registry's format for a build precision (older spellings read too); QuantizeError otherwise."""
+    fmt = WEIGHT_FORMATS.get(precision)
+    if fmt is None or not fmt.in_bundles:
         raise QuantizeError("quantize_invalid", f"precision {precision!r} is not supported; expected one of "
-                            f"{', '.join(PRECISIONS)}", found=precision, expected=list(PRECISIONS))
-
-
-def is_quantized(name: str, precision: str) -> bool:
-    """True for a decoder-layer linear weight under a quantized precision."""
-    return precision != "bf16" and _QUANTIZED_LINEAR.match(name) is not None
+                            f"{', '.join(WEIGHT_FORMATS.bundle_names)}", found=precision,
+                            expected=list(WEIGHT_FORMATS.bundle_names))
+    return fmt
 
 
 def output_specs(config: ModelConfig, precision: str) -> list[tuple[str, str, tuple[int, ...]]]:
-    """Bundle weights file layout [(name, safetensors dtype, shape)], computed from shapes alone."""
-    check_precision(precision)
-    specs: list[tuple[str, str, tuple[int, ...]]] = []
+    """Bundle weights file layout [(name, safetensors dtype, shape)], computed from shapes alone; a
+    QuantizeError for a linear whose input dimension the format cannot store."""
+    fmt = weight_format(precision)
     for name, shape in config.tensor_shapes().items():
-        if not is_quantized(name, precision):
-            specs.append((name, "BF16", shape))
-            continue
-        rows, cols = shape
-        if precision == "fp8_e4m3":
-            specs += [(name, "F8_E4M3", (rows, cols)), (name + "_scale", "F32", (rows,))]
-            continue
-        if cols % BLOCK:
-            raise QuantizeError("quantize_invalid", f"{name}: NVFP4 needs the input dimension to be a multiple of "
-                                f"{BLOCK}; found shape {[rows, cols]}; build this model as fp8_e4m3 or bf16",
-                                tensor=name, shape=[rows, cols], block=BLOCK)
-        specs += [(name, "U8", (rows, cols // 2)), (name + "_scale", "F8_E4M3", (rows, cols // BLOCK)),
-                  (name + "_scale_2", "F32", ())]
-    return specs
+        if is_quantized(name, fmt) and shape[1] % fmt.stored_multiple:
+            raise QuantizeError("quantize_invalid", f"{name}: {fmt.name} needs the input dimension to be a multiple "
+                                f"of {fmt.stored_multiple}; found shape {list(shape)}; build this model in another "
+                                f"precision ({', '.join(WEIGHT_FORMATS.bundle_names)})", tensor=name,
+                                shape=list(shape), multiple=fmt.stored_multiple)
+    return weight_specs(config, fmt)
 
 
 def to_bf16(w: np.ndarray, name: str) -> np.ndarray:
@@ -92,14 +76,10 @@ def quantize_tensor(name: str, w: np.ndarray, precision: str, error: "DequantErr
         -> dict[str, np.ndarray]:
     """One checkpoint tensor (float32, or float16/bfloat16 as stored) -> its bundle tensors
     {name: array}, in file order. ``error`` accumulates the runtime dequantization's error."""
-    check_precision(precision)
-    if not is_quantized(name, precision):
+    fmt = weight_format(precision)
+    if not is_quantized(name, fmt):
         return {name: to_bf16(w, name)}
-    if precision == "fp8_e4m3":
-        q, scale = quantize_fp8(w, name, error=error)
-        return {name: q, name + "_scale": scale}
-    packed, block_scale, global_scale = quantize_nvfp4(w, name, error=error)
-    return {name: packed, name + "_scale": block_scale, name + "_scale_2": global_scale}
+    return fmt.quantize(w, name, error=error)
 
 
 class DequantError:
@@ -132,7 +112,7 @@ def _significant(x: float) -> float:
 @dataclass
 class TensorReport:
     name: str
-    stored_as: str                  # "fp8_e4m3" | "nvfp4" | "bf16"
+    stored_as: str                  # a weight format's name (common/formats.py)
     shape: tuple[int, ...]
     bytes_in: int                   # as stored in the source (float32 if the source only has read_f32)
     bytes_out: int                  # all bundle tensors made from it
@@ -180,7 +160,7 @@ class QuantReport:
 
 
 def _convert(source, name: str, shape: tuple[int, ...], precision: str) -> tuple[dict[str, np.ndarray], TensorReport]:
-    # A source with read(name) (a view in the stored dtype, as builder.checkpoint.Checkpoint has)
+    # A source with read(name) (a view in the stored dtype, as toolcall.builder.checkpoint.Checkpoint has)
     # is used as stored: quantizers widen row chunks, bf16 passes through; no float32 copy of a
     # whole tensor is made (622 MB for Qwen3-0.6B's embedding, and fresh pages are slow to fault).
     read = getattr(source, "read", None)
@@ -190,7 +170,7 @@ def _convert(source, name: str, shape: tuple[int, ...], precision: str) -> tuple
     if tuple(w.shape) != tuple(shape):
         raise CheckpointError("tensor_invalid", f"{name}: the source holds shape {list(w.shape)}, the model "
                               f"config needs {list(shape)}", tensor=name, expected=list(shape), found=list(w.shape))
-    quantized = is_quantized(name, precision)
+    quantized = is_quantized(name, weight_format(precision))
     error = DequantError() if quantized else None
     tensors = quantize_tensor(name, w, precision, error)
     report = TensorReport(name, precision if quantized else "bf16", tuple(shape),

@@ -19,16 +19,15 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from common.errors import BuildError
-from runtime.file_kind import path_kind
-from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
-from runtime.tensor_file import SafetensorsWriter
-
-from .synth_tokenizer import END_OF_TURN, SPECIAL_TOKENS, train_tokenizer
+from toolcall.builder.synth_tokenizer import END_OF_TURN, SPECIAL_TOKENS, train_tokenizer
+from toolcall.common.errors import BuildError
+from toolcall.runtime.bundle.file_kind import path_kind
+from toolcall.runtime.bundle.model_config import FAMILIES, ModelConfig, RopeScaling
+from toolcall.runtime.bundle.tensor_file import SafetensorsWriter
 
 SHAPES = ("tiny", "qwen3-0.6b")
-_DTYPES = {"bf16": ("BF16", ml_dtypes.bfloat16, "bfloat16"), "fp16": ("F16", np.float16, "float16"),
-           "fp32": ("F32", np.float32, "float32")}
+# a checkpoint's element type, by its Hugging Face config name (torch_dtype) -> (safetensors dtype, numpy dtype)
+_DTYPES = {"bfloat16": ("BF16", ml_dtypes.bfloat16), "float16": ("F16", np.float16), "float32": ("F32", np.float32)}
 _HF_ARCH = {"qwen3": ("qwen3", "Qwen3ForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
             "llama": ("llama", "LlamaForCausalLM")}
 LLAMA3_SCALING = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -42,7 +41,7 @@ class SynthOptions:
     seed: int = 0
     num_kv_heads: int | None = None  # None: the shape's default
     tie_word_embeddings: bool | None = None
-    dtype: str = "bf16"
+    dtype: str = "bfloat16"  # a key of _DTYPES
     shards: int = 1
 
 
@@ -83,7 +82,7 @@ def hf_config_json(cfg: ModelConfig, dtype: str) -> dict:
         "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
         "max_position_embeddings": cfg.max_position_embeddings, "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta, "tie_word_embeddings": cfg.tie_word_embeddings,
-        "torch_dtype": _DTYPES[dtype][2], "bos_token_id": 0, "eos_token_id": cfg.eos_token_ids[0],
+        "torch_dtype": dtype, "bos_token_id": 0, "eos_token_id": cfg.eos_token_ids[0],
         "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
     }
     if cfg.family == "llama":
@@ -197,7 +196,7 @@ def _write_checkpoint(out: Path, opts: SynthOptions, progress) -> ModelConfig:
         {"eos_token_id": list(cfg.eos_token_ids), "bos_token_id": 0, "do_sample": False}, indent=2) + "\n")
     (out / "config.json").write_text(json.dumps(hf_config_json(cfg, opts.dtype), indent=2) + "\n")
 
-    st_dtype, np_dtype, _ = _DTYPES[opts.dtype]
+    st_dtype, np_dtype = _DTYPES[opts.dtype]
     shapes = cfg.tensor_shapes()
     plan = _shard_plan(list(shapes), opts.shards)
     files = ["model.safetensors"] if len(plan) == 1 else \

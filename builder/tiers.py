@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runtime.contract import Limits, Memory
-from common.errors import BuildError
-from runtime.model_config import ModelConfig
-
-from .memory_plan import MIB, format_size, plan_memory
+from toolcall.builder.memory_plan import MIB, format_size, plan_memory
+from toolcall.common.errors import BuildError
+from toolcall.runtime.bundle.contract import Limits, Memory
+from toolcall.runtime.bundle.model_config import ModelConfig
 
 START_STEP_TOKENS = 32
 MAX_STEP_TOKENS = 1 << 16  # stop doubling here even when memory is left (cpu, huge budgets)

@@ -1,4 +1,4 @@
-"""Tool trie builder: catalog token paths -> ``runtime.grammar.Grammar`` (CSR arrays, bitsets).
+"""Tool trie builder: catalog token paths -> ``toolcall.runtime.grammar.trie.Grammar`` (CSR arrays, bitsets).
 
 Nodes are numbered breadth-first from the root (0), children in token order, so the
 numbering depends only on the set of token paths; the terminal node is appended last (N-1).
@@ -13,10 +13,8 @@ from collections import deque
 import numpy as np
 import tokenizers
 
-from runtime.grammar import (EDGE_EMPTY_END, EDGE_END, EDGE_NAME, EDGE_SEP, ROOT, Grammar,
-                             bitset_words_for)
-
-from .catalog import Catalog, TokenizedCatalog, tokenize_catalog
+from toolcall.builder.catalog import Catalog, TokenizedCatalog, tokenize_catalog
+from toolcall.runtime.grammar.trie import EDGE_EMPTY_END, EDGE_END, EDGE_NAME, EDGE_SEP, ROOT, Grammar, bitset_words_for
 
 
 def build_grammar(catalog: Catalog, tokenizer: tokenizers.Tokenizer, end_token_id: int) -> Grammar:

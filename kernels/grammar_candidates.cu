@@ -4,13 +4,13 @@
 //   slot e < degree(node): cand[b, e] = edge_token[first + e], valid[b, e] = allowed(edge)
 //   slot e >= degree, s < 0 or status[s] != 0: cand = -1, valid = 0
 //
-// allowed (as runtime/grammar_stepper.py): kind 3 (END of an empty answer): count == 0 and
+// allowed (as runtime/grammar/stepper.py): kind 3 (END of an empty answer): count == 0 and
 // allow_empty; kinds 0/1/2: edge_bits & ~used != 0, and kind 1 (SEP) also
 // count + 1 < min(max_tools, n_tools) (another tool must fit and be unused).
-// Grammar arrays (runtime/grammar.py): node_edge_start uint32 [N+1], edge_token int32 [E],
+// Grammar arrays (runtime/grammar/trie.py): node_edge_start uint32 [N+1], edge_token int32 [E],
 // edge_kind uint8 [E], edge_bits uint64 [E, W]. State: uint64 [max_seqs, 1 + W], word 0 =
 // node (low 32 bits) | count (high 32 bits), words 1..W = used bits (the numpy record
-// runtime.grammar_stepper.state_dtype(W), byte for byte). status: int32 [max_seqs], 0 = running.
+// toolcall.runtime.grammar.stepper.state_dtype(W), byte for byte). status: int32 [max_seqs], 0 = running.
 // cand: int32 [B, max_edges]; valid: uint8 [B, max_edges].
 // Launch: grid (ceil(max_edges / GRAM_THREADS), B), block GRAM_THREADS.
 #include "common.cuh"

@@ -2,11 +2,11 @@
 (runtime/cuda/graph_build.py): kernel nodes, and the WHILE conditional node whose body graph
 loops until a body kernel clears its condition through cudaGraphSetConditional.
 
-Every call is checked (kernels.launch.check) with the driver call's name in the error.
+Every call is checked (toolcall.kernels.launch.check) with the driver call's name in the error.
 """
 from __future__ import annotations
 
-from .launch import check
+from toolcall.kernels.launch import check
 
 
 def add_node(drv, graph, deps: list, params):
@@ -20,7 +20,7 @@ def add_node(drv, graph, deps: list, params):
 def add_kernel_node(drv, graph, deps: list, function, grid: tuple[int, int, int], block: tuple[int, int, int],
                     params_ptr: int, name: str, programmatic: bool = False):
     """A kernel node of ``function`` after ``deps``; ``params_ptr`` is the address of the packed
-    argument pointers (kernels.launch.Kernel.pack), which must stay alive until the node is added.
+    argument pointers (toolcall.kernels.launch.Kernel.pack), which must stay alive until the node is added.
 
     ``programmatic`` with exactly one dependency (a kernel node): the edge is a programmatic one
     (programmatic dependent launch, sm_90+): this kernel may start once every block of the one

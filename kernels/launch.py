@@ -1,21 +1,20 @@
 """A small CUDA driver-API launcher for the kernels: device, memory, modules, launches.
 
 Every cuda-python call goes through ``_check``, which raises ``CudaError("cuda_error")``
-naming the call and the driver's error name. Arguments are packed by the kernel's parameter
-kinds (kernels.signatures): device arrays (or None for a null pointer) for ``ptr``, numbers
-for ``i32`` / ``f32`` / ``u64``; a wrong count or type fails here, naming the parameter.
+naming the call and the driver's error name. Arguments come by parameter name and are packed by the
+kernel's declaration (toolcall.kernels.declarations): device arrays (or None for a null pointer) for
+``ptr``, numbers for ``int32`` / ``float32`` / ``uint64``; a missing, unknown or mistyped argument fails here,
+naming the kernel and the parameter.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from common.errors import CudaError
-
-from .signatures import KernelSignature, kernel_signatures
-
-_SCALAR_DTYPES = {"i32": np.int32, "f32": np.float32, "u64": np.uint64}
+from toolcall.common.errors import CudaError
+from toolcall.kernels.declarations import KernelDecl, declaration
 
 
 def _driver():
@@ -63,39 +62,39 @@ class DeviceArray:
 
 
 class Kernel:
-    """A loaded kernel function with its signature."""
+    """A loaded kernel function with its declaration."""
 
-    def __init__(self, function, signature: KernelSignature):
+    def __init__(self, function, decl: KernelDecl):
         self.function = function
-        self.signature = signature
+        self.decl = decl
 
-    def pack(self, args: tuple) -> tuple[np.ndarray, list[np.ndarray]]:
-        """kernelParams: uint64 array of addresses of one numpy scalar per parameter."""
-        sig = self.signature
-        if len(args) != len(sig.params):
-            raise TypeError(f"{sig.name} takes {len(sig.params)} arguments "
-                            f"({', '.join(n for n, _ in sig.params)}), got {len(args)}")
+    @property
+    def name(self) -> str:
+        return self.decl.name
+
+    def pack(self, args: Mapping[str, object]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """kernelParams from arguments by parameter name: a uint64 array of the addresses of one numpy
+        scalar per parameter, in the declaration's order (and those scalars, to keep alive)."""
+        self.decl.check(args)
         holders = []
-        for (pname, kind), value in zip(sig.params, args):
-            if kind == "ptr":
+        for p in self.decl.params:
+            value, what = args[p.name], f"{self.name}: parameter {p.name!r}"
+            if p.kind == "ptr":
                 if value is None:
                     value = 0
                 elif isinstance(value, DeviceArray):
                     value = value.ptr
                 elif not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-                    raise TypeError(f"{sig.name}: parameter {pname!r} is a device pointer; got "
-                                    f"{type(value).__name__}")
+                    raise TypeError(f"{what} is a device pointer; got {type(value).__name__}")
                 holders.append(np.array([value], np.uint64))
             else:
                 if isinstance(value, DeviceArray) or value is None:
-                    raise TypeError(f"{sig.name}: parameter {pname!r} is a {kind} scalar; got "
-                                    f"{type(value).__name__}")
-                if kind != "f32" and not isinstance(value, (int, np.integer)):
-                    raise TypeError(f"{sig.name}: parameter {pname!r} is an integer ({kind}); got "
-                                    f"{type(value).__name__}")
-                if kind == "i32" and not -2**31 <= int(value) < 2**31:
-                    raise TypeError(f"{sig.name}: {pname} = {value} does not fit in int32")
-                holders.append(np.array([value], _SCALAR_DTYPES[kind]))
+                    raise TypeError(f"{what} is a {p.kind} scalar; got {type(value).__name__}")
+                if p.kind != "float32" and not isinstance(value, (int, np.integer)):
+                    raise TypeError(f"{what} is an integer ({p.kind}); got {type(value).__name__}")
+                if p.kind == "int32" and not -2**31 <= int(value) < 2**31:
+                    raise TypeError(f"{self.name}: {p.name} = {value} does not fit in int32")
+                holders.append(np.array([value], p.kind))
         params = np.array([h.ctypes.data for h in holders], np.uint64)
         return params, holders
 
@@ -181,13 +180,14 @@ class Gpu:
         self._modules.append(module)
         return Module(module)
 
-    def launch(self, kernel: Kernel, grid, block, *args, shared_bytes: int = 0, stream=0) -> None:
+    def launch(self, kernel: Kernel, grid, block, args: Mapping[str, object], shared_bytes: int = 0,
+               stream=0) -> None:
         params, holders = kernel.pack(args)
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         bx, by, bz = (tuple(block) + (1, 1))[:3]
         _check(_driver().cuLaunchKernel(kernel.function, gx, gy, gz, bx, by, bz, shared_bytes,
                                         stream, params.ctypes.data, 0),
-               f"cuLaunchKernel({kernel.signature.name})")
+               f"cuLaunchKernel({kernel.name})")
         del holders  # the driver copied the parameter values during the call
 
     def synchronize(self) -> None:
@@ -218,15 +218,13 @@ def first_error(steps) -> None:
 
 
 class Module:
-    """A loaded cubin; ``kernel(name)`` looks a function up with its signature."""
+    """A loaded cubin; ``kernel(name)`` looks a function up with its declaration."""
 
     def __init__(self, module):
         self.module = module
 
     def kernel(self, name: str) -> Kernel:
-        sig = kernel_signatures().get(name)
-        if sig is None:
-            raise KeyError(f"no kernel {name!r} in kernels/*.cu")
+        decl = declaration(name)
         fn = _check(_driver().cuModuleGetFunction(self.module, name.encode()),
                     f"cuModuleGetFunction({name})")
-        return Kernel(fn, sig)
+        return Kernel(fn, decl)

@@ -1,4 +1,4 @@
-// matvec.cuh: small-batch linear layer, shared by matvec_{fp8,nvfp4,bf16}.cu and head_dense.cu.
+// matvec.cuh: small-batch linear layer, shared by matvec_{fp8_e4m3,nvfp4,bf16}.cu and head_dense.cu.
 //
 //   y[t, o] (+)= scale(o) * sum_k prologue(x)[t, k] * Wq[o, k]  (+ bias[o])
 //

@@ -14,11 +14,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.errors import BuildError
-
-from .targets import check_arch
-
-KERNEL_DIR = Path(__file__).resolve().parent
+from toolcall.common.errors import BuildError
+from toolcall.kernels.cuda_source import KERNEL_DIR, kernel_headers, kernel_sources
+from toolcall.kernels.declarations import declarations
+from toolcall.kernels.targets import check_arch
 
 _cache: dict[tuple[str, str], "CompiledKernel"] = {}
 _cache_lock = threading.Lock()
@@ -39,16 +38,6 @@ class CompiledKernel:
     @property
     def file_name(self) -> str:
         return f"{self.name}.cubin"
-
-
-def kernel_sources() -> list[Path]:
-    """Every kernels/*.cu, sorted by name."""
-    return sorted(KERNEL_DIR.glob("*.cu"))
-
-
-def kernel_headers() -> dict[str, bytes]:
-    """kernels/*.cuh by file name: passed to NVRTC in memory for ``#include "x.cuh"``."""
-    return {p.name: p.read_bytes() for p in sorted(KERNEL_DIR.glob("*.cuh"))}
 
 
 def include_dir() -> str:
@@ -169,15 +158,22 @@ def compile_kernel(cu: str | Path, arch: str, *, use_cache: bool = True) -> Comp
 
 
 def compile_all(arch: str) -> list[CompiledKernel]:
-    """Every kernels/*.cu compiled for ``arch``, in file-name order. (Sequential: NVRTC calls
-    hold the GIL, and worker processes measured slower than one loop.)"""
+    """Every kernels/*.cu compiled for ``arch``, in file-name order, each cubin checked to hold exactly the
+    entry points declared for its file (kernels/declarations.py). (Sequential: NVRTC calls hold the GIL,
+    and worker processes measured slower than one loop.)"""
     check_arch(arch)
-    return [compile_kernel(p, arch) for p in kernel_sources()]
+    compiled = [compile_kernel(p, arch) for p in kernel_sources()]
+    for k in compiled:
+        declared = sorted(d.name for d in declarations().values() if d.file == k.name)
+        if sorted(k.resources) != declared:
+            raise BuildError("kernel_compile_failed", f"{k.name}.cu for {arch}: the cubin holds {sorted(k.resources)}, "
+                             f"the declarations {declared}", kernel=k.name, arch=arch)
+    return compiled
 
 
 # ptxas -v report, per entry function:
-#   ptxas info    : Compiling entry function 'fp8_matvec' for 'sm_90'
-#   ptxas info    : Function properties for fp8_matvec
+#   ptxas info    : Compiling entry function 'fp8_e4m3_matvec' for 'sm_90'
+#   ptxas info    : Function properties for fp8_e4m3_matvec
 #   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 #   ptxas info    : Used 40 registers, used 1 barriers, 41024 bytes smem, ...
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
@@ -220,7 +216,7 @@ def resource_table(kernels: list[CompiledKernel]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m kernels.nvrtc_build sm_90 [sm_100 ...]: the table
+if __name__ == "__main__":  # python -m toolcall.kernels.nvrtc_build sm_90 [sm_100 ...]: the table
     import sys
     for a in sys.argv[1:] or ["sm_90"]:
         print(resource_table(compile_all(a)))

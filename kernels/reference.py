@@ -11,37 +11,33 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from toolcall.common.formats import WeightFormat
+from toolcall.kernels.geometry import ATTN_SPLIT, MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.weight_args import weight_args
+
 F32 = np.float32
 BF16 = np.dtype(ml_dtypes.bfloat16)
-# E2M1 code -> value; bit 3 is the sign (code 8 is -0.0).
-E2M1_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], F32)
-ATTN_SPLIT = 256  # mirrors common.cuh; only the merge's split count depends on it
 
 
 def f32(a) -> np.ndarray:
     return np.asarray(a).astype(F32)
 
 
-# ---- dequantization (exact: every code times its scales is a float32 value) ----
+# ---- dequantization: through the registry (common/formats.py), exact ----
 
-def fp8_dequant(w: np.ndarray, w_scale: np.ndarray) -> np.ndarray:
-    """e4m3 codes uint8 [out, in] x per-row scale float32 [out] -> float32 [out, in]."""
-    return w.view(ml_dtypes.float8_e4m3fn).astype(F32) * f32(w_scale)[:, None]
-
-
-def nvfp4_dequant(w: np.ndarray, w_scale: np.ndarray, global_scale) -> np.ndarray:
-    """Packed e2m1 uint8 [out, in/2] (low nibble first), e4m3 block scales uint8 [out, in/16]
-    and float32 global scales (a scalar, or [out]: one per row, as the kernels take them) ->
-    float32 [out, in] = e2m1 * block scale * global."""
-    codes = np.stack([w & 0xF, w >> 4], axis=-1).reshape(w.shape[0], -1)
-    bs = np.repeat(w_scale.view(ml_dtypes.float8_e4m3fn).astype(F32), 16, axis=1)
-    g = f32(global_scale)
-    return (E2M1_VALUES[codes] * bs) * (g[:, None] if g.ndim == 1 else g)
+def dequant(fmt: WeightFormat, w, *scales) -> np.ndarray:
+    """float32 [out, in] of one matvec's weight arguments (``w``, then ``scales``: ``fmt``'s kernel
+    layout, kernels/weight_args.py) by the registry's ``dequantize``. A per-row scale (a stored scalar
+    the kernels take per output row) goes in as a column [out, 1], which multiplies its row as the
+    stored scalar multiplies them all."""
+    stored = {"w" + a.suffix: f32(v)[:, None] if a.per_row else v for a, v in zip(weight_args(fmt), (w, *scales))}
+    return fmt.dequantize(stored.get, "w")
 
 
 def e2m1_half_bits(codes: np.ndarray) -> np.ndarray:
     """uint16 fp16 bit patterns the kernels build from e2m1 codes (matvec.cuh): the magnitude
-    bits shifted into exponent and mantissa, the sign to bit 15; as fp16 that is e2m1 x 2^-14."""
+    bits shifted into exponent and mantissa, the sign to bit 15; as fp16 that is e2m1 x 2^-14
+    (common/nvfp4.py E2M1_VALUES[code] x 2^-14)."""
     c = np.asarray(codes).astype(np.uint16)
     return ((c & 7) << 9) | ((c & 8) << 12)
 
@@ -74,7 +70,7 @@ def linear(x: np.ndarray, w: np.ndarray, bias=None, y=None, accumulate: bool = F
     return (f32(y) + r) if accumulate else r
 
 
-def _matvec_family(fmt: str):
+def _matvec_family(fmt: WeightFormat) -> dict[str, object]:
     def plain(x, w, *scales, bias=None, y=None, accumulate=False):
         return linear(x, dequant(fmt, w, *scales), bias, y, accumulate)
 
@@ -83,23 +79,12 @@ def _matvec_family(fmt: str):
 
     def with_swiglu(gate, up, w, *scales, bias=None, y=None, accumulate=False):
         return linear(swiglu(gate, up), dequant(fmt, w, *scales), bias, y, accumulate)
-    return plain, with_rmsnorm, with_swiglu
+    return {matvec_kernel(fmt, p): f for p, f in zip((PLAIN, RMSNORM, SWIGLU), (plain, with_rmsnorm, with_swiglu))}
 
 
-def dequant(fmt: str, w, *scales) -> np.ndarray:
-    """float32 [out, in] weights of format ``fmt`` ("fp8" | "nvfp4" | "bf16")."""
-    if fmt == "fp8":
-        return fp8_dequant(w, *scales)
-    if fmt == "nvfp4":
-        return nvfp4_dequant(w, *scales)
-    return f32(w)
-
-
-# fp8_matvec(x, w, w_scale, ...), nvfp4_matvec(x, w, w_scale, global_scale, ...),
-# bf16_matvec(x, w, ...); *_rmsnorm take (x, norm_w, eps, w, ...); *_swiglu (gate, up, w, ...).
-fp8_matvec, fp8_matvec_rmsnorm, fp8_matvec_swiglu = _matvec_family("fp8")
-nvfp4_matvec, nvfp4_matvec_rmsnorm, nvfp4_matvec_swiglu = _matvec_family("nvfp4")
-bf16_matvec, bf16_matvec_rmsnorm, bf16_matvec_swiglu = _matvec_family("bf16")
+# kernel name -> reference, for every <fmt>_matvec<prologue>: (x, w, *scales, ...) plain, (x, norm_w, eps,
+# w, *scales, ...) with the input RMSNorm, (gate, up, w, *scales, ...) with SwiGLU; scales as the kernel's
+MATVEC_REFERENCES = {fn: ref for f in MATVEC_FORMATS for fn, ref in _matvec_family(f).items()}
 
 
 def head_dense(x: np.ndarray, norm_w: np.ndarray, eps: float, table: np.ndarray) -> np.ndarray:
@@ -235,10 +220,10 @@ def argmax_rows(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return idx, clean[np.arange(len(clean)), idx].astype(F32)
 
 
-# ---- grammar (arrays as runtime/grammar.py; state uint64 [S, 1 + W], see state_words) ----
+# ---- grammar (arrays as runtime/grammar/trie.py; state uint64 [S, 1 + W], see state_words) ----
 
 def state_words(states: np.ndarray) -> np.ndarray:
-    """A runtime.grammar_stepper state record array [S] viewed as the kernels' uint64 [S, 1+W]."""
+    """A toolcall.runtime.grammar.stepper state record array [S] viewed as the kernels' uint64 [S, 1+W]."""
     return np.ascontiguousarray(states).view(np.uint64).reshape(len(states), -1)
 
 
@@ -249,7 +234,7 @@ def _node_count(word0: np.uint64) -> tuple[int, int]:
 
 def grammar_candidates(sample_seq, state, status, g, max_edges) -> tuple[np.ndarray, np.ndarray]:
     """(cand int32 [B, max_edges], valid uint8 [B, max_edges]) for grammar ``g`` (a
-    runtime.grammar.Grammar: its arrays, num_tools, max_tools, allow_empty)."""
+    toolcall.runtime.grammar.trie.Grammar: its arrays, num_tools, max_tools, allow_empty)."""
     B, n_tools = len(sample_seq), g.num_tools
     cand = np.full((B, max_edges), -1, np.int32)
     valid = np.zeros((B, max_edges), np.uint8)

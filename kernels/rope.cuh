@@ -3,7 +3,7 @@
 // and attention_decode.cu (the decode row, inside attention), so both give the same bits.
 //
 //   xn = (x / sqrt(mean(x^2) + eps)) * norm_w                 (over the head's head_dim)
-//   angle_i = float(pos) * inv_freq[i]   (float32 product, as HF / runtime/rope.py)
+//   angle_i = float(pos) * inv_freq[i]   (float32 product, as HF / runtime/bundle/rope.py)
 //   out[i]        = xn[i] * cos(angle_i) - xn[i + half] * sin(angle_i)
 //   out[i + half] = xn[i + half] * cos(angle_i) + xn[i] * sin(angle_i),   i < half
 //

@@ -1,11 +1,12 @@
 """Running kernels by name with numpy in and out: parity tests and host-driven cross-checks.
 
 ``KernelRunner(gpu)`` compiles each kernels/*.cu once for the device's arch, launches with the
-shape from kernels.geometry, uploads numpy arguments and downloads the ``Out`` ones.
-``DryRunGpu`` stands in for a device on machines without one: launches only pack their
-arguments (count and kinds checked against the kernel's signature), downloads are zeros, so
-a launch sequence can be checked in CPU-only CI. ``run_while_graph`` builds and runs a graph
-whose single WHILE conditional node loops over a body of kernel launches.
+shape its declaration gives (toolcall.kernels.declarations), uploads numpy arguments and downloads
+the ``Out`` ones. Arguments are named as the kernel's parameters. ``DryRunGpu`` stands in for a
+device on machines without one: launches only pack their arguments (names and kinds checked
+against the declaration), downloads are zeros, so a launch sequence can be checked in CPU-only
+CI. ``run_while_graph`` builds and runs a graph whose single WHILE conditional node loops over a
+body of kernel launches.
 """
 from __future__ import annotations
 
@@ -13,12 +14,11 @@ import time
 
 import numpy as np
 
-from .geometry import launch_shape
-from .graph_nodes import add_kernel_node, add_while_node
-from .launch import DeviceArray, Kernel, check
-from .nvrtc_build import compile_kernel
-from .signatures import kernel_signatures
-from common.errors import CudaError
+from toolcall.common.errors import CudaError
+from toolcall.kernels.declarations import Launch, declaration
+from toolcall.kernels.graph_nodes import add_kernel_node, add_while_node
+from toolcall.kernels.launch import DeviceArray, Kernel, check
+from toolcall.kernels.nvrtc_build import compile_kernel
 
 WHILE_TIMEOUT_S = 30.0  # run_while_graph's default wait for the loop to end
 
@@ -40,32 +40,32 @@ class KernelRunner:
         self.modules: dict = {}
 
     def kernel(self, fn: str) -> Kernel:
-        file = kernel_signatures()[fn].file
+        file = declaration(fn).file
         if file not in self.modules:
             cubin = b"" if self.dry else compile_kernel(file, self.gpu.arch).cubin
             self.modules[file] = self.gpu.load(cubin)
         return self.modules[file].kernel(fn)
 
-    def launch(self, fn: str, sizes: dict, *args) -> None:
-        """Launches ``fn`` with device arguments (DeviceArray / None / scalars), no sync."""
-        grid, block = launch_shape(fn, **sizes)
-        self.gpu.launch(self.kernel(fn), grid, block, *args)
+    def launch(self, ln: Launch) -> None:
+        """Launches ``ln`` (device arguments: DeviceArray / None / scalars), no sync."""
+        self.gpu.launch(self.kernel(ln.fn), *ln.shape, ln.args)
 
-    def run(self, fn: str, sizes: dict, *args) -> list[np.ndarray]:
-        """Uploads numpy / Out arguments, launches, synchronizes; returns the Out arrays."""
-        temps, outs, dev_args = [], [], []
-        for a in args:
+    def run(self, fn: str, /, **args) -> dict[str, np.ndarray]:
+        """Launches ``fn`` with arguments by parameter name (numpy / Out arrays uploaded first),
+        synchronizes; returns the Out arrays downloaded, by parameter name."""
+        temps, outs, dev_args = [], {}, {}
+        for name, a in args.items():
             if isinstance(a, (np.ndarray, Out)):
                 host = a.init if isinstance(a, Out) else np.ascontiguousarray(a)
                 d = self.gpu.upload(host)
                 temps.append(d)
                 if isinstance(a, Out):
-                    outs.append((d, host))
+                    outs[name] = (d, host)
                 a = d
-            dev_args.append(a)
-        self.launch(fn, sizes, *dev_args)
+            dev_args[name] = a
+        self.launch(Launch(fn, dev_args))
         self.gpu.synchronize()
-        result = [self.gpu.download(d, h.shape, h.dtype) for d, h in outs]
+        result = {name: self.gpu.download(d, h.shape, h.dtype) for name, (d, h) in outs.items()}
         for d in temps:
             self.gpu.free(d)
         return result
@@ -88,7 +88,7 @@ class KernelRunner:
 
 class _DryModule:
     def kernel(self, name: str) -> Kernel:
-        return Kernel(None, kernel_signatures()[name])
+        return Kernel(None, declaration(name))
 
 
 class DryRunGpu:
@@ -116,11 +116,11 @@ class DryRunGpu:
     def load(self, cubin: bytes) -> _DryModule:
         return _DryModule()
 
-    def launch(self, kernel: Kernel, grid, block, *args, shared_bytes: int = 0, stream=0) -> None:
+    def launch(self, kernel: Kernel, grid, block, args, shared_bytes: int = 0, stream=0) -> None:
         kernel.pack(args)
         if min(grid) < 1 or not 32 <= block[0] <= 1024:
-            raise ValueError(f"{kernel.signature.name}: bad launch shape {grid} x {block}")
-        self.launches.append(kernel.signature.name)
+            raise ValueError(f"{kernel.name}: bad launch shape {grid} x {block}")
+        self.launches.append(kernel.name)
 
     def synchronize(self) -> None:
         pass
@@ -128,7 +128,7 @@ class DryRunGpu:
 
 def run_while_graph(runner: KernelRunner, body_for_handle, timeout_s: float | None = None) -> None:
     """Runs a graph made of one WHILE node (condition default 1, reset at each launch) whose
-    body is ``body_for_handle(handle)``: a list of (fn, sizes, device args) launched in order.
+    body is ``body_for_handle(handle)``: a list of Launches (device arguments) run in order.
     A body kernel must clear the condition (cudaGraphSetConditional); a loop still running
     after ``timeout_s`` (default WHILE_TIMEOUT_S) raises CudaError("graph_stuck") instead of
     hanging the caller, without touching the graph or stream again (that would wait on the
@@ -138,12 +138,11 @@ def run_while_graph(runner: KernelRunner, body_for_handle, timeout_s: float | No
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
     handle, body = add_while_node(drv, graph, runner.gpu.context, [])
     prev, keep = [], []
-    for fn, sizes, args in body_for_handle(handle):
-        kernel = runner.kernel(fn)
-        kparams, holders = kernel.pack(tuple(args))
+    for ln in body_for_handle(handle):
+        kernel = runner.kernel(ln.fn)
+        kparams, holders = kernel.pack(ln.args)
         keep.append((kparams, holders))  # alive until the node has copied them
-        grid, block = launch_shape(fn, **sizes)
-        prev = [add_kernel_node(drv, body, prev, kernel.function, grid, block, kparams.ctypes.data, fn)]
+        prev = [add_kernel_node(drv, body, prev, kernel.function, *ln.shape, kparams.ctypes.data, ln.fn)]
     exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
     stream = check(drv.cuStreamCreate(0), "cuStreamCreate")
     stuck = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.errors import BuildError
+from toolcall.common.errors import BuildError
 
 # cuda-bindings 13.x needs a CUDA 13.0 driver (>= 580); cubins from NVRTC 13 need it too.
 MIN_DRIVER_VERSION = 13000

@@ -7,13 +7,13 @@ import time
 
 import click
 
-from common.errors import EngineError
-
-from . import progress
-from .cli_errors import TypedErrorGroup, exit_code_help, fail, json_text
-from .cpu import CPU_BACKENDS
-from .generator import HEAD_MODES, Result
-from .sampling import Sampling, sampling_problem
+from toolcall.common.errors import EngineError
+from toolcall.runtime import console
+from toolcall.runtime.backends import CPU_BACKENDS
+from toolcall.runtime.batching.batcher import Result
+from toolcall.runtime.batching.picks import HEAD_MODES
+from toolcall.runtime.batching.sampling import Sampling, sampling_problem
+from toolcall.runtime.console import TypedErrorGroup, exit_code_help, fail, json_text
 
 # Requests longer than this are shown shortened in plain output (a refusal never echoes a whole document).
 ECHO_CHARS = 160
@@ -80,7 +80,7 @@ def read_requests(requests: tuple[str, ...], input_file) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 def check(path, as_json):
     """Run every check that needs no loading (contract, schema, version, hashes, target, memory)."""
-    from .engine import check_bundle
+    from toolcall.runtime.engine import check_bundle
 
     try:
         contract = check_bundle(path)
@@ -104,9 +104,9 @@ NO_PREFIX_CACHE_HELP = ("Compute every prompt in full: no shared pinned prefix p
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 def load(path, no_prefix_cache, backend, threads, as_json):
     """Check, load and canary-gate a bundle; exit 0 only when it is bound and ready."""
-    from .engine import Engine
+    from toolcall.runtime.engine import Engine
 
-    progress.enable(progress.wanted(as_json))
+    console.enable(console.wanted(as_json))
     try:
         engine = Engine.load(path, prefix_cache=not no_prefix_cache, backend=backend, threads=threads)
     except EngineError as e:
@@ -142,14 +142,14 @@ def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_ca
     long, empty) are refused one by one and the others still answered. The exit code is 0
     when every request was answered, else the highest refusal code.
     """
-    from .engine import Engine
+    from toolcall.runtime.engine import Engine
 
     texts = read_requests(requests, input_file)
     problem = sampling_problem(temperature, top_p, seed)
     if problem:  # before loading: a bad option costs nothing
         fail(EngineError("usage", f"{problem}. See `runtime run --help`.", temperature=repr(temperature),
                          top_p=repr(top_p), seed=seed), as_json)
-    progress.enable(progress.wanted(as_json))
+    console.enable(console.wanted(as_json))
     try:
         engine = Engine.load(path, head=head, prefix_cache=not no_prefix_cache, backend=backend, threads=threads)
         start = time.perf_counter()
@@ -214,9 +214,8 @@ def _use_system_allocator() -> None:
 @click.option("--lanes", type=int, default=None,
               help="Groups of sequences whose steps overlap, each stepping on its own thread (fast CPU backend) "
                    "[default: 2 on 2+ CPUs; 1 with --threads; with one lane the threads follow the spare CPU].")
-@click.option("--noop-engine", is_flag=True, hidden=True, help="Benchmarks only: answer every request empty, no model.")
 def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes, head, threads,
-          lanes, noop_engine):
+          lanes):
     """Serve the bundle over HTTP (discover, OpenAI chat completions, health, metrics) until SIGTERM.
 
     Loads and canary-gates the bundle while /health answers 503, then prints one `ready:` line.
@@ -225,8 +224,8 @@ def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeou
     a burst goes back to the system.
     """
     try:
-        from .serve.server import main as serve_main
-        from .serve.state import ServeConfig
+        from toolcall.runtime.serve.server import main as serve_main
+        from toolcall.runtime.serve.state import ServeConfig
     except ImportError as e:
         raise click.UsageError(f"`runtime serve` needs the serve extra ({e.name} is not installed): "
                                "pip install 'toolcall-engine[serve]'") from None
@@ -240,4 +239,4 @@ def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeou
     _use_system_allocator()
     config = ServeConfig(max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes,
                          adaptive_threads=threads is None, lanes=lanes)
-    serve_main(path, host, port, config, head=head, threads=threads, noop=noop_engine)
+    serve_main(path, host, port, config, head=head, threads=threads)

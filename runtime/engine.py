@@ -1,31 +1,24 @@
-"""``Engine.load(path)``: every check in DESIGN order, then load, canary gate, and serve requests."""
+"""``Engine.load(path)``: every check in load order (docs/bundle-format.md, "Load order"), then load, the
+canary gate, and requests answered."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-import numpy as np
-
 from tokenizers import Tokenizer
 
-from .bundle_checks import canary_mismatch, check_consistency
-from .bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, check_files, read_contract
-from .contract import CPU_TARGET, Contract
-from .cpu.model import CpuModel
-from .cpu.dequant import load_dequantized
-from .cpu import CPU_BACKENDS, available_cpus
-from .cpu.fast_model import FastCpuModel, StoredWeights, load_stored
-from common.errors import CudaError, EngineError, Refusal, RequestError
-from . import progress
-from .generator import Generator, Request, Result
-from .grammar import Grammar
-from .cpu.kv_pool import PagedKVPool
-from .prefix_cache import prefill_prefix
-from .prompt import PromptEncoder
-from .machine import MachineFacts, check_target, facts_for
-from .model_config import ModelConfig
-from .sampling import Sampling
-from .tensor_file import SafetensorsFile
+from toolcall.common.errors import CudaError, EngineError, Refusal, RequestError
+from toolcall.runtime import console
+from toolcall.runtime.backends import CPU_BACKENDS, Backend, LoadOptions, target_kind
+from toolcall.runtime.batching.batcher import Request, Result, StepBatcher
+from toolcall.runtime.batching.prefix_cache import prefill_prefix
+from toolcall.runtime.batching.prompt import PromptEncoder
+from toolcall.runtime.batching.sampling import Sampling
+from toolcall.runtime.bundle.checks import canary_mismatch, check_consistency
+from toolcall.runtime.bundle.contract import Contract
+from toolcall.runtime.bundle.files import GRAMMAR_FILE, TOKENIZER_FILE, check_files, read_contract
+from toolcall.runtime.bundle.machine import MachineFacts, check_target, facts_for
+from toolcall.runtime.grammar.trie import Grammar
 
 
 def check_bundle(path: str | Path, facts: MachineFacts | None = None) -> Contract:
@@ -37,42 +30,31 @@ def check_bundle(path: str | Path, facts: MachineFacts | None = None) -> Contrac
     return contract
 
 
-def load_cpu_weights(weights_path: str | Path, cfg: ModelConfig, backend: str = "reference") -> dict | StoredWeights:
-    """A bundle's weights for a CPU backend: reference, float32 under Hugging Face names
-    (dequantized); fast, the stored arrays memory-mapped (StoredWeights)."""
-    if backend == "fast":
-        return load_stored(weights_path, cfg)
-    with SafetensorsFile(weights_path, error_code="bundle_invalid") as st:
-        return load_dequantized(st, list(cfg.tensor_shapes()))
-
-
-def cpu_generator(cfg: ModelConfig, weights: dict | StoredWeights, grammar: Grammar, limits, head: str = "sparse",
-                  threads: int | None = None) -> Generator:
-    """A Generator on a CPU backend sized exactly as ``limits`` (a contract Limits) says: the fast
-    backend for StoredWeights, the reference for a float32 dict."""
-    pool = PagedKVPool(cfg, limits.num_pages, limits.page_size, limits.max_sequences,
-                       limits.max_input_tokens + limits.max_output_tokens, kv_dtype="bf16")
-    if isinstance(weights, StoredWeights):
-        model = FastCpuModel(cfg, weights, limits.max_tokens_per_step, limits.max_input_tokens + limits.max_output_tokens,
-                             threads if threads is not None else available_cpus())
-    else:
-        model = CpuModel(cfg, weights)
-    return Generator(model, pool, grammar, max_input_tokens=limits.max_input_tokens,
-                     max_output_tokens=limits.max_output_tokens, max_tokens_per_step=limits.max_tokens_per_step,
-                     prefill_chunk=limits.prefill_chunk, head=head)
+def read_tokenizer_and_grammar(folder: Path) -> tuple[Tokenizer, Grammar]:
+    """The bundle's tokenizer and grammar; Refusal("bundle_invalid") for a file that hashes right but does
+    not parse (the builder wrote it wrong)."""
+    try:
+        return Tokenizer.from_file(str(folder / TOKENIZER_FILE)), Grammar.read(folder / GRAMMAR_FILE)
+    except EngineError:
+        raise
+    except Exception as e:
+        raise Refusal("bundle_invalid", f"bundle file failed to load: {type(e).__name__}: {e}",
+                      reason=type(e).__name__) from None
 
 
 class Engine:
-    """A loaded, canary-checked bundle bound to this machine."""
+    """A loaded, canary-checked bundle bound to this machine. ``model``: its backend (runtime/backends.py);
+    ``generator``: the StepBatcher that answers requests on it; ``decode_graph``: GPU bundles' single-request
+    decode graph (runtime/cuda/graph.py), else None."""
 
-    def __init__(self, folder: Path, contract: Contract, generator: Generator, tokenizer: Tokenizer,
+    def __init__(self, folder: Path, contract: Contract, generator: StepBatcher, tokenizer: Tokenizer,
                  load_seconds: float):
         self.folder, self.contract, self.generator, self.tokenizer = folder, contract, generator, tokenizer
         self.grammar = generator.grammar
         self.prompt = PromptEncoder.create(tokenizer, self.grammar.prompt_template)
         self.load_seconds = load_seconds
-        self.model = generator.model
-        self.loop = None  # GPU bundles: the single-request decode graph (runtime/cuda/graph.py)
+        self.model: Backend = generator.model
+        self.decode_graph = None
 
     @classmethod
     def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse",
@@ -88,68 +70,24 @@ class Engine:
         start = time.perf_counter()
         folder = Path(path)
         contract = check_bundle(folder, facts)
-        if contract.target.name != CPU_TARGET:
-            return cls._load_gpu(folder, contract, head, start, prefix_cache)
-        progress.stage("loading weights")
+        kind = target_kind(contract)
+        console.stage("loading weights")
+        tokenizer, grammar = read_tokenizer_and_grammar(folder)
+        model = kind.load(folder, contract, grammar, LoadOptions(backend, threads))  # frees what it took if it fails
         try:
-            tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
-            grammar = Grammar.read(folder / GRAMMAR_FILE)
-            weights = load_cpu_weights(folder / WEIGHTS_FILE, contract.model, backend)
-        except EngineError:
-            raise
-        except Exception as e:  # a file that hashes right but does not parse: the builder wrote it wrong
-            raise Refusal("bundle_invalid", f"bundle file failed to load: {type(e).__name__}: {e}",
-                          reason=type(e).__name__) from None
-        try:
-            generator = cpu_generator(contract.model, weights, grammar, contract.limits, head, threads)
-        except MemoryError:
-            raise Refusal("insufficient_memory", f"the KV pool and step buffers of {contract.limits} do not fit "
-                          "this machine's memory", needed=contract.memory.total_bytes, available=None) from None
-        engine = cls(folder, contract, generator, tokenizer, 0.0)
-        if backend == "fast":  # the pool's calloc'd pages made resident: a bound engine holds what the contract states
-            for a in engine.generator.kv.k + engine.generator.kv.v:
-                a.view(np.uint8).fill(0)
-        del weights
-        engine.share_prefix(prefix_cache)
-        progress.stage("canary")
-        engine.check_canary()
-        progress.done()
-        engine.load_seconds = time.perf_counter() - start
-        return engine
-
-    @classmethod
-    def _load_gpu(cls, folder: Path, contract: Contract, head: str, start: float,
-                  prefix_cache: bool = True) -> "Engine":
-        """GPU bundle, after the target check: load the CUDA backend, canary-gate both decode paths."""
-        from .cuda.backend import load_cuda_model
-        from .cuda.graph import CudaDecodeLoop
-        try:
-            tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
-            grammar = Grammar.read(folder / GRAMMAR_FILE)
-        except EngineError:
-            raise
-        except Exception as e:
-            raise Refusal("bundle_invalid", f"bundle file failed to load: {type(e).__name__}: {e}",
-                          reason=type(e).__name__) from None
-        progress.stage("loading the CUDA backend")
-        try:
-            model = load_cuda_model(folder, contract, grammar)  # frees what it took if it fails
-        except EngineError:
-            raise
-        except Exception as e:  # a binding or driver surprise: typed, never a traceback
-            raise CudaError("cuda_error", f"loading the CUDA backend failed: {type(e).__name__}: {e}",
-                            reason=type(e).__name__) from None
-        try:
-            lim = contract.limits
-            generator = Generator(model, model.kv, grammar, max_input_tokens=lim.max_input_tokens,
-                                  max_output_tokens=lim.max_output_tokens, max_tokens_per_step=lim.max_tokens_per_step,
-                                  prefill_chunk=lim.prefill_chunk, head=head)
-            engine = cls(folder, contract, generator, tokenizer, 0.0)
-            engine.loop = CudaDecodeLoop(model)
+            try:
+                kv = model.new_kv_pool(contract.limits, contract.precision.kv_format)
+            except MemoryError:
+                raise Refusal("insufficient_memory", f"the KV pool of {contract.limits} does not fit this "
+                              "machine's memory", needed=contract.memory.total_bytes, available=None) from None
+            engine = cls(folder, contract, StepBatcher.for_limits(model, kv, grammar, contract.limits, head),
+                         tokenizer, 0.0)
+            if kind.decode_graph is not None:
+                engine.decode_graph = kind.decode_graph(model)
             engine.share_prefix(prefix_cache)
-            progress.stage("canary")
+            console.stage("canary")
             engine.check_canary()
-            progress.done()
+            console.done()
         except CudaError as e:
             if "timeout_s" not in e.details:  # a loop that never ended leaves the device busy: closing would block
                 model.close()
@@ -205,8 +143,8 @@ class Engine:
             results = generator.generate([Request(tuple(p.prompt_token_ids), keep_logits=True)
                                           for p in canary.prompts])
             paths = [("generator" if generator is self.generator else type(generator).__name__.lower(), results)]
-            if self.loop is not None and generator is self.generator:
-                paths.append(("decode graph", [self.loop.generate(p.prompt_token_ids) for p in canary.prompts]))
+            if self.decode_graph is not None and generator is self.generator:
+                paths.append(("decode graph", [self.decode_graph.generate(p.prompt_token_ids) for p in canary.prompts]))
         except EngineError as e:
             if e.code not in ("numerics_invalid", "request_invalid", "prompt_too_long", "kv_pages"):
                 raise
@@ -223,19 +161,17 @@ class Engine:
                     bad = canary_mismatch(p, r.token_ids, [], [], 0.0) if r.token_ids != list(
                         p.expected_token_ids) else None
                 if bad is not None:
-                    where = f" ({path})" if self.loop is not None or path != "generator" else ""
+                    where = f" ({path})" if self.decode_graph is not None or path != "generator" else ""
                     raise Refusal("canary_failed", f"canary prompt {k}{where} differs from the record in its "
                                   f"{bad['what']}: {bad}; this machine or these weights compute another model: "
                                   "do not serve from it", prompt=k, path=path, **bad)
 
     def close(self) -> None:
-        """Frees the device memory of a GPU engine (no-op on the CPU backend)."""
-        close = getattr(self.model, "close", None)
-        if close is not None:
-            close()
+        """Frees what the backend holds (device memory of a GPU engine)."""
+        self.model.close()
 
     def encode(self, text: str) -> tuple[int, ...]:
-        """Prompt ids of a request text (runtime/prompt.py: fixed prefix, the text as plain text,
+        """Prompt ids of a request text (runtime/batching/prompt.py: fixed prefix, the text as plain text,
         suffix); RequestError("request_invalid") for empty, blank or malformed text."""
         return self.prompt.encode(text)
 

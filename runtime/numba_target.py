@@ -18,10 +18,11 @@ import numba
 def use_512_bit_vectors() -> None:
     """Compile for this CPU with 512-bit vectors where it has AVX-512.
 
-    LLVM tunes recent Xeons to "prefer 256-bit" vectors; for these kernels (integer decode plus a
-    float32 multiply-add per weight, no frequency-heavy FMA storms) zmm measured 2-4x faster on
-    this machine (bench/RESULTS.md). Set before numba's first compile (its target machine is made
-    then; the cache key includes the features, so cached code always matches). An explicit
+    LLVM tunes recent Xeons to "prefer 256-bit" vectors; these kernels (integer decode plus a float32
+    multiply-add per weight, no frequency-heavy FMA storms) are written for 16-lane float32 vectors
+    (runtime/cpu/simd_ir.py), which that preference splits in two. Set before numba's first compile
+    (its target machine is made then; the cache key includes the features, so cached code always
+    matches). An explicit
     NUMBA_CPU_NAME / NUMBA_CPU_FEATURES in the environment wins. Only speed depends on it: the
     kernels' bits are batch-independent either way.
     """

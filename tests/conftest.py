@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from builder.synth import SynthOptions, synth_checkpoint
+# `python -m pytest` puts the checkout's root on sys.path, where kernels/ would shadow Hugging Face's
+# `kernels` (transformers imports it): importing toolcall.models takes the root off (models/__init__.py)
+import toolcall.models  # noqa: F401
+from toolcall.builder.synth import SynthOptions, synth_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -30,8 +33,8 @@ def tiny_checkpoint(make_checkpoint):
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory, tiny_checkpoint):
     """A CPU FP8 bundle of the tiny checkpoint and the 64-tool example catalog."""
-    from builder.compile import compile_bundle
-    from runtime.contract import BuildOptions
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.bundle.contract import BuildOptions
 
     out = tmp_path_factory.mktemp("bundles") / "tiny-fp8-cpu"
     options = BuildOptions(precision="fp8_e4m3", target="cpu", max_sequences=8, max_input_tokens=128,
@@ -44,8 +47,8 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoint):
 @pytest.fixture(scope="module")
 def dev():
     """A KernelRunner on GPU 0; skips with the probe's reason where there is no usable CUDA device."""
-    from kernels.launch import Gpu, probe_gpu
-    from kernels.runner import KernelRunner
+    from toolcall.kernels.launch import Gpu, probe_gpu
+    from toolcall.kernels.runner import KernelRunner
 
     ok, why = probe_gpu()
     if not ok:

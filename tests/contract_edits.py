@@ -1,8 +1,8 @@
 """Contract edits the tests make as a forger would: consistent, so only the later checks can refuse them."""
 from __future__ import annotations
 
-from runtime.contract import parse_contract
-from runtime.layout import workspace_breakdown
+from toolcall.runtime.bundle.contract import parse_contract
+from toolcall.runtime.bundle.layout import workspace_breakdown
 
 H200 = dict(name="h200", gpu_names=["h200"], compute_capability="9.0", sm_arch="sm_90", min_driver_version=13000)
 

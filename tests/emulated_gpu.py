@@ -1,11 +1,11 @@
 """A host emulation of the device for the CUDA backend's CPU tests.
 
-``EmulatedGpu`` stands in for kernels.launch.Gpu: allocations are numpy byte buffers at fake
+``EmulatedGpu`` stands in for toolcall.kernels.launch.Gpu: allocations are numpy byte buffers at fake
 addresses, copies move bytes, and each launch runs the kernel's numpy reference
 (kernels/reference.py) on views built from the launch's own pointers, strides and sizes,
 exactly as the kernel's header comment defines them. So every pointer, offset, stride, fused
 layout, padding row and grammar buffer the runtime passes is exercised for real, and the
-answers can be compared with the CPU backend. ``graph_builder`` gives CudaDecodeLoop a graph
+answers can be compared with the CPU backend. ``graph_builder`` gives DecodeGraph a graph
 "instantiation" that runs the launch lists and loops the body while the condition that
 grammar_advance set is non-zero. (Kernel arithmetic itself is the GPU parity tests' job.)
 """
@@ -17,9 +17,11 @@ from types import SimpleNamespace
 import ml_dtypes
 import numpy as np
 
-from kernels import reference as ref
-from kernels.launch import DeviceArray
-from kernels.runner import DryRunGpu
+from toolcall.kernels import reference as ref
+from toolcall.kernels.geometry import MATVECS, RMSNORM, SWIGLU
+from toolcall.kernels.launch import DeviceArray
+from toolcall.kernels.runner import DryRunGpu
+from toolcall.kernels.weight_args import weight_args
 
 BF16, F32, I32, U8, U64 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.uint8), \
     np.dtype(np.uint64)
@@ -94,31 +96,21 @@ class EmulatedGpu(DryRunGpu):
                           strides=(stride * dtype.itemsize, dtype.itemsize))
 
     # ---- kernels ----
-    def launch(self, kernel, grid, block, *args, shared_bytes: int = 0, stream=0) -> None:
-        super().launch(kernel, grid, block, *args)
-        sig = kernel.signature
-        a = dict(zip((n for n, _ in sig.params), args))
-        name = sig.name
-        if "_matvec" in name:
-            return self._matvec(name, a)
-        getattr(self, "_" + name)(a)
+    def launch(self, kernel, grid, block, args, shared_bytes: int = 0, stream=0) -> None:
+        super().launch(kernel, grid, block, args)  # packs: every parameter named once
+        if kernel.name in MATVECS:
+            return self._matvec(*MATVECS[kernel.name], args)
+        getattr(self, "_" + kernel.name)(args)
 
-    def _matvec(self, name: str, a: dict) -> None:
-        fmt, pro = name.split("_matvec")
-        T, n_in, n_out = a["T"], a["in"], a["out"]
-        if fmt == "fp8":
-            w = (self.view(a["w"], U8, (n_out, n_in)), self.view(a["w_scale"], F32, (n_out,)))
-        elif fmt == "nvfp4":
-            w = (self.view(a["w"], U8, (n_out, n_in // 2)), self.view(a["w_scale"], U8, (n_out, n_in // 16)),
-                 self.view(a["global_scale"], F32, (n_out,)))
-        else:
-            w = (self.view(a["w"], BF16, (n_out, n_in)),)
-        if pro == "_swiglu":
+    def _matvec(self, fmt, pro: str, a) -> None:
+        T, n_in, n_out = a["T"], a["n_in"], a["n_out"]
+        w = [self.view(a[arg.param], arg.dtype, arg.shape(n_out, n_in)) for arg in weight_args(fmt)]
+        if pro == SWIGLU:
             x = ref.swiglu(self.view(a["gate"], F32, (T, n_in), a["x_stride"]),
                            self.view(a["up"], F32, (T, n_in), a["x_stride"]))
         else:
             x = self.view(a["x"], F32, (T, n_in), a["x_stride"]).copy()
-            if pro == "_rmsnorm":
+            if pro == RMSNORM:
                 x = ref.rmsnorm(x, self.view(a["norm_w"], BF16, (n_in,)), a["eps"])
         bias = None if a["bias"] is None else self.view(a["bias"], F32, (n_out,))
         y = self.view(a["y"], F32, (T, n_out))
@@ -243,7 +235,7 @@ class EmulatedGpu(DryRunGpu):
 
 
 class _EmulatedGraphs:
-    """CudaDecodeLoop's graph builder on the emulated device: an "executable graph" is its launch
+    """DecodeGraph's graph builder on the emulated device: an "executable graph" is its launch
     lists; a launch runs them, the body while the condition (default 1 each launch) is set."""
 
     HANDLE = 0x5EED
@@ -252,7 +244,7 @@ class _EmulatedGraphs:
         self.m, self.gpu, self.instantiated, self.destroyed = model, gpu, 0, 0
 
     def instantiate(self, launches, body=None):
-        from runtime.cuda.backend import Program
+        from toolcall.runtime.cuda.backend import Program
         self.instantiated += 1
         return Program(self.m, launches), None if body is None else Program(self.m, body(self.HANDLE))
 

@@ -18,7 +18,7 @@ def unavailable() -> str | None:
     if shutil.which("gcc") is None:
         return "no gcc on this machine"
     try:
-        from kernels.nvrtc_build import include_dir
+        from toolcall.kernels.nvrtc_build import include_dir
         if not (Path(include_dir()) / "cuda.h").is_file():
             return f"no cuda.h in {include_dir()}"
     except Exception as e:  # the headers wheel is missing
@@ -28,7 +28,7 @@ def unavailable() -> str | None:
 
 def build(folder: Path) -> Path:
     """Compiles the stand-in into ``folder``/libcuda.so.1; returns the folder."""
-    from kernels.nvrtc_build import include_dir
+    from toolcall.kernels.nvrtc_build import include_dir
     folder.mkdir(parents=True, exist_ok=True)
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-Wno-unused-function",
                     f"-I{include_dir()}", "-o", str(folder / "libcuda.so.1"), str(SOURCE), "-ldl"],

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from runtime.generator import Request, Result
-from runtime.page_allocator import PageAllocator
 from test_prefix_cache import PAGE, TEXTS, _CopyingPool, make, parts  # noqa: F401  (module fixture)
+
+from toolcall.runtime.batching.batcher import Request, Result
+from toolcall.runtime.batching.pages import PageAllocator
 
 
 def test_a_repeat_copies_each_chunks_rows_but_the_last_while_its_tokens_match():

@@ -13,17 +13,23 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-import builder.inspect_bundle
-from builder.checkpoint import parse_config
-from builder.cli import main as builder_cli
-from builder.inspect_bundle import CHECKS, cubin_sm
 from contract_edits import retarget_h200
-from builder.tiers import DEFAULT_MAX_INPUT_TOKENS, DEFAULT_MAX_OUTPUT_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows
-from runtime.bundle import GRAMMAR_FILE, WEIGHTS_FILE, check_files, file_entry, read_contract
-from runtime.contract import CONTRACT_FILE, compute_bundle_id, parse_contract
-from common.errors import EXIT_CODES
-from runtime.grammar import Grammar
+
+import toolcall.builder.inspect_bundle
+from toolcall.builder.checkpoint import parse_config
+from toolcall.builder.cli import main as builder_cli
+from toolcall.builder.inspect_bundle import CHECKS, cubin_sm
+from toolcall.builder.tiers import (
+    DEFAULT_MAX_INPUT_TOKENS,
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    TIER_COLUMNS,
+    plan_tiers,
+    tier_rows,
+)
+from toolcall.common.errors import EXIT_CODES
+from toolcall.runtime.bundle.contract import CONTRACT_FILE, compute_bundle_id, parse_contract
+from toolcall.runtime.bundle.files import GRAMMAR_FILE, WEIGHTS_FILE, check_files, file_entry, read_contract
+from toolcall.runtime.grammar.trie import Grammar
 
 GIB = 1 << 30
 SECTIONS = ("format", "engine", "model", "target", "precision", "limits", "memory", "grammar", "canary", "prompt")
@@ -323,7 +329,7 @@ def test_unexpected_exception_is_an_internal_error_not_a_traceback(bundle, monke
     def boom(folder):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(builder.inspect_bundle, "inspect_bundle", boom)
+    monkeypatch.setattr(toolcall.builder.inspect_bundle, "inspect_bundle", boom)
     result = cli("inspect", bundle, "--json")
     assert result.exit_code == EXIT_CODES["internal"]
     err = json.loads(result.stdout)

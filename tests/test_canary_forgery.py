@@ -12,17 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.canary import (CANARY_PROMPTS, LOGIT_TOLERANCE, TOP_K, is_first_candidate_answer, record_canary)
-from builder.compile import compile_bundle
-from common.errors import BuildError, EngineError, Refusal
-from runtime.bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry
-from runtime.contract import CONTRACT_FILE, BuildOptions, compute_bundle_id
-from runtime.engine import Engine, check_bundle
-from runtime.generator import Result
-from runtime.grammar import Grammar
-from runtime.grammar_stepper import GrammarStepper
-from runtime.machine import MachineFacts
-from runtime.tensor_file import DTYPES, SafetensorsFile
+from toolcall.builder.canary import CANARY_PROMPTS, LOGIT_TOLERANCE, TOP_K, is_first_candidate_answer, record_canary
+from toolcall.builder.compile import compile_bundle
+from toolcall.common.errors import BuildError, EngineError, Refusal
+from toolcall.runtime.batching.batcher import Result
+from toolcall.runtime.bundle.contract import CONTRACT_FILE, BuildOptions, compute_bundle_id
+from toolcall.runtime.bundle.files import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry
+from toolcall.runtime.bundle.machine import MachineFacts
+from toolcall.runtime.bundle.tensor_file import DTYPES, SafetensorsFile
+from toolcall.runtime.engine import Engine, check_bundle
+from toolcall.runtime.grammar.stepper import GrammarStepper
+from toolcall.runtime.grammar.trie import Grammar
 
 ROOMY_CPU = MachineFacts(free_bytes=1 << 40)
 TRAINED = Path(__file__).parents[1] / "models" / "toolcall-qwen3-tiny"
@@ -183,7 +183,7 @@ def first_candidate_answer(grammar: Grammar) -> list[int]:
 
 
 def test_answers_that_always_take_the_first_candidate_are_rejected(tiny_bundle, monkeypatch):
-    import builder.canary
+    import toolcall.builder.canary
     grammar = Grammar.read(tiny_bundle / GRAMMAR_FILE)
     trivial = first_candidate_answer(grammar)
     assert is_first_candidate_answer(grammar, trivial) == (True, False)
@@ -192,8 +192,8 @@ def test_answers_that_always_take_the_first_candidate_are_rejected(tiny_bundle, 
         def generate(self, requests):
             return [Result(trivial, [], "done", 1.0, 0.0, 0.0, [], []) for _ in requests]
 
-    monkeypatch.setattr(builder.canary, "cpu_generator", lambda *a: FlatModel())
-    monkeypatch.setattr(builder.canary, "load_cpu_weights", lambda *a, **k: None)
+    monkeypatch.setattr(toolcall.builder.canary, "cpu_batcher", lambda *a: FlatModel())
+    monkeypatch.setattr(toolcall.builder.canary, "load_cpu_weights", lambda *a, **k: None)
     contract = Engine.load(tiny_bundle, facts=ROOMY_CPU).contract
     with pytest.raises(BuildError) as info:
         record_canary(tiny_bundle / WEIGHTS_FILE, contract.model, grammar, contract.limits,
@@ -234,13 +234,13 @@ def test_nan_in_hidden_states_is_a_typed_error(tiny_bundle, monkeypatch):
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama"])
 @pytest.mark.parametrize("precision", ["fp8_e4m3", "nvfp4", "bf16"])
 def test_the_runtime_expects_exactly_the_layout_the_builder_writes(family, precision):
-    import builder.memory_plan
-    from builder.quantize import output_specs
-    from builder.synth import SynthOptions, model_config_for
-    from runtime import layout as bundle_checks
+    import toolcall.builder.memory_plan
+    from toolcall.builder.quantize import output_specs, weight_format
+    from toolcall.builder.synth import SynthOptions, model_config_for
+    from toolcall.runtime.bundle import layout
     cfg = model_config_for(SynthOptions(family=family), 1000)
-    assert bundle_checks.weight_specs(cfg, precision) == output_specs(cfg, precision)
-    assert bundle_checks.weights_bytes(cfg, precision) == builder.memory_plan.weights_bytes(cfg, precision)
+    assert layout.weight_specs(cfg, weight_format(precision)) == output_specs(cfg, precision)
     # one formula for the memory plan and the load check
-    assert builder.memory_plan.kv_pool_bytes is bundle_checks.kv_pool_bytes
-    assert builder.memory_plan.workspace_breakdown is bundle_checks.workspace_breakdown
+    assert toolcall.builder.memory_plan.weights_bytes is layout.weights_bytes
+    assert toolcall.builder.memory_plan.kv_pool_bytes is layout.kv_pool_bytes
+    assert toolcall.builder.memory_plan.workspace_breakdown is layout.workspace_breakdown

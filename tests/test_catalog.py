@@ -10,11 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, normalizers
 
-from builder.catalog import (DEFAULT_PROMPT_TEMPLATE, MAX_CATALOG_TOOLS, AnswerFormat, Catalog,
-                             load_catalog, tokenize_catalog)
-from builder.synth_tokenizer import END_OF_TURN, train_tokenizer
-from common.errors import BuildError, CatalogError
-from schemas import load_schema
+from toolcall.builder.catalog import (
+    DEFAULT_PROMPT_TEMPLATE,
+    MAX_CATALOG_TOOLS,
+    AnswerFormat,
+    Catalog,
+    load_catalog,
+    tokenize_catalog,
+)
+from toolcall.builder.synth_tokenizer import END_OF_TURN, train_tokenizer
+from toolcall.common.errors import BuildError, CatalogError
+from toolcall.schemas import load_schema
 
 
 @lru_cache(maxsize=1)
@@ -49,7 +55,7 @@ def tools(*names: str) -> list[dict]:
 
 
 def test_example_catalog_loads_with_64_described_tools():
-    path = resources.files("builder").joinpath("data/tools-64.json")
+    path = resources.files("toolcall.builder").joinpath("data/tools-64.json")
     catalog = load_catalog(str(path))
     assert len(catalog.tools) == 64 and len(set(catalog.names)) == 64
     assert all(t.description for t in catalog.tools)

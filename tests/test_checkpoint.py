@@ -8,9 +8,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from builder.checkpoint import open_checkpoint
-from common.errors import CheckpointError
-from runtime.tensor_file import SafetensorsFile, write_tensors
+from toolcall.builder.checkpoint import open_checkpoint
+from toolcall.common.errors import CheckpointError
+from toolcall.runtime.bundle.tensor_file import SafetensorsFile, write_tensors
 
 
 @pytest.fixture

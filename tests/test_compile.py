@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import builder.compile
-from builder.cli import main as builder_cli
-from runtime.bundle import WEIGHTS_FILE
-from runtime.contract import CONTRACT_FILE
-from runtime.engine import Engine
-from common.errors import EXIT_CODES
-from runtime.machine import MachineFacts
-from runtime.tensor_file import SafetensorsFile
+import toolcall.builder.compile
+from toolcall.builder.cli import main as builder_cli
+from toolcall.common.errors import EXIT_CODES
+from toolcall.runtime.bundle.contract import CONTRACT_FILE
+from toolcall.runtime.bundle.files import WEIGHTS_FILE
+from toolcall.runtime.bundle.machine import MachineFacts
+from toolcall.runtime.bundle.tensor_file import SafetensorsFile
+from toolcall.runtime.engine import Engine
 
 CATALOG = Path(__file__).resolve().parents[1] / "builder" / "data" / "tools-64.json"
 # Small limits keep a tiny CPU build well under a second.
@@ -195,13 +195,13 @@ def test_force_replaces_only_once_the_new_bundle_is_complete(tmp_path, tiny_chec
     old_id = build(tiny_checkpoint, out)["bundle_id"]
     old = snapshot(out)
     seen_during_build = []
-    real_canary = builder.compile.record_canary
+    real_canary = toolcall.builder.compile.record_canary
 
     def canary_watching_out(*args, **kwargs):  # runs after the new weights are written, before the rename
         seen_during_build.append(snapshot(out))
         return real_canary(*args, **kwargs)
 
-    monkeypatch.setattr(builder.compile, "record_canary", canary_watching_out)
+    monkeypatch.setattr(toolcall.builder.compile, "record_canary", canary_watching_out)
     assert compile_cli(tiny_checkpoint, "--catalog", CATALOG, "--out", out, *FAST, "--force").exit_code == 0
     assert seen_during_build == [old]
     assert cli_verify(out) == 0

@@ -12,13 +12,32 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from runtime.contract import (FORMAT_NAME, FORMAT_VERSION, SUPPORTED_FORMAT_VERSIONS, WEIGHT_PRECISIONS, BuildOptions,
-                              Canary, CanaryPrompt, CanaryStep, Contract, EngineSection, FileEntry, Format,
-                              GrammarSection, Limits, Memory, Precision, PromptSection, Target, compute_bundle_id,
-                              parse_contract, validate_contract_dict)
-from common.errors import EXIT_CODES, Refusal
-from runtime.model_config import FAMILIES, ModelConfig, RopeScaling
-from schemas import load_schema
+from toolcall.common.errors import EXIT_CODES, Refusal
+from toolcall.common.formats import KV_FORMATS, WEIGHT_FORMATS
+from toolcall.runtime.bundle.contract import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    SUPPORTED_FORMAT_VERSIONS,
+    BuildOptions,
+    Canary,
+    CanaryPrompt,
+    CanaryStep,
+    Contract,
+    EngineSection,
+    FileEntry,
+    Format,
+    GrammarSection,
+    Limits,
+    Memory,
+    Precision,
+    PromptSection,
+    Target,
+    compute_bundle_id,
+    parse_contract,
+    validate_contract_dict,
+)
+from toolcall.runtime.bundle.model_config import FAMILIES, ModelConfig, RopeScaling
+from toolcall.schemas import load_schema
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "schemas" / "contract.schema.json"
 QWEN3_06B = ModelConfig(family="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
@@ -144,7 +163,9 @@ def test_every_property_has_a_description():
 
 def test_schema_enums_match_code():
     schema = load_schema("contract")
-    assert tuple(schema["$defs"]["weight_precision"]["enum"]) == WEIGHT_PRECISIONS
+    assert tuple(schema["$defs"]["weight_precision"]["enum"]) == WEIGHT_FORMATS.bundle_names
+    precision = schema["properties"]["precision"]["properties"]
+    assert tuple(precision["kv_cache"]["enum"]) == KV_FORMATS.bundle_names
     assert tuple(schema["properties"]["model"]["properties"]["family"]["enum"]) == FAMILIES
     assert schema["properties"]["format"]["properties"]["name"]["const"] == FORMAT_NAME
     assert FORMAT_VERSION in SUPPORTED_FORMAT_VERSIONS

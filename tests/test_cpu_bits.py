@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from runtime.bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, read_contract
-from runtime.contract import Limits
-from runtime.engine import CPU_BACKENDS, cpu_generator, load_cpu_weights
-from runtime.generator import Request, Result
-from runtime.grammar import Grammar
+from toolcall.runtime.batching.batcher import Request, Result
+from toolcall.runtime.bundle.contract import Limits
+from toolcall.runtime.bundle.files import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, read_contract
+from toolcall.runtime.cpu import CPU_BACKENDS
+from toolcall.runtime.cpu.backend import cpu_batcher, load_cpu_weights
+from toolcall.runtime.grammar.trie import Grammar
 
 REQUESTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send an email to Bob",
             "Convert 20 euros to yen", "Remind me to call Alice on Friday", "Find a hotel in Rome",
@@ -32,7 +33,7 @@ def make(parts, prefill_chunk=64, max_tokens_per_step=128):
     limits = Limits(page_size=16, num_pages=0, max_sequences=32, max_tokens_per_step=max_tokens_per_step,
                     prefill_chunk=prefill_chunk, max_input_tokens=96, max_output_tokens=grammar.max_answer_tokens)
     limits = Limits(**{**limits.__dict__, "num_pages": 32 * limits.pages_per_sequence})
-    return cpu_generator(cfg, weights, grammar, limits)
+    return cpu_batcher(cfg, weights, grammar, limits)
 
 
 def observed(result: Result) -> tuple[list[int], list[bytes]]:
@@ -104,7 +105,7 @@ def test_a_prompt_row_has_the_same_bits_at_every_place_in_its_gemm_block(k, n):
     """The reference backend's gemm_rows is probed on this machine's BLAS (OpenBLAS's Zen sgemm
     rounds rows 0-5 of a 16-row block one way and 6-15 another); at the probed size a row's bits
     do not depend on its place among the other prompt rows."""
-    from runtime.cpu.model import blocked_matmul, stable_gemm_rows
+    from toolcall.runtime.cpu.model import blocked_matmul, stable_gemm_rows
     rows = stable_gemm_rows(((k, n, True),))
     rng = np.random.default_rng(1)
     w = rng.standard_normal((n, k), dtype=np.float32)

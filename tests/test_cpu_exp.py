@@ -16,7 +16,7 @@ CASES = [  # (low, high, points, most ulps off)
 
 @pytest.fixture(scope="module")
 def exp_loop():
-    from runtime.cpu.fast_kernels import _exp
+    from toolcall.runtime.cpu.fast_kernels import _exp
 
     @numba.njit
     def loop(x, out):

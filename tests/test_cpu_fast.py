@@ -11,27 +11,31 @@ import textwrap
 import ml_dtypes
 import numpy as np
 import pytest
+from test_hf_parity import CASES, DECODE_STEPS, MARGIN_TOL, PROMPT_TOKENS, REL_TOL
 from tokenizers import Tokenizer
 
-from builder.checkpoint import open_checkpoint
-from runtime.bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, read_contract
-from runtime.cpu.fast_model import FastCpuModel, StoredWeights
-from runtime.cpu.kv_pool import PagedKVPool
-from runtime.cpu.model import CpuModel
-from runtime.engine import CPU_BACKENDS, cpu_generator, load_cpu_weights
-from runtime.generator import Request, Result
-from runtime.grammar import Grammar
-
-from test_hf_parity import CASES, DECODE_STEPS, MARGIN_TOL, PROMPT_TOKENS, REL_TOL
+from toolcall.builder.checkpoint import open_checkpoint
+from toolcall.common.formats import BF16, FP8_E4M3, KV_FP32, NVFP4
+from toolcall.common.minifloat import E4M3_VALUES
+from toolcall.common.nvfp4 import E2M1_VALUES
+from toolcall.runtime.batching.batcher import Request, Result
+from toolcall.runtime.bundle.files import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, read_contract
+from toolcall.runtime.cpu import CPU_BACKENDS
+from toolcall.runtime.cpu.backend import cpu_batcher, load_cpu_weights
+from toolcall.runtime.cpu.fast_model import FastCpuModel, StoredWeights
+from toolcall.runtime.cpu.kv_pool import PagedKVPool
+from toolcall.runtime.cpu.model import CpuModel
+from toolcall.runtime.grammar.trie import Grammar
 
 REQUESTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send an email to Bob",
             "Convert 20 euros to yen", "Remind me to call Alice on Friday", "Find a hotel in Rome",
             "Play some music", "Translate this note to French"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUNDLE_FORMATS = (FP8_E4M3, NVFP4, BF16)  # the ``bundles`` fixture's CPU bundles
 
 
 def test_cli_and_engine_name_the_same_backends():
-    from runtime import cli
+    from toolcall.runtime import cli
     assert cli.CPU_BACKENDS == CPU_BACKENDS == ("fast", "reference")
 
 
@@ -46,7 +50,7 @@ def test_fast_matches_reference_on_the_parity_cases(make_checkpoint, family, rat
     fast = FastCpuModel(cfg, StoredWeights.from_arrays(cfg, {n: ckpt.read(n) for n in ckpt.tensor_names()}))
     prompt = np.random.default_rng(7).integers(3, 3000, PROMPT_TOKENS)
     pools = [PagedKVPool(cfg, num_pages=8, page_size=page_size, max_seqs=1,
-                         max_tokens_per_seq=PROMPT_TOKENS + DECODE_STEPS, kv_dtype="fp32") for _ in range(2)]
+                         max_tokens_per_seq=PROMPT_TOKENS + DECODE_STEPS, kv_format=KV_FP32) for _ in range(2)]
     slot = [p.admit(PROMPT_TOKENS + DECODE_STEPS) for p in pools][0]
     rows = (prompt, np.full(PROMPT_TOKENS, slot), np.arange(PROMPT_TOKENS))
     logits = [m.dense_logits(m.forward(*rows, pool))[-1] for m, pool in zip((ref, fast), pools)]
@@ -68,25 +72,25 @@ def test_fast_matches_reference_on_the_parity_cases(make_checkpoint, family, rat
 
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory, tiny_checkpoint):
-    from builder.compile import compile_bundle
-    from runtime.contract import BuildOptions
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.bundle.contract import BuildOptions
 
     out = {}
-    for precision in ("fp8_e4m3", "nvfp4", "bf16"):
-        folder = tmp_path_factory.mktemp("bundles") / precision
+    for fmt in BUNDLE_FORMATS:
+        folder = tmp_path_factory.mktemp("bundles") / fmt.name
         compile_bundle(tiny_checkpoint, "builder/data/tools-64.json",
-                       BuildOptions(precision=precision, target="cpu", max_sequences=8, max_input_tokens=128,
+                       BuildOptions(precision=fmt.name, target="cpu", max_sequences=8, max_input_tokens=128,
                                     max_output_tokens=None, page_size=32, max_tokens_per_step=128,
                                     prefill_chunk=64, memory_budget_bytes=None, context_reserve_bytes=None,
                                     seed=0), folder)
-        out[precision] = folder
+        out[fmt] = folder
     return out
 
 
-@pytest.mark.parametrize("precision", ["fp8_e4m3", "nvfp4", "bf16"])
+@pytest.mark.parametrize("fmt", BUNDLE_FORMATS, ids=lambda f: f.name)
 @pytest.mark.parametrize("head", ["sparse", "check"])
-def test_fast_generator_gives_the_reference_tokens(bundles, precision, head):
-    folder = bundles[precision]
+def test_fast_generator_gives_the_reference_tokens(bundles, fmt, head):
+    folder = bundles[fmt]
     contract = read_contract(folder)
     grammar = Grammar.read(folder / GRAMMAR_FILE)
     tok = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
@@ -94,7 +98,7 @@ def test_fast_generator_gives_the_reference_tokens(bundles, precision, head):
     results = {}
     for backend in CPU_BACKENDS:
         weights = load_cpu_weights(folder / WEIGHTS_FILE, contract.model, backend)
-        results[backend] = cpu_generator(contract.model, weights, grammar, contract.limits, head).generate(requests)
+        results[backend] = cpu_batcher(contract.model, weights, grammar, contract.limits, head).generate(requests)
     for fast, ref in zip(results["fast"], results["reference"]):
         assert isinstance(fast, Result) and isinstance(ref, Result)
         assert fast.token_ids == ref.token_ids
@@ -104,21 +108,21 @@ def test_fast_generator_gives_the_reference_tokens(bundles, precision, head):
 
 
 def test_stored_weights_are_views_of_the_file(bundles):
-    folder = bundles["nvfp4"]
+    folder = bundles[NVFP4]
     contract = read_contract(folder)
     weights = load_cpu_weights(folder / WEIGHTS_FILE, contract.model, "fast")
     widened = sum(v.size * 2 for v in weights.vectors.values())  # norms held as float32 copies of bf16
     assert weights.nbytes == contract.memory.weights_bytes + widened
     lin = weights.linear["model.layers.0.mlp.down_proj"]
-    assert lin.kind == "nvfp4" and lin.weight.base is not None and not lin.weight.flags.owndata
+    assert lin.fmt is NVFP4 and lin.weight.base is not None and not lin.weight.flags.owndata
 
 
 # -- memory: RSS growth of a load against the contract ---------------------------------------------
 
 RSS_PROBE = textwrap.dedent("""
     import json, sys
-    from runtime.engine import Engine
-    from runtime.machine import MachineFacts
+    from toolcall.runtime.engine import Engine
+    from toolcall.runtime.bundle.machine import MachineFacts
 
     def rss():
         for line in open("/proc/self/status"):
@@ -136,9 +140,9 @@ RSS_PROBE = textwrap.dedent("""
 def mid_bundle(tmp_path_factory, monkeypatch_module, tiny_checkpoint):
     """A CPU FP8 bundle of ~60 MB (weights ~28 MB, KV pool ~38 MB): big enough that the
     interpreter's constant costs do not hide a float32 copy (which would add ~100 MB)."""
-    import builder.synth as synth
-    from builder.compile import compile_bundle
-    from runtime.contract import BuildOptions
+    import toolcall.builder.synth as synth
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.bundle.contract import BuildOptions
 
     tiny = synth.model_config_for
 
@@ -181,10 +185,10 @@ def test_load_holds_what_the_contract_states(mid_bundle, tiny_bundle):
 
 CACHE_PROBE = textwrap.dedent("""
     import json, sys
-    from runtime.engine import Engine
-    from runtime.machine import MachineFacts
-    from runtime.cpu import attention_kernels as ak, fast_kernels as fk, linear_high as lh, linear_kernels as lk
-    from runtime.cpu import panel_kernels as pk
+    from toolcall.runtime.engine import Engine
+    from toolcall.runtime.bundle.machine import MachineFacts
+    from toolcall.runtime.cpu import attention_kernels as ak, fast_kernels as fk, linear_high as lh, linear_kernels as lk
+    from toolcall.runtime.cpu import panel_kernels as pk
     Engine.load(sys.argv[1], facts=MachineFacts(free_bytes=1 << 40))
     kernels = [v for m in (fk, lk, lh, ak, pk) for v in vars(m).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
     print(json.dumps({k.__name__: sum(k.stats.cache_misses.values()) for k in kernels if k.signatures}))
@@ -196,7 +200,7 @@ def test_a_second_start_loads_the_kernels_from_the_cache(tiny_bundle):
                            text=True, timeout=600, env={**os.environ, "PYTHONPATH": ROOT}) for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr
     misses = json.loads(runs[1].stdout.strip().splitlines()[-1])
-    assert "linear_fp8_panels" in misses and "attention" in misses and "candidate_logits_bf16" in misses
+    assert "linear_panels" in misses and "attention" in misses and "candidate_logits" in misses
     assert not any(misses.values()), f"compiled again on the second start: {misses}"
 
 
@@ -204,75 +208,78 @@ def test_a_second_start_loads_the_kernels_from_the_cache(tiny_bundle):
 
 KERNEL_INPUTS = textwrap.dedent("""
     import hashlib, json, numpy as np, ml_dtypes
-    from runtime.cpu import linear_high as lh, linear_kernels as lk, panel_kernels as pk
+    from toolcall.runtime.cpu import linear_high as lh, linear_kernels as lk, panel_kernels as pk
 
     def inputs(out, n, t_rows, seed):
         rng = np.random.default_rng(seed)
         x = rng.standard_normal((t_rows, n)).astype(np.float32)
         w = (rng.standard_normal((out, n)) * 0.05).astype(np.float32)
         codes = rng.integers(0, 16, (out, n - n % 16)).astype(np.uint8)  # NVFP4 rows: whole 16-blocks
-        return dict(x=x, w=w, fp8=np.clip(w * 40, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.int8),
-                    scale=rng.random(out).astype(np.float32), bf16=w.astype(ml_dtypes.bfloat16).view(np.uint16),
+        return dict(x=x, w=w, e4m3=np.clip(w * 40, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.int8),
+                    scale=rng.random(out).astype(np.float32), bf16_bits=w.astype(ml_dtypes.bfloat16).view(np.uint16),
                     codes=codes, packed=(codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8),
                     blocks=rng.integers(0x01, 0x7F, (out, n // 16)).astype(np.uint8))
 
-    def run(kind, a, x):
+    NO_SCALE = np.empty(0, np.float32)
+    # kernel (by the weight dtype it is compiled for) -> kernel(a, x, y) on the inputs ``a``
+    KERNELS = {
+        "linear_nvfp4": lambda a, x, y: lk.linear_nvfp4(x, a["packed"], a["blocks"], np.float32(0.01), y),
+        "linear_rows u16": lambda a, x, y: lh.linear_rows(x, a["bf16_bits"], y),
+        "linear_rows f32": lambda a, x, y: lh.linear_rows(x, a["w"], y),
+        "linear_panels i8": lambda a, x, y: pk.linear_panels(x, pk.repack(a["e4m3"]), pk.padded_scale(a["scale"]), y),
+        "linear_panels u16": lambda a, x, y: pk.linear_panels(x, pk.repack(a["bf16_bits"]), NO_SCALE, y),
+        "linear_panels f32": lambda a, x, y: pk.linear_panels(x, pk.repack(a["w"]), NO_SCALE, y),
+    }
+
+    def run(kernel, a, x):
         y = np.empty((x.shape[0], a["w"].shape[0]), np.float32)
-        if kind == "fp8":
-            lk.linear_fp8(x, a["fp8"], a["scale"], y)
-        elif kind == "nvfp4":
-            lk.linear_nvfp4(x, a["packed"], a["blocks"], np.float32(0.01), y)
-        elif kind == "bf16":
-            lh.linear_bf16(x, a["bf16"], y)
-        elif kind == "f32":
-            lh.linear_f32(x, a["w"], y)
-        elif kind == "fp8/panel":
-            pk.linear_fp8_panels(x, pk.repack(a["fp8"]), pk.padded_scale(a["scale"]), y)
-        elif kind == "bf16/panel":
-            pk.linear_bf16_panels(x, pk.repack(a["bf16"]), y)
-        else:
-            pk.linear_f32_panels(x, pk.repack(a["w"]), y)
+        KERNELS[kernel](a, x, y)
         return y
 
     def bit_hashes(cases):
         return {f"{k}:{o}x{n}": hashlib.sha256(run(k, a, a["x"]).tobytes()).hexdigest()
                 for k, o, n in cases for a in [inputs(o, n, 7, seed=n)]}
 """)
-# (kind, out, in): 70 outputs = a 64-row work item + a ragged 6; in 96 / 80 take NVFP4's two-block and
+# (kernel, out, in): 70 outputs = a 64-row work item + a ragged 6; in 96 / 80 take NVFP4's two-block and
 # one-block paths; 83 leaves a scalar tail of 3 elements. Panels (32 outputs): 70 = 2 panels + a zero-padded
 # 6, 64 exactly 2; in 200 = 3 blocks of 64 features + a short one, 83 one block + a short one.
-KERNEL_CASES = [("fp8", 70, 96), ("fp8", 70, 83), ("nvfp4", 70, 96), ("nvfp4", 70, 80), ("bf16", 70, 83),
-                ("f32", 70, 83), ("fp8/panel", 70, 200), ("fp8/panel", 64, 83), ("bf16/panel", 70, 83),
-                ("bf16/panel", 64, 200), ("f32/panel", 70, 200), ("f32/panel", 64, 16)]
+KERNEL_CASES = [("linear_nvfp4", 70, 96), ("linear_nvfp4", 70, 80), ("linear_rows u16", 70, 83),
+                ("linear_rows f32", 70, 83), ("linear_panels i8", 70, 200), ("linear_panels i8", 64, 83),
+                ("linear_panels i8", 70, 96), ("linear_panels u16", 70, 83), ("linear_panels u16", 64, 200),
+                ("linear_panels f32", 70, 200), ("linear_panels f32", 64, 16)]
 exec(KERNEL_INPUTS)  # the same inputs in this process and in the probe below
+# kernel -> its weights [out, in] as float64, from the inputs
+WEIGHTS = {
+    "linear_nvfp4": lambda a: (E2M1_VALUES[a["codes"]].astype(np.float64) * 0.01
+                               * np.repeat(E4M3_VALUES[a["blocks"]], 16, axis=1)),
+    "linear_rows u16": lambda a: a["bf16_bits"].view(ml_dtypes.bfloat16).astype(np.float64),
+    "linear_rows f32": lambda a: a["w"].astype(np.float64),
+    "linear_panels i8": lambda a: a["e4m3"].view(ml_dtypes.float8_e4m3fn).astype(np.float64) * a["scale"][:, None],
+    "linear_panels u16": lambda a: a["bf16_bits"].view(ml_dtypes.bfloat16).astype(np.float64),
+    "linear_panels f32": lambda a: a["w"].astype(np.float64),
+}
 
 
-@pytest.mark.parametrize("kind,out,n", KERNEL_CASES)
-def test_linear_kernels_give_the_dot_product_and_the_same_bits_in_any_tile(kind, out, n):
+@pytest.mark.parametrize("kernel,out,n", KERNEL_CASES)
+def test_linear_kernels_give_the_dot_product_and_the_same_bits_in_any_tile(kernel, out, n):
     a = inputs(out, n, 13, seed=n)
-    weights = {"fp8": lambda: a["fp8"].view(ml_dtypes.float8_e4m3fn).astype(np.float64) * a["scale"][:, None],
-               "nvfp4": lambda: (lk.E2M1_VALUES[a["codes"]].astype(np.float64) * 0.01
-                                 * np.repeat(lk.E4M3_VALUES[a["blocks"]], 16, axis=1)),
-               "bf16": lambda: a["bf16"].view(ml_dtypes.bfloat16).astype(np.float64),
-               "f32": lambda: a["w"].astype(np.float64)}[kind.split("/")[0]]()
-    full = run(kind, a, a["x"])
-    want = a["x"].astype(np.float64) @ weights.T
+    full = run(kernel, a, a["x"])
+    want = a["x"].astype(np.float64) @ WEIGHTS[kernel](a).T
     assert np.abs(full - want).max() <= 1e-5 * np.abs(want).max()
     for t_rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12):  # every tile shape and mix of shapes, rows at both ends
         for rows in (slice(0, t_rows), slice(13 - t_rows, 13)):
-            got = run(kind, a, np.ascontiguousarray(a["x"][rows]))
-            assert got.tobytes() == full[rows].tobytes(), f"{kind}: rows {rows} alone differ from the 13-row step"
+            got = run(kernel, a, np.ascontiguousarray(a["x"][rows]))
+            assert got.tobytes() == full[rows].tobytes(), f"{kernel}: rows {rows} alone differ from the 13-row step"
 
 
 def test_sparse_head_is_bit_equal_to_the_dense_head():
     a = inputs(70, 83, 5, seed=1)
     cand = np.random.default_rng(2).integers(0, 70, (5, 9))
-    for dense, sparse, w in ((lh.linear_bf16, lh.candidate_logits_bf16, a["bf16"]),
-                             (lh.linear_f32, lh.candidate_logits_f32, a["w"])):
+    for w in (a["bf16_bits"], a["w"]):
         y = np.empty((5, 70), np.float32)
-        dense(a["x"], w, y)
+        lh.linear_rows(a["x"], w, y)
         got = np.empty(cand.shape, np.float32)
-        sparse(a["x"], w, cand, got)
+        lh.candidate_logits(a["x"], w, cand, got)
         assert got.tobytes() == np.take_along_axis(y, cand, axis=1).tobytes()
 
 
@@ -287,8 +294,8 @@ def test_the_same_bits_without_avx512_f16c_or_ssse3(tmp_path):
     """The dot order is written down, and every decoder is exact: a baseline x86-64 build (no F16C,
     SSSE3 or AVX-512: the arithmetic fallbacks) gives the host build's bits, and so do the panel
     tile shapes of the other register file (zmm or ymm, whichever this CPU does not choose)."""
-    from runtime.cpu import panel_kernels as pk
-    cases = [c for c in KERNEL_CASES if c[0] in ("fp8", "nvfp4", "fp8/panel", "bf16/panel")]
+    from toolcall.runtime.cpu import panel_kernels as pk
+    cases = [c for c in KERNEL_CASES if c[0] in ("linear_nvfp4", "linear_panels i8", "linear_panels u16")]
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("TOOLCALL_PANEL_TILES", None)
     other = next(k for k in pk.TILE_SHAPES if k != pk.TILE_REGISTERS)
@@ -311,23 +318,23 @@ def test_the_same_bits_without_avx512_f16c_or_ssse3(tmp_path):
     assert len(host) == len(cases) and runs[0] == host and runs[1] == host
 
 
-@pytest.mark.parametrize("kind", ["fp8", "bf16"])
-def test_joined_linears_give_each_parts_bits(kind):
+@pytest.mark.parametrize("fmt", [FP8_E4M3, BF16], ids=lambda f: f.name)
+def test_joined_linears_give_each_parts_bits(fmt):
     """join_panels: q|k|v side by side in one linear give each part's outputs, byte for byte; outputs that are
     not whole panels are not joined."""
-    from runtime.cpu import panel_kernels as pk
-    from runtime.cpu.stored_weights import StoredLinear, join_panels
+    from toolcall.runtime.cpu import panel_kernels as pk
+    from toolcall.runtime.cpu.stored_weights import StoredLinear, join_panels
     rng = np.random.default_rng(4)
     n, outs = 96, [192, 64, 64]
-    parts = []
-    for out in outs:
-        w = (rng.standard_normal((out, n)) * 0.1).astype(np.float32)
-        if kind == "fp8":
-            codes = w.astype(ml_dtypes.float8_e4m3fn).view(np.int8)
-            scale = rng.uniform(0.5, 2.0, out).astype(np.float32)
-            parts.append(StoredLinear("fp8", pk.repack(codes), scale=pk.padded_scale(scale), panel=pk.PANEL))
-        else:
-            parts.append(StoredLinear("bf16", pk.repack(w.astype(ml_dtypes.bfloat16).view(np.uint16)), panel=pk.PANEL))
+    def fp8(w):
+        scale = rng.uniform(0.5, 2.0, w.shape[0]).astype(np.float32)
+        return StoredLinear(FP8_E4M3, pk.repack(w.astype(ml_dtypes.float8_e4m3fn).view(np.int8)),
+                            scale=pk.padded_scale(scale), panel=pk.PANEL)
+    # weight format -> the StoredLinear of w [out, in] float32 in it
+    stored = {FP8_E4M3: fp8,
+              BF16: lambda w: StoredLinear(BF16, pk.repack(w.astype(ml_dtypes.bfloat16).view(np.uint16)),
+                                           panel=pk.PANEL)}
+    parts = [stored[fmt]((rng.standard_normal((out, n)) * 0.1).astype(np.float32)) for out in outs]
     joined = join_panels(parts, outs)
     model = FastCpuModel.__new__(FastCpuModel)  # only .linear is used: it reads nothing of the model
     for rows in (1, 3, 11):

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from runtime.cpu import fused_forward as ff
-from runtime.engine import Engine
 from test_cpu_fast import bundles  # noqa: F401  (module fixture: fp8_e4m3, nvfp4 and bf16 CPU bundles)
 
-# (bundle precision, kernel threads): one thread takes the serial kernels (fused_layers_serial), the lanes' path
-# on 2 CPUs; two the parallel ones. Each case compiles every kernel into the loop once (1-2 min on 2 cores): two.
-CASES = [("fp8_e4m3", 1), ("bf16", 2)]
+from toolcall.common.formats import BF16, FP8_E4M3, NVFP4
+from toolcall.runtime.cpu import fused_forward as ff
+from toolcall.runtime.engine import Engine
+
+# (bundle weight format, kernel threads): one thread takes the serial kernels (fused_layers_serial), the lanes'
+# path on 2 CPUs; two the parallel ones. Each case compiles every kernel into the loop once (1-2 min on 2 cores): two.
+CASES = [(FP8_E4M3, 1), (BF16, 2)]
 
 
 def rows_of(engine, texts):
@@ -26,10 +27,10 @@ def rows_of(engine, texts):
     return np.array(tokens, np.int64), np.array(slots, np.int64), np.array(positions, np.int64)
 
 
-@pytest.mark.parametrize("precision,threads", CASES)
+@pytest.mark.parametrize("fmt,threads", CASES, ids=[f"{f.name}-{t}" for f, t in CASES])
 @pytest.mark.parametrize("sampled", [False, True])
-def test_the_fused_layer_loop_gives_the_python_loops_bits(bundles, precision, threads, sampled):
-    engine = Engine.load(bundles[precision], threads=threads, prefix_cache=False)
+def test_the_fused_layer_loop_gives_the_python_loops_bits(bundles, fmt, threads, sampled):
+    engine = Engine.load(bundles[fmt], threads=threads, prefix_cache=False)
     model, kv = engine.generator.model, engine.generator.kv
     assert model.fused is None and model.enable_fused()  # opt-in
     tokens, slots, positions = rows_of(engine, ["Book a flight to Paris", "Convert 20 euros to yen and call Bob"])
@@ -49,15 +50,17 @@ def test_the_fused_layer_loop_gives_the_python_loops_bits(bundles, precision, th
 
 
 def test_nvfp4_keeps_the_python_loop(bundles):
-    engine = Engine.load(bundles["nvfp4"], threads=1, prefix_cache=False)
+    engine = Engine.load(bundles[NVFP4], threads=1, prefix_cache=False)
     assert not engine.generator.model.enable_fused() and engine.generator.model.fused is None
     assert ff.layer_arrays(engine.generator.model.layers, np.empty(0, np.float32)) is None
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "qk_norm_rope_kv", "silu_times", "gather_rows_bf16"])
+@pytest.mark.parametrize("name", ["rms_norm", "qk_norm_rope_kv", "silu_times", "gather_rows_bf16", "linear_panels"])
 def test_the_serial_kernels_are_their_own_numba_functions(name):
-    from runtime.cpu import fast_kernels as fk
+    from toolcall.runtime.cpu import fast_kernels as fk
+    from toolcall.runtime.cpu import panel_kernels as pk
 
-    serial, parallel = getattr(ff.fk_serial, name), getattr(fk, name)
+    serial_module, module = (ff.pk_serial, pk) if hasattr(pk, name) else (ff.fk_serial, fk)
+    serial, parallel = getattr(serial_module, name), getattr(module, name)
     assert serial.py_func.__code__ is parallel.py_func.__code__  # the same source
     assert serial.py_func.__qualname__ == name + "_1t" and not serial.targetoptions.get("parallel")

@@ -13,37 +13,42 @@ import json
 import shutil
 from pathlib import Path
 
+import contract_edits
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from emulated_gpu import EmulatedGpu
 from tokenizers import Tokenizer
 
-from builder.catalog import load_catalog
-from builder.checkpoint import open_checkpoint
-from builder.memory_plan import kv_pool_bytes, weights_bytes, workspace_breakdown
-from builder.quantize import quantize_checkpoint
-from builder.synth import SynthOptions, model_config_for
-from builder.trie import build_grammar
-import contract_edits
-from emulated_gpu import EmulatedGpu
-from kernels.launch import probe_gpu
-from kernels.signatures import kernel_signatures
-from runtime.cli import main as runtime_cli
-from runtime.contract import CONTRACT_FILE, Limits
-from runtime.cuda.backend import CudaModel
-from runtime.cuda.buffers import BREAKDOWN_NAMES, attention_splits, workspace_plan
-from runtime.cuda.graph import CudaDecodeLoop
-from runtime.cuda.graph_build import dependencies
-from runtime.engine import Engine, cpu_generator, load_cpu_weights
-from common.errors import EXIT_CODES, CudaError, Refusal
-from runtime.generator import Generator, Request
-from runtime.machine import MachineFacts
-from runtime.tensor_file import SafetensorsFile
+from toolcall.builder.catalog import load_catalog
+from toolcall.builder.checkpoint import open_checkpoint
+from toolcall.builder.memory_plan import kv_pool_bytes, weights_bytes, workspace_breakdown
+from toolcall.builder.quantize import quantize_checkpoint
+from toolcall.builder.synth import SynthOptions, model_config_for
+from toolcall.builder.trie import build_grammar
+from toolcall.common.errors import EXIT_CODES, CudaError, Refusal
+from toolcall.common.formats import FP8_E4M3, NVFP4
+from toolcall.kernels.declarations import declaration, declarations
+from toolcall.kernels.geometry import MATVEC_FORMATS, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.launch import probe_gpu
+from toolcall.kernels.weight_args import weight_args
+from toolcall.runtime.batching.batcher import Request, StepBatcher
+from toolcall.runtime.bundle.contract import CONTRACT_FILE, Limits
+from toolcall.runtime.bundle.machine import MachineFacts
+from toolcall.runtime.bundle.tensor_file import SafetensorsFile
+from toolcall.runtime.cli import main as runtime_cli
+from toolcall.runtime.cpu.backend import cpu_batcher, load_cpu_weights
+from toolcall.runtime.cuda.backend import CudaModel
+from toolcall.runtime.cuda.buffers import BREAKDOWN_NAMES, attention_splits, workspace_plan
+from toolcall.runtime.cuda.graph import DecodeGraph
+from toolcall.runtime.cuda.graph_build import dependencies
+from toolcall.runtime.engine import Engine
 
-PRECISIONS = ("fp8_e4m3", "nvfp4", "bf16")
+PRECISIONS = MATVEC_FORMATS  # every weight format with GPU kernels
+IDS = [f.name for f in PRECISIONS]
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64)
 REQUESTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send an email to Bob " * 12]
-CUBINS = {s.file: b"" for s in kernel_signatures().values()}  # the emulator runs references, not cubins
+CUBINS = {d.file: b"" for d in declarations().values()}  # the emulator runs references, not cubins
 
 _SPEC = importlib.util.spec_from_file_location("gpu_check_stages",
                                                Path(__file__).parents[1] / "bench" / "gpu_check_stages.py")
@@ -59,7 +64,7 @@ def small(tmp_path_factory):
 
     def config_for(opts, vocab):
         return dataclasses.replace(original(opts, vocab), **SHAPE)
-    import builder.synth as synth
+    import toolcall.builder.synth as synth
     synth.model_config_for = config_for
     try:
         synth.synth_checkpoint(root / "ckpt", SynthOptions())
@@ -71,9 +76,9 @@ def small(tmp_path_factory):
     limits = Limits(page_size=16, num_pages=4 * 12, max_sequences=4, max_tokens_per_step=64, prefill_chunk=32,
                     max_input_tokens=160, max_output_tokens=grammar.max_answer_tokens)
     files = {}
-    for precision in PRECISIONS:
-        files[precision] = root / f"{precision}.safetensors"
-        quantize_checkpoint(ckpt, ckpt.config, precision, files[precision])
+    for fmt in PRECISIONS:
+        files[fmt] = root / f"{fmt.name}.safetensors"
+        quantize_checkpoint(ckpt, ckpt.config, fmt.name, files[fmt])
     prompts = [tuple(tok.encode(grammar.render_prompt(r)).ids) for r in REQUESTS]
     assert len(prompts[-1]) > 2 * limits.prefill_chunk  # the long prompt spans several chunks
     return dict(cfg=ckpt.config, grammar=grammar, limits=limits, files=files, prompts=prompts, ckpt=root / "ckpt")
@@ -82,22 +87,22 @@ def small(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cpu_tokens(small):
     out = {}
-    for precision, path in small["files"].items():
-        gen = cpu_generator(small["cfg"], load_cpu_weights(path, small["cfg"]), small["grammar"], small["limits"])
-        out[precision] = [r.token_ids for r in gen.generate([Request(p) for p in small["prompts"]])]
+    for fmt, path in small["files"].items():
+        gen = cpu_batcher(small["cfg"], load_cpu_weights(path, small["cfg"]), small["grammar"], small["limits"])
+        out[fmt] = [r.token_ids for r in gen.generate([Request(p) for p in small["prompts"]])]
     return out
 
 
-def emulated_model(small, precision: str) -> tuple[CudaModel, EmulatedGpu]:
+def emulated_model(small, fmt) -> tuple[CudaModel, EmulatedGpu]:
     gpu = EmulatedGpu()
-    with SafetensorsFile(small["files"][precision]) as st:
-        model = CudaModel(small["cfg"], small["limits"], small["grammar"], precision, st, CUBINS, gpu)
+    with SafetensorsFile(small["files"][fmt]) as st:  # CudaModel takes the contract's name of the format
+        model = CudaModel(small["cfg"], small["limits"], small["grammar"], fmt.name, st, CUBINS, gpu)
     return model, gpu
 
 
-def generator(model: CudaModel, small, head: str = "sparse") -> Generator:
+def generator(model: CudaModel, small, head: str = "sparse") -> StepBatcher:
     lim = small["limits"]
-    return Generator(model, model.kv, small["grammar"], max_input_tokens=lim.max_input_tokens,
+    return StepBatcher(model, model.kv, small["grammar"], max_input_tokens=lim.max_input_tokens,
                      max_output_tokens=lim.max_output_tokens, max_tokens_per_step=lim.max_tokens_per_step,
                      prefill_chunk=lim.prefill_chunk, head=head)
 
@@ -114,52 +119,57 @@ def test_workspace_plan_matches_the_memory_plan():
     assert attention_splits(limits) == 9  # ceil(2083 / 256): the kernels' split size
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", PRECISIONS, ids=IDS)
 def test_device_bytes_match_the_contract_plan(small, precision):
     model, gpu = emulated_model(small, precision)
     cfg, lim = small["cfg"], small["limits"]
     model_keys = [k for k in model.weights.arena.sizes if not k.startswith(("grammar.", "inv_freq"))]
-    # nvfp4: each tensor's weight_scale_2 (4 bytes in the file) is repeated per output row on the
-    # device (float32 [out], so fused q|k|v and gate|up keep each tensor's own)
+    # a stored scalar (nvfp4's weight_scale_2, 4 bytes in the file) is repeated per output row on the
+    # device (float32 [out], so fused q|k|v and gate|up keep each of their 7 tensors' own)
+    fmt = model.weights.fmt
     rows = cfg.q_dim + 2 * cfg.kv_dim + cfg.hidden_size + 2 * cfg.intermediate_size + cfg.hidden_size
-    expanded = 4 * (rows - 7) * cfg.num_layers if precision == "nvfp4" else 0
-    assert sum(model.weights.arena.sizes[k] for k in model_keys) - expanded == weights_bytes(cfg, precision)
+    expanded = sum(4 * (rows - 7) * cfg.num_layers for a in weight_args(fmt) if a.per_row)
+    assert sum(model.weights.arena.sizes[k] for k in model_keys) - expanded == weights_bytes(cfg, fmt)
     assert model.kv.nbytes == kv_pool_bytes(cfg, lim.num_pages, lim.page_size)
     model.close()
     assert not gpu.buffers, "close() left device allocations behind"
 
 
 # ---- launch lists ----
-@pytest.mark.parametrize("precision,per_layer", [("fp8_e4m3", 5), ("nvfp4", 5), ("bf16", 5)])
+@pytest.mark.parametrize("precision,per_layer", [(f, 5) for f in PRECISIONS], ids=IDS)
 def test_decode_step_launches(small, precision, per_layer):
     model, _ = emulated_model(small, precision)
-    loop = CudaDecodeLoop(model)
+    loop = DecodeGraph(model)
     body = loop.body(0x1234)
     tail = ["rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance"]
     assert [ln.fn for ln in body[-4:]] == tail and body[0].fn == "embed_gather"
     assert len(body) == 1 + per_layer * small["cfg"].num_layers + 4
-    assert body[-1].args[-1] == 0x1234 and loop.first_sample()[-1].args[-1] == 0
+    assert body[-1].args["cond_handle"] == 0x1234 and loop.first_sample()[-1].args["cond_handle"] == 0
     deps, last = dependencies(body)
     assert last == [len(body) - 1] and deps[0] == []
-    f = {"fp8_e4m3": "fp8", "nvfp4": "nvfp4", "bf16": "bf16"}[precision]
-    assert [ln.fn for ln in body[1:1 + per_layer]] == [f"{f}_matvec_rmsnorm", "attention_decode", f"{f}_matvec",
-                                                      f"{f}_matvec_rmsnorm", f"{f}_matvec_swiglu"]
+    f = model.weights.fmt
+    assert f is precision and f.kernel_prefix == f.name  # the contract's name is the kernels' prefix
+    assert [ln.fn for ln in body[1:1 + per_layer]] == [matvec_kernel(f, RMSNORM), "attention_decode", matvec_kernel(f),
+                                                      matvec_kernel(f, RMSNORM), matvec_kernel(f, SWIGLU)]
     L = small["cfg"].num_layers
     plan = loop.plan(3)  # prefill chunks: 7 launches a layer (rope + KV write, attention partials, merge)
-    assert len(plan) == 3 * (1 + 7 * L) + 4 and plan[-1].args[-1] == 0
+    assert len(plan) == 3 * (1 + 7 * L) + 4 and plan[-1].args["cond_handle"] == 0
     assert [ln.fn for ln in plan[2:5]] == ["qk_norm_rope_kv", "attention_prefill_partial", "attention_merge"]
+    # every launch of every list names exactly its kernel's declared parameters
+    for ln in body + plan + model._forward_launches(5, 2):
+        assert sorted(ln.args) == sorted(declaration(ln.fn).names), ln.fn
     model.close()
 
 
 # ---- the whole backend on the emulated device ----
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", PRECISIONS, ids=IDS)
 def test_emulated_backend_gives_the_cpu_tokens(small, cpu_tokens, precision):
     model, gpu = emulated_model(small, precision)
     want = cpu_tokens[precision]
     prompts = small["prompts"]
     assert [r.token_ids for r in generator(model, small).generate([Request(p) for p in prompts])] == want
     assert [r.token_ids for r in generator(model, small, "check").generate([Request(p) for p in prompts])] == want
-    loop = CudaDecodeLoop(model)
+    loop = DecodeGraph(model)
     assert [loop.generate(p).token_ids for p in prompts] == want
     assert [loop.generate(p, mode="host").token_ids for p in prompts] == want
     assert model.kv.free_slots == small["limits"].max_sequences and model.kv.free_pages == small["limits"].num_pages
@@ -170,17 +180,17 @@ def test_emulated_backend_gives_the_cpu_tokens(small, cpu_tokens, precision):
 def test_emulated_backend_shares_a_prefix_through_the_same_page_table(small, cpu_tokens):
     """Pinned prefix pages (2 whole, 1 partial copied device to device) on the CUDA pool, then the same prompts
     again (their full pages shared, their last pages' rows copied): the CPU's tokens."""
-    from runtime.prefix_cache import prefill_prefix
-    model, gpu = emulated_model(small, "fp8_e4m3")
+    from toolcall.runtime.batching.prefix_cache import prefill_prefix
+    model, gpu = emulated_model(small, FP8_E4M3)
     prompts, kv = small["prompts"], model.kv
     prefix = prompts[-1][:2 * small["limits"].page_size + 5]
     kv.enable_prefix_cache("emulated")
     prefill_prefix(model, kv, prefix, small["limits"].prefill_chunk)
     results = generator(model, small).generate([Request(p) for p in prompts])
-    assert [r.token_ids for r in results] == cpu_tokens["fp8_e4m3"]
+    assert [r.token_ids for r in results] == cpu_tokens[FP8_E4M3]
     assert results[-1].cached_prompt_tokens == len(prefix)  # forward's check_rows: no row wrote a shared page
     again = generator(model, small).generate([Request(p) for p in prompts])  # each last page's rows copied on device
-    assert [r.token_ids for r in again] == cpu_tokens["fp8_e4m3"]
+    assert [r.token_ids for r in again] == cpu_tokens[FP8_E4M3]
     assert [r.cached_prompt_tokens for r in again] == [len(p) - 1 for p in prompts]
     expected = np.zeros(kv.num_pages, np.int32)
     expected[kv.prefix_pages] = 1
@@ -191,8 +201,8 @@ def test_emulated_backend_shares_a_prefix_through_the_same_page_table(small, cpu
 
 def test_emulated_forward_matches_cpu_hidden(small):
     cfg, lim = small["cfg"], small["limits"]
-    gen = cpu_generator(cfg, load_cpu_weights(small["files"]["fp8_e4m3"], cfg), small["grammar"], lim)
-    model, _ = emulated_model(small, "fp8_e4m3")
+    gen = cpu_batcher(cfg, load_cpu_weights(small["files"][FP8_E4M3], cfg), small["grammar"], lim)
+    model, _ = emulated_model(small, FP8_E4M3)
     p = np.asarray(small["prompts"][0])
     rows = (p, np.zeros(len(p), np.int64), np.arange(len(p)))
     assert gen.kv.admit(len(p)) == 0 and model.kv.admit(len(p)) == 0
@@ -204,7 +214,7 @@ def test_emulated_forward_matches_cpu_hidden(small):
 
 def test_failed_load_frees_what_it_took(small):
     gpu = EmulatedGpu()
-    with SafetensorsFile(small["files"]["fp8_e4m3"]) as st:
+    with SafetensorsFile(small["files"][FP8_E4M3]) as st:
         tensors = {n: st.get(n) for n in st.names() if n != "model.norm.weight"}
     with pytest.raises(Refusal) as info:
         CudaModel(small["cfg"], small["limits"], small["grammar"], "fp8_e4m3", tensors, CUBINS, gpu)
@@ -212,6 +222,17 @@ def test_failed_load_frees_what_it_took(small):
     assert not gpu.buffers
     with pytest.raises(Refusal, match="cubin is missing"):
         CudaModel(small["cfg"], small["limits"], small["grammar"], "fp8_e4m3", tensors, {}, gpu)
+
+
+def test_a_bundle_with_kernels_under_a_formats_old_name_is_refused_naming_it(small):
+    """GPU bundles built before the fp8 kernels took the format's one name (fp8_e4m3) hold
+    kernels/matvec_fp8.cubin: refused, typed, with the old spelling named."""
+    old = {name.replace("fp8_e4m3", "fp8"): blob for name, blob in CUBINS.items()}
+    gpu = EmulatedGpu()
+    with SafetensorsFile(small["files"][FP8_E4M3]) as st, pytest.raises(Refusal) as info:
+        CudaModel(small["cfg"], small["limits"], small["grammar"], "fp8_e4m3", st, old, gpu)
+    assert info.value.code == "bundle_invalid" and "old name" in info.value.message
+    assert info.value.details["old_spelling"] == "kernels/matvec_fp8.cubin" and not gpu.buffers
 
 
 # ---- GPU bundles on a machine without a GPU ----
@@ -226,8 +247,8 @@ def gpu_bundle(tmp_path, tiny_bundle):
 def retarget_h200(folder: Path) -> None:
     """Edits a CPU bundle's contract to an h200 target as a forger would: every file (kernels/
     included) listed and hashed, bundle_id recomputed, so only the later checks can refuse it."""
-    from runtime.bundle import file_entry
-    from runtime.contract import compute_bundle_id
+    from toolcall.runtime.bundle.contract import compute_bundle_id
+    from toolcall.runtime.bundle.files import file_entry
     path = folder / CONTRACT_FILE
     d = json.loads(path.read_text())
     contract_edits.retarget_h200(d)
@@ -250,9 +271,9 @@ def test_gpu_bundle_without_a_gpu_is_refused_no_gpu(gpu_bundle):
 
 
 def test_a_shape_the_kernels_cannot_run_is_refused_by_builder_and_runtime(tmp_path, make_checkpoint):
-    from builder.compile import compile_bundle
-    from runtime.contract import BuildOptions
-    from common.errors import BuildError
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.common.errors import BuildError
+    from toolcall.runtime.bundle.contract import BuildOptions
     qwen2 = make_checkpoint(family="qwen2")  # head_dim = hidden / heads = 16: no attention kernel for it
     options = BuildOptions(precision="fp8_e4m3", target="h200", max_sequences=2, max_input_tokens=64,
                            max_output_tokens=None, page_size=16, max_tokens_per_step=64, prefill_chunk=32,
@@ -262,7 +283,7 @@ def test_a_shape_the_kernels_cannot_run_is_refused_by_builder_and_runtime(tmp_pa
     assert built.value.code == "build_failed" and "head_dim = 16" in built.value.message
     assert not (tmp_path / "gpu").exists()
     # `builder plan` runs the same check, so it never suggests a compile command that fails
-    from builder.cli import main as builder_cli
+    from toolcall.builder.cli import main as builder_cli
     planned = CliRunner().invoke(builder_cli, ["plan", str(qwen2), "--gpu-memory", "8GiB", "--target", "h200", "--json"])
     assert planned.exit_code == EXIT_CODES["build_failed"] and "head_dim = 16" in planned.output
     assert CliRunner().invoke(builder_cli, ["plan", str(qwen2), "--gpu-memory", "8GiB", "--target", "cpu"]).exit_code == 0
@@ -276,9 +297,9 @@ def test_a_shape_the_kernels_cannot_run_is_refused_by_builder_and_runtime(tmp_pa
 
 def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monkeypatch):
     """Engine.load's GPU branch end to end: target check, CUDA backend, canary on both decode paths."""
-    from builder.compile import compile_bundle
-    from runtime.contract import BuildOptions
-    import runtime.cuda.backend
+    import toolcall.runtime.cuda.backend
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.bundle.contract import BuildOptions
     options = BuildOptions(precision="fp8_e4m3", target="cpu", max_sequences=4, max_input_tokens=96,
                            max_output_tokens=None, page_size=16, max_tokens_per_step=64, prefill_chunk=32,
                            memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
@@ -288,12 +309,12 @@ def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monk
     for name in CUBINS:  # empty files, listed and hashed: the emulator ignores their bytes
         (folder / "kernels" / f"{name}.cubin").write_bytes(b"")
     retarget_h200(folder)
-    monkeypatch.setattr(runtime.cuda.backend, "Gpu", EmulatedGpu)
+    monkeypatch.setattr(toolcall.runtime.cuda.backend, "Gpu", EmulatedGpu)
     engine = Engine.load(folder, facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000))
     try:
         (result,) = engine.run(["Book a flight to Paris"])
         assert result.finish == "done" and result.tools
-        assert engine.loop.generate(engine.encode("Book a flight to Paris")).token_ids == result.token_ids
+        assert engine.decode_graph.generate(engine.encode("Book a flight to Paris")).token_ids == result.token_ids
     finally:
         engine.close()
 
@@ -317,21 +338,21 @@ def test_gpu_engine_loads_and_both_loops_match_the_cpu(device_bundle, name):
         prompts = stages.e2e_prompts(engine.grammar, engine.tokenizer, engine.contract.limits.max_input_tokens)
         cpu = stages.stage_cpuref(device_bundle, [name])[name]["tokens"]
         assert [r.token_ids for r in engine.generator.generate([Request(p) for p in prompts])] == cpu
-        assert [engine.loop.generate(p).token_ids for p in prompts] == cpu
-        assert [engine.loop.generate(p, mode="host").token_ids for p in prompts] == cpu
+        assert [engine.decode_graph.generate(p).token_ids for p in prompts] == cpu
+        assert [engine.decode_graph.generate(p, mode="host").token_ids for p in prompts] == cpu
     finally:
         engine.close()
 
 
-@pytest.mark.parametrize("precision", ["fp8_e4m3", "nvfp4"])
+@pytest.mark.parametrize("precision", [FP8_E4M3.name, NVFP4.name])
 def test_the_shipped_model_runs_on_the_emulated_device(tmp_path, precision):
     """models/toolcall-qwen3-tiny (the model the repo ships, head_dim 64): `builder plan` for h200
     suggests a build, and the CUDA backend's launch lists give the CPU tokens, a prompt past one
     attention split (> 256 positions) included."""
-    from builder.cli import main as builder_cli
+    from toolcall.builder.cli import main as builder_cli
     model_dir = Path(__file__).parents[1] / "models" / "toolcall-qwen3-tiny"
     planned = CliRunner().invoke(builder_cli, ["plan", str(model_dir), "--gpu-memory", "2GiB", "--target", "h200",
-                                               "--precision", "nvfp4" if precision == "nvfp4" else "fp8"])
+                                               "--precision", precision])
     assert planned.exit_code == 0, planned.output
     ckpt = open_checkpoint(model_dir)
     cfg = ckpt.config
@@ -344,12 +365,12 @@ def test_the_shipped_model_runs_on_the_emulated_device(tmp_path, precision):
     requests = ["Book a flight to Paris and a hotel", "Send an email to Bob about the weather " * 40]
     prompts = [tuple(tok.encode(grammar.render_prompt(r)).ids)[-limits.max_input_tokens:] for r in requests]
     assert len(prompts[-1]) > 256
-    gen = cpu_generator(cfg, load_cpu_weights(tmp_path / "w.safetensors", cfg), grammar, limits)
+    gen = cpu_batcher(cfg, load_cpu_weights(tmp_path / "w.safetensors", cfg), grammar, limits)
     want = [r.token_ids for r in gen.generate([Request(p) for p in prompts])]
     gpu = EmulatedGpu()
     with SafetensorsFile(tmp_path / "w.safetensors") as st:
         model = CudaModel(cfg, limits, grammar, precision, st, CUBINS, gpu)
-    loop = CudaDecodeLoop(model)
+    loop = DecodeGraph(model)
     assert [loop.generate(p).token_ids for p in prompts] == want
     assert [loop.generate(p, mode="host").token_ids for p in prompts] == want
     model.close()

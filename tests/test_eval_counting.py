@@ -1,11 +1,9 @@
-"""models/toolcall/eval.py's counting and its independent grammar trie, on hand-made cases."""
+"""models/recipe/eval.py's counting and its independent grammar trie, on hand-made cases."""
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 
-import models.toolcall.eval as ev
+import toolcall.models.recipe.eval as ev
 
 SEP, END = 10, 2
 
@@ -102,9 +100,9 @@ def test_empty_scores_count_none_requests_and_tool_requests_answered_empty():
 
 
 def test_handwritten_set_is_large_enough_and_names_catalog_tools(tmp_path):
-    from builder.catalog import load_catalog
-    from common.errors import CatalogError
-    from models.toolcall.handwritten import load_handwritten
+    from toolcall.builder.catalog import load_catalog
+    from toolcall.common.errors import CatalogError
+    from toolcall.models.recipe.handwritten import load_handwritten
 
     names = set(load_catalog("builder/data/tools-64.json").names)
     items = load_handwritten(tool_names=names)
@@ -121,7 +119,7 @@ def test_handwritten_set_is_large_enough_and_names_catalog_tools(tmp_path):
 
 
 def test_variation_changes_numbers_names_and_punctuation_only():
-    from models.toolcall.variation import vary
+    from toolcall.models.recipe.variation import vary
 
     text = "Send 40 bucks to Marta for 'Lunch at Noon' on Friday"
     out = vary(text, seed=0)

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from builder.fp8 import E4M3_MAX, encode_e4m3, quantize_fp8
-from runtime.cpu.dequant import E4M3_VALUES, dequantize_fp8, e4m3_to_f32
-from common.errors import QuantizeError
-from runtime.tensor_file import SafetensorsFile, write_tensors
+from toolcall.common.errors import QuantizeError
+from toolcall.common.fp8 import dequantize_fp8, quantize_fp8
+from toolcall.common.minifloat import E4M3_MAX, E4M3_VALUES, e4m3_to_f32, encode_e4m3
+from toolcall.runtime.bundle.tensor_file import SafetensorsFile, write_tensors
 
 TINY = 2.0 ** -149  # smallest float32 subnormal
 
@@ -171,9 +171,9 @@ def test_e4m3_decode_matches_the_table_for_every_byte():
 
 
 def test_e4m3_decode_falls_back_to_the_table_when_subnormals_flush(monkeypatch):
-    import runtime.cpu.dequant
-    assert not runtime.cpu.dequant.subnormals_flushed()
-    monkeypatch.setattr(runtime.cpu.dequant, "subnormals_flushed", lambda: True)
+    import toolcall.common.minifloat
+    assert not toolcall.common.minifloat.subnormals_flushed()
+    monkeypatch.setattr(toolcall.common.minifloat, "subnormals_flushed", lambda: True)
     codes = np.arange(256, dtype=np.uint8)
     assert np.array_equal(e4m3_to_f32(codes).view(np.uint32), E4M3_VALUES.view(np.uint32))
 

@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from builder.catalog import load_catalog
-from builder.checkpoint import open_checkpoint
-from builder.trie import build_grammar
-from runtime.contract import Limits
-from runtime.engine import cpu_generator
-from common.errors import RequestError
-from runtime.generator import Request, Result
-from runtime.sampling import Sampling
+from toolcall.builder.catalog import load_catalog
+from toolcall.builder.checkpoint import open_checkpoint
+from toolcall.builder.trie import build_grammar
+from toolcall.common.errors import RequestError
+from toolcall.runtime.batching.batcher import Request, Result
+from toolcall.runtime.batching.sampling import Sampling
+from toolcall.runtime.bundle.contract import Limits
+from toolcall.runtime.cpu.backend import cpu_batcher
 
 REQUESTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send an email to Bob",
             "Convert 20 euros to yen", "Remind me to call Alice on Friday", "Find a hotel in Rome",
@@ -34,7 +34,7 @@ def make(parts, max_sequences=33, num_pages=None, max_tokens_per_step=64, prefil
                     prefill_chunk=prefill_chunk, max_input_tokens=64, max_output_tokens=grammar.max_answer_tokens)
     pages = num_pages if num_pages is not None else max_sequences * limits.pages_per_sequence
     limits = Limits(**{**limits.__dict__, "num_pages": pages})
-    return cpu_generator(cfg, weights, grammar, limits, head=head)
+    return cpu_batcher(cfg, weights, grammar, limits, head=head)
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ DRAW_CASES = [  # (candidates, allowed share, temperature, top_p)
 def test_draw_rows_picks_what_the_numpy_draw_picks(width, share, temperature, top_p):
     """The compiled batch draw against the numpy oracle, 200 rows a case; a row alone, in a batch, or
     padded wider (more disallowed columns) picks the same candidate."""
-    from runtime.sampling import draw_rows
+    from toolcall.runtime.batching.sampling import draw_rows
     rng = np.random.default_rng(width)
     logits = (rng.standard_normal((200, width)) * 3).astype(np.float32)
     logits[:, 1::5] = logits[:, :1]  # some ties
@@ -184,7 +184,8 @@ def test_the_draw_is_compiled_at_load_in_the_one_signature_steps_use(parts, monk
     """The generator calls draw_rows while it is built, with the argument types (numba's signature) that
     every sampled step then uses: numba compiles, or loads from its cache, at load, not at a first pick."""
     import numba
-    from runtime import sampling
+
+    from toolcall.runtime.batching import sampling
     calls, compiled = [], sampling.draw_rows
 
     def recording(*args):
@@ -202,7 +203,7 @@ def test_the_draw_is_compiled_at_load_in_the_one_signature_steps_use(parts, monk
 @pytest.mark.parametrize("top_p", [1.0, 0.95, 1e-3])
 def test_a_forced_token_is_sampled_as_the_general_path_would(top_p):
     """sample_row with one candidate returns it and consumes one draw, as with several."""
-    from runtime import sampling
+    from toolcall.runtime.batching import sampling
     logits = np.array([3.0, -1.0, 0.5, 7.0], np.float32)
     for only in range(4):
         allowed = np.arange(4) == only
@@ -246,12 +247,12 @@ def test_forced_tokens_ride_in_fewer_steps_with_the_same_answers(parts, max_toke
 
 
 def test_every_numba_module_compiles_for_the_one_target():
-    """The draw (runtime/sampling.py) and the CPU kernels set the same numba target whichever a process
+    """The draw (runtime/batching/sampling.py) and the CPU kernels set the same numba target whichever a process
     imports first (runtime/numba_target.py): a draw compiled first must not re-key the kernels' cache."""
     import subprocess
     import sys
     from pathlib import Path
     probe = "import {0}, numba; print(numba.config.CPU_NAME, numba.config.CPU_FEATURES)"
     seen = [subprocess.run([sys.executable, "-c", probe.format(m)], cwd=Path(__file__).parents[1], capture_output=True,
-                           text=True, timeout=120).stdout for m in ("runtime.sampling", "runtime.cpu.fast_kernels")]
+                           text=True, timeout=120).stdout for m in ("toolcall.runtime.batching.sampling", "toolcall.runtime.cpu.fast_kernels")]
     assert seen[0] and seen[0] == seen[1]

@@ -7,12 +7,12 @@ import time
 
 import numpy as np
 import pytest
-
-from common.errors import RequestError
-from runtime.engine_loop import EngineLoop
-from runtime.generator import Request, Result
-from runtime.sampling import Sampling
 from test_generator import make, parts  # noqa: F401  (module fixture and generator factory)
+
+from toolcall.common.errors import RequestError
+from toolcall.runtime.batching.batcher import Request, Result
+from toolcall.runtime.batching.sampling import Sampling
+from toolcall.runtime.serve.engine_thread import EngineThread
 
 
 def bits(arrays) -> list[bytes]:
@@ -56,7 +56,7 @@ def test_requests_joining_mid_flight_get_their_solo_answers(parts, solo, max_seq
 
 
 def test_the_cpu_backend_gives_a_row_the_same_bits_however_its_prompt_is_chunked(parts):
-    from runtime.cpu.kv_pool import PagedKVPool
+    from toolcall.runtime.cpu.kv_pool import PagedKVPool
 
     gen = make(parts)
     model, prompt = gen.model, np.asarray(parts[3][1], np.int64)
@@ -125,7 +125,7 @@ def test_a_tools_subset_bounds_the_answer(parts, solo):
 
 def test_engine_loop_answers_threads_and_sleeps_when_idle(parts, solo):
     gen = make(parts, max_sequences=4)
-    loop = EngineLoop(gen, max_waiting_requests=64, max_waiting_tokens=10**6, beat_s=0.2).start()
+    loop = EngineThread(gen, max_waiting_requests=64, max_waiting_tokens=10**6, beat_s=0.2).start()
     try:
         prompts = parts[3]
         done = threading.Event()
@@ -159,7 +159,7 @@ def test_engine_loop_answers_threads_and_sleeps_when_idle(parts, solo):
 def test_engine_loop_bounds_its_queue_and_expires_deadlines(parts):
     gen = make(parts, max_sequences=1)
     prompt = parts[3][0]
-    loop = EngineLoop(gen, max_waiting_requests=2, max_waiting_tokens=len(prompt) * 2)
+    loop = EngineThread(gen, max_waiting_requests=2, max_waiting_tokens=len(prompt) * 2)
     got = []
     a = loop.submit(Request(prompt), got.append)
     loop.submit(Request(prompt), got.append)  # the thread is not started: both stay queued
@@ -195,7 +195,7 @@ def test_engine_loop_hooks_run_on_its_thread_and_a_failed_step_answers_everyone(
         return real_step()
 
     gen.step = flaky_step
-    loop = EngineLoop(gen, max_waiting_requests=8, max_waiting_tokens=10**6,
+    loop = EngineThread(gen, max_waiting_requests=8, max_waiting_tokens=10**6,
                       on_start=lambda: seen.append(("start", threading.current_thread().name)),
                       on_stop=lambda: seen.append(("stop", threading.current_thread().name)))
     got = []

@@ -11,9 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import fake_cuda
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(fake_cuda.unavailable() is not None, reason=f"{fake_cuda.unavailable()}")
@@ -43,17 +42,19 @@ def test_the_stand_in_drives_the_real_bindings(libdir, tmp_path):
     """Device facts, memory, a kernel launch with packed arguments, and a WHILE graph built with the
     real CUgraphNodeParams, all through cuda-bindings; the call log names each call."""
     code = ("import numpy as np\n"
-            "from kernels.launch import Gpu\n"
-            "from kernels.runner import KernelRunner, Out, run_while_graph\n"
+            "from toolcall.kernels.launch import Gpu\n"
+            "from toolcall.kernels.declarations import Launch\n"
+            "from toolcall.kernels.runner import KernelRunner, Out, run_while_graph\n"
             "g = Gpu(); print(g.name, g.arch)\n"
             "r = KernelRunner(g); x = np.arange(16, dtype=np.float32).reshape(2, 8)\n"
             "a = g.upload(x); assert (g.download(a, x.shape, x.dtype) == x).all()\n"
-            "r.run('swiglu', dict(T=2, n=8), x, x, 8, Out(np.zeros_like(x)), 8, 2, 8)\n"
-            "run_while_graph(r, lambda h: [('swiglu', dict(T=2, n=8), (a, a, 8, a, 8, 2, 8))])\n"
+            "r.run('swiglu', gate=x, up=x, in_stride=8, y=Out(np.zeros_like(x)), y_stride=8, T=2, n=8)\n"
+            "args = dict(gate=a, up=a, in_stride=8, y=a, y_stride=8, T=2, n=8)\n"
+            "run_while_graph(r, lambda h: [Launch('swiglu', args)])\n"
             "from cuda.bindings import driver as drv\n"
-            "from kernels.graph_nodes import add_kernel_node\n"
-            "from kernels.launch import check\n"
-            "k = r.kernel('swiglu'); pk, hold = k.pack((a, a, 8, a, 8, 2, 8))\n"
+            "from toolcall.kernels.graph_nodes import add_kernel_node\n"
+            "from toolcall.kernels.launch import check\n"
+            "k = r.kernel('swiglu'); pk, hold = k.pack(args)\n"
             "gr = check(drv.cuGraphCreate(0), 'cuGraphCreate')\n"
             "n1 = add_kernel_node(drv, gr, [], k.function, (1, 2, 1), (256, 1, 1), pk.ctypes.data, 'swiglu', True)\n"
             "add_kernel_node(drv, gr, [n1], k.function, (1, 2, 1), (256, 1, 1), pk.ctypes.data, 'swiglu', True)\n"
@@ -73,12 +74,12 @@ def test_the_stand_in_drives_the_real_bindings(libdir, tmp_path):
 def test_an_illegal_address_keeps_the_records_before_it(libdir, tmp_path):
     """The 6th launch faults (sticky, as on hardware): the records before it are kept, the later
     jobs and gpu.close() report the error, and the stage still completes and is reported."""
-    report, printed, wall = gpu_check(tmp_path, libdir, 120, "--only", "kernels", "--cases", "rows,fp8-T1,loop-host",
-                                      fail_launch=6)
+    report, printed, wall = gpu_check(tmp_path, libdir, 120, "--only", "kernels", "--cases",
+                                      "rows,fp8_e4m3-T1,loop-host", fail_launch=6)
     k = report["stages"]["kernels"]
     assert k.get("complete") and "error" not in k and wall < 120
-    # fp8-T1 (1 launch + its batch-of-one launch) and rows (3 launches + 1 + 1) run before the fault
-    assert {r["case"] for r in k["records"]} >= {"fp8-T1-in1024-out48", "rows"}
+    # fp8_e4m3-T1 (1 launch + its batch-of-one launch) and rows (3 launches + 1 + 1) run before the fault
+    assert {r["case"] for r in k["records"]} >= {"fp8_e4m3-T1-in1024-out48", "rows"}
     assert len(k["records"]) == 6
     assert all("ILLEGAL_ADDRESS" in e for e in k["errors"].values()) and set(k["errors"]) >= {"loop-host-wide"}
     assert "ILLEGAL_ADDRESS" in k["close_error"]
@@ -110,7 +111,7 @@ def test_kernel_times_stage_reports_every_kernel_both_ways(libdir, tmp_path):
     stage = report["stages"]["kernel-times"]
     assert "error" not in stage and wall < 120
     names = [r["name"] for r in stage["rows"]]
-    assert names[0] == "embed_gather (floor)" and "fp8 layer (28 layers)" in names
+    assert names[0] == "embed_gather (floor)" and "fp8_e4m3 layer (28 layers)" in names
     assert all(r["us"] > 0 and r["us_pdl"] > 0 for r in stage["rows"])
     assert "attention_decode pos 511" in printed and "us pdl" in printed
 
@@ -121,8 +122,9 @@ def test_e2e_runs_the_graph_free_paths_first_and_reports_after_every_stage(libdi
     (whose canary fails here: kernels do not run); speed is never judged on wrong tokens."""
     sys.path.insert(0, str(REPO / "bench"))
     import gpu_check_stages as stages
-    from builder.compile import compile_bundle
-    from runtime.contract import BuildOptions
+
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.bundle.contract import BuildOptions
     stages.synth_small(tmp_path / "ckpt")
     options = BuildOptions(precision="fp8_e4m3", target="h200", max_sequences=4, max_input_tokens=256,
                            max_output_tokens=None, page_size=32, max_tokens_per_step=64, prefill_chunk=64,

@@ -1,4 +1,4 @@
-"""The compiled grammar walks (runtime/grammar_kernels.py), over one table of grammars (one and several
+"""The compiled grammar walks (runtime/grammar/walks.py), over one table of grammars (one and several
 bitset words, the tool limit, empty answers, catalog subsets, wider columns than the widest node):
 ``allowed_edges`` against its numpy reference (the same tokens, edges and allowed bits for every state
 of random walks), and ``take_and_force`` against one-token steps of the stepper (the same tokens, tools
@@ -10,10 +10,10 @@ import random
 
 import numpy as np
 import pytest
-
-from runtime.grammar_kernels import allowed_edges_reference
-from runtime.grammar_stepper import GrammarStepper
 from test_grammar_stepper import ALPHABET, grammar_of
+
+from toolcall.runtime.grammar.stepper import GrammarStepper
+from toolcall.runtime.grammar.walks import allowed_edges_reference
 
 # (case, tool count, max_tools, allow_empty, subset size (None: the whole catalog), extra columns)
 CASES = [

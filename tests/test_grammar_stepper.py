@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builder.catalog import load_catalog
-from builder.synth_tokenizer import END_OF_TURN, train_tokenizer
-from builder.trie import build_grammar
-from common.errors import RequestError
-from runtime.grammar import Grammar
-from runtime.grammar_stepper import GrammarStepper, decode_tools, state_dtype
+from toolcall.builder.catalog import load_catalog
+from toolcall.builder.synth_tokenizer import END_OF_TURN, train_tokenizer
+from toolcall.builder.trie import build_grammar
+from toolcall.common.errors import RequestError
+from toolcall.runtime.grammar.stepper import GrammarStepper, decode_tools, state_dtype
+from toolcall.runtime.grammar.trie import Grammar
 
 
 @lru_cache(maxsize=1)

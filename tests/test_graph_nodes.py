@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernels.graph_nodes import add_kernel_node, add_node, add_while_node
+from toolcall.kernels.graph_nodes import add_kernel_node, add_node, add_while_node
 
 drv_real = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is a project dependency")
 OK = drv_real.CUresult.CUDA_SUCCESS
@@ -77,7 +77,7 @@ def test_kernel_node_carries_the_launch_shape_and_arguments(deps, want_deps):
 
 
 def test_a_failed_driver_call_names_the_call(monkeypatch):
-    from common.errors import CudaError
+    from toolcall.common.errors import CudaError
 
     class Failing(FakeDriver):
         CUresult = drv_real.CUresult
@@ -89,6 +89,6 @@ def test_a_failed_driver_call_names_the_call(monkeypatch):
         def cuGetErrorName(err):  # the real one needs the driver library
             return OK, err.name.encode()
 
-    monkeypatch.setattr("kernels.launch._driver", Failing)
+    monkeypatch.setattr("toolcall.kernels.launch._driver", Failing)
     with pytest.raises(CudaError, match="cuGraphAddNode failed: CUDA_ERROR_INVALID_VALUE"):
         add_node(Failing(), "g", [], SimpleNamespace())

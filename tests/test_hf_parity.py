@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from builder.checkpoint import open_checkpoint
-from runtime.cpu.model import CpuModel
-from runtime.cpu.kv_pool import PagedKVPool
+from toolcall.builder.checkpoint import open_checkpoint
+from toolcall.common.formats import KV_FP32
+from toolcall.runtime.cpu.kv_pool import PagedKVPool
+from toolcall.runtime.cpu.model import CpuModel
 
 transformers = pytest.importorskip("transformers")
 
@@ -54,7 +55,7 @@ def test_reference_matches_transformers(make_checkpoint, family, ratio, tied, pa
     ref_prompt, ref_steps = hf_greedy(folder, prompt, DECODE_STEPS)
 
     pool = PagedKVPool(cfg, num_pages=8, page_size=page_size, max_seqs=1,
-                       max_tokens_per_seq=PROMPT_TOKENS + DECODE_STEPS, kv_dtype="fp32")
+                       max_tokens_per_seq=PROMPT_TOKENS + DECODE_STEPS, kv_format=KV_FP32)
     slot = pool.admit(PROMPT_TOKENS + DECODE_STEPS)
     hidden = model.forward(prompt, np.full(PROMPT_TOKENS, slot), np.arange(PROMPT_TOKENS), pool)
     logits = model.dense_logits(hidden)

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from builder.checkpoint import open_checkpoint
-from builder.cli import main as builder_cli
-from builder.compile import compile_bundle
-from common.errors import EXIT_CODES, CheckpointError, EngineError, Refusal
-from runtime.bundle import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry, read_contract
-from runtime.contract import CONTRACT_FILE, BuildOptions, compute_bundle_id
-from runtime.engine import Engine
-from runtime.machine import MachineFacts
-from runtime.tensor_file import SafetensorsFile
+from toolcall.builder.checkpoint import open_checkpoint
+from toolcall.builder.cli import main as builder_cli
+from toolcall.builder.compile import compile_bundle
+from toolcall.common.errors import EXIT_CODES, CheckpointError, EngineError, Refusal
+from toolcall.runtime.bundle.contract import CONTRACT_FILE, BuildOptions, compute_bundle_id
+from toolcall.runtime.bundle.files import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, file_entry, read_contract
+from toolcall.runtime.bundle.machine import MachineFacts
+from toolcall.runtime.bundle.tensor_file import SafetensorsFile
+from toolcall.runtime.engine import Engine
 
 CATALOG = "builder/data/tools-64.json"
 ROOMY_CPU = MachineFacts(free_bytes=1 << 40)
@@ -382,9 +382,9 @@ def test_out_overlapping_an_input_is_refused_even_with_force(tmp_path, tiny_chec
 
 
 def test_a_second_build_racing_for_the_same_out_refuses(tmp_path, tiny_checkpoint, monkeypatch):
-    import builder.compile
+    import toolcall.builder.compile
     out = tmp_path / "bundle"
-    real = builder.compile.record_canary
+    real = toolcall.builder.compile.record_canary
     second = {}
 
     def canary_while_another_build_starts(*a, **kw):
@@ -394,19 +394,19 @@ def test_a_second_build_racing_for_the_same_out_refuses(tmp_path, tiny_checkpoin
             second["error"] = e
         return real(*a, **kw)
 
-    monkeypatch.setattr(builder.compile, "record_canary", canary_while_another_build_starts)
+    monkeypatch.setattr(toolcall.builder.compile, "record_canary", canary_while_another_build_starts)
     compile_bundle(tiny_checkpoint, CATALOG, OPTIONS, out)
     assert second["error"].code == "output_exists"  # the first build's claim was seen
     Engine.load(out, facts=ROOMY_CPU)  # and the first build's bundle is whole
 
 
 def test_a_full_disk_leaves_nothing_behind(tmp_path, tiny_checkpoint, monkeypatch):
-    import runtime.grammar
+    import toolcall.runtime.grammar.trie
 
     def full(self, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(runtime.grammar.Grammar, "write", full)
+    monkeypatch.setattr(toolcall.runtime.grammar.trie.Grammar, "write", full)
     with pytest.raises(EngineError) as info:
         compile_bundle(tiny_checkpoint, CATALOG, OPTIONS, tmp_path / "bundle")
     assert info.value.code == "output_unwritable" and info.value.details["errno"] == errno.ENOSPC
@@ -445,13 +445,13 @@ def test_synth_refuses_a_non_empty_out_without_force(tmp_path):
 
 
 def test_synth_on_a_full_disk_leaves_nothing_behind(tmp_path, monkeypatch):
-    import builder.synth
+    import toolcall.builder.synth
 
-    class FullWriter(builder.synth.SafetensorsWriter):
+    class FullWriter(toolcall.builder.synth.SafetensorsWriter):
         def write(self, name, array):
             raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
 
-    monkeypatch.setattr(builder.synth, "SafetensorsWriter", FullWriter)
+    monkeypatch.setattr(toolcall.builder.synth, "SafetensorsWriter", FullWriter)
     result = synth("--out", tmp_path / "ckpt")
     assert result.exit_code == EXIT_CODES["output_unwritable"], result.output
     assert list(tmp_path.iterdir()) == []
@@ -475,7 +475,7 @@ def test_a_catalog_of_another_kind_is_reported_without_hanging(tmp_path, tiny_ch
                                           ("--top-p", "nan"), ("--top-p", "0"), ("--top-p", "1.5"),
                                           ("--top-p", "5e-324"), ("--seed", "-1")])
 def test_bad_sampling_options_are_usage_errors_before_loading(tmp_path, option, value):
-    from runtime.cli import main as runtime_cli
+    from toolcall.runtime.cli import main as runtime_cli
     missing = tmp_path / "no-bundle"  # never read: the options are refused first
     result = CliRunner().invoke(runtime_cli, ["run", str(missing), "Book a flight", f"{option}={value}", "--json"])
     assert result.exit_code == EXIT_CODES["usage"], result.output
@@ -483,7 +483,7 @@ def test_bad_sampling_options_are_usage_errors_before_loading(tmp_path, option, 
 
 
 def test_json_output_never_holds_nan(tmp_path, tiny_checkpoint):
-    from runtime.cli import main as runtime_cli
+    from toolcall.runtime.cli import main as runtime_cli
     catalog = tmp_path / "one.json"
     full = json.loads(Path(CATALOG).read_text())
     catalog.write_text(json.dumps({**full, "tools": full["tools"][:1], "answer": {**full["answer"], "allow_empty": False}}))
@@ -506,7 +506,7 @@ def test_a_deeply_nested_catalog_is_typed(tmp_path, tiny_checkpoint):
 
 
 def test_a_model_that_computes_nan_is_a_build_failure(tmp_path, tiny_checkpoint, monkeypatch):
-    from runtime.cpu.fast_model import FastCpuModel  # the builder's canary backend
+    from toolcall.runtime.cpu.fast_model import FastCpuModel  # the builder's canary backend
     real = FastCpuModel.forward
 
     def nan_forward(self, *a, **kw):

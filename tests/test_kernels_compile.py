@@ -1,26 +1,28 @@
 """The kernels compile to cubin with NVRTC for every shipped architecture, without a GPU:
 resource reports without spills in the hot kernels, byte-identical cubins, typed compile
-errors carrying the log, and the target table."""
+errors carrying the log, and the target table. Then the declarations (kernels/declarations.py)
+against the sources: every entry point declared, its block size and constants read from it."""
 from __future__ import annotations
 
 import re
 
 import pytest
 
-from kernels import geometry, nvrtc_build, targets
-from kernels.nvrtc_build import compile_all, compile_kernel, kernel_sources, resource_table
-from kernels.signatures import kernel_signatures, parse_signatures
-from common.errors import BuildError
+from toolcall.common.errors import BuildError
+from toolcall.common.formats import FP8_E4M3, NVFP4
+from toolcall.kernels import cuda_source, nvrtc_build, targets
+from toolcall.kernels.cuda_source import Param, defines, entry_points, parse_defines, parse_entry_points
+from toolcall.kernels.declarations import GRIDS, declarations
+from toolcall.kernels.geometry import MATVEC_FORMATS, MATVECS, matvec_kernel
+from toolcall.kernels.nvrtc_build import compile_all, compile_kernel, kernel_sources, resource_table
 
 ARCHS = ("sm_90", "sm_100", "sm_120")
 # Kernels on the per-token path whose spills would cost bandwidth: no spill allowed.
-HOT = ("fp8_matvec", "fp8_matvec_rmsnorm", "fp8_matvec_swiglu", "nvfp4_matvec",
-       "nvfp4_matvec_rmsnorm", "nvfp4_matvec_swiglu", "bf16_matvec", "bf16_matvec_rmsnorm",
-       "bf16_matvec_swiglu", "head_dense", "head_sparse", "attention_decode",
-       "attention_prefill_partial", "attention_merge", "rmsnorm", "qk_norm_rope_kv")
+HOT = (*MATVECS, "head_dense", "head_sparse", "attention_decode", "attention_prefill_partial", "attention_merge",
+       "rmsnorm", "qk_norm_rope_kv")
 EXPECTED_FILES = {"argmax", "attention", "attention_decode", "attention_merge", "embedding", "grammar_advance",
                   "grammar_candidates", "head_dense", "head_sparse", "matvec_bf16",
-                  "matvec_fp8", "matvec_nvfp4", "qk_norm_rope", "rmsnorm", "swiglu"}
+                  "matvec_fp8_e4m3", "matvec_nvfp4", "qk_norm_rope", "rmsnorm", "swiglu"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -42,7 +44,7 @@ def test_every_kernel_compiles_with_a_resource_report(compiled):
         assert f"for '{arch}'" in k.log
         for fn in k.resources:
             found[fn] = k.name
-    expected = {name: sig.file for name, sig in kernel_signatures().items()}
+    expected = {name: decl.file for name, decl in declarations().items()}
     assert found == expected  # every extern "C" kernel, each from its own file
     for fn, res in (r for k in kernels for r in k.resources.items()):
         assert 0 < res["registers"] <= 255, fn
@@ -56,7 +58,8 @@ def test_nvfp4_decoding_costs_about_what_fp8_decoding_costs(compiled):
     of the fp8 one's instructions (with the emulation: 6,920 vs 5,144 on sm_90)."""
     arch, kernels = compiled
     res = {fn: r for k in kernels for fn, r in k.resources.items()}
-    ratio = res["nvfp4_matvec_rmsnorm"]["instructions"] / res["fp8_matvec_rmsnorm"]["instructions"]
+    nvfp4, fp8 = (res[matvec_kernel(f, "_rmsnorm")]["instructions"] for f in (NVFP4, FP8_E4M3))
+    ratio = nvfp4 / fp8
     assert ratio < 1.10, f"{arch}: nvfp4 / fp8 instructions {ratio:.2f}"
     sources = "".join(p.read_text() for p in nvrtc_build.KERNEL_DIR.glob("*.cu*"))
     assert "<cuda_fp4.h>" not in sources and "__nv_cvt_fp4" not in sources
@@ -146,21 +149,47 @@ def test_unsupported_arch_is_refused_before_compiling():
         compile_kernel("swiglu", "sm_75")
 
 
-# ---- sources vs the Python mirrors ----
+# ---- sources vs the declarations ----
 
-def test_geometry_constants_match_the_sources():
-    defines = {}
-    for path in list(kernel_sources()) + sorted(nvrtc_build.KERNEL_DIR.glob("*.cuh")):
-        for name, value in re.findall(r"^#define\s+(\w+)\s+(\d+)\s*$", path.read_text(), re.M):
-            assert defines.setdefault(name, int(value)) == int(value), f"{name} defined twice"
-    mirrored = {n: getattr(geometry, n) for n in dir(geometry) if n.isupper() and n in defines}
-    assert len(mirrored) >= 20
-    assert all(defines[n] == v for n, v in mirrored.items()), mirrored
+def test_every_entry_point_is_declared_once_with_its_launch_bounds():
+    """Every ``extern "C" __global__`` function of kernels/*.cu has a grid, every grid a function; the block is
+    the kernel's __launch_bounds__ constant as the source defines it; the grid reads int parameters only."""
+    found = {}
+    for path in kernel_sources():
+        for name in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\((\w+)\)\s*)?(\w+)',
+                               path.read_text()):
+            found[name[1]] = (path.stem, defines()[name[0]])
+    decls = declarations()
+    assert {n: (d.file, d.threads) for n, d in decls.items()} == found and set(GRIDS) == set(found)
+    for d in decls.values():
+        assert set(d.sizes) <= {p.name for p in d.params if p.kind == "int32"}, d.name
+        assert d.names == tuple(p.name for p in entry_points()[d.name].params)
+    assert {matvec_kernel(f, p) for f in MATVEC_FORMATS for p in ("", "_rmsnorm", "_swiglu")} <= set(decls)
 
 
-def test_signature_parser():
-    sigs = parse_signatures('// x\nextern "C" __global__ void __launch_bounds__(128)\n'
-                            "f(const float* a, int n, float s,\n cudaGraphConditionalHandle h) {}\n"
-                            'extern "C" __global__ void g() {}')
-    assert sigs["f"].params == (("a", "ptr"), ("n", "i32"), ("s", "f32"), ("h", "u64"))
-    assert sigs["g"].params == ()
+def test_the_matvec_input_multiple_is_the_kernels_vector():
+    """A format's kernel_multiple (common/formats.py) is its matvec's elements per 16-byte vector
+    (matvec.cuh ``struct Fmt... { static constexpr int ELEMS``)."""
+    header = (cuda_source.KERNEL_DIR / "matvec.cuh").read_text()
+    elems = dict(re.findall(r"struct (\w+) \{\s*static constexpr int ELEMS = (\d+)", header))
+    for f in MATVEC_FORMATS:
+        source = (cuda_source.KERNEL_DIR / f"{declarations()[matvec_kernel(f)].file}.cu").read_text()
+        kernel_fmt = set(re.findall(r"matvec_tile<(\w+),", source))
+        assert len(kernel_fmt) == 1 and int(elems[kernel_fmt.pop()]) == f.kernel_multiple, f
+
+
+def test_defines_are_read_once_and_must_agree():
+    assert defines()["ATTN_SPLIT"] == 256 and defines()["MV_TILE_T"] == 8
+    assert "FULL_MASK" not in defines()  # integers only
+    assert parse_defines({"a.cuh": "#define X 4\n", "b.cu": "#define X 4\n#define Y 2\n"}) == {"X": 4, "Y": 2}
+    with pytest.raises(ValueError, match="#define X is 4 in a.cuh but 5 in b.cu"):
+        parse_defines({"a.cuh": "#define X 4\n", "b.cu": "#define X 5\n"})
+
+
+def test_entry_point_parser():
+    eps = parse_entry_points('// x\nextern "C" __global__ void __launch_bounds__(128)\n'
+                             "f(const float* a, int n, float s,\n cudaGraphConditionalHandle h) {}\n"
+                             'extern "C" __global__ void g() {}')
+    assert eps["f"].params == (Param("a", "ptr"), Param("n", "int32"), Param("s", "float32"),
+                                 Param("h", "uint64"))
+    assert eps["f"].launch_bounds == "128" and eps["g"].params == () and eps["g"].launch_bounds is None

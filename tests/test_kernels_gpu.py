@@ -3,20 +3,26 @@ runtime relies on: batch-independence, fused == unfused, dense head == sparse he
 prefill attention. (The grammar loop: tests/test_kernels_gpu_loop.py.)
 
 Without a GPU the parity tests skip with the reason; ``test_cases_pack_their_arguments``
-still runs every case on a dry-run device, so argument counts and kinds are checked on CPU.
+still runs every case on a dry-run device, so argument names and kinds are checked on CPU.
 """
 from __future__ import annotations
 
+import re
 import zlib
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels import geometry
-from kernels import reference as ref
-from kernels.launch import DeviceArray
-from kernels.runner import DryRunGpu, KernelRunner, Out
+from toolcall.common.formats import BF16 as BF16_WEIGHTS
+from toolcall.common.formats import FP8_E4M3, NVFP4
+from toolcall.kernels import geometry
+from toolcall.kernels import reference as ref
+from toolcall.kernels.declarations import Launch
+from toolcall.kernels.geometry import PLAIN, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.launch import DeviceArray
+from toolcall.kernels.runner import DryRunGpu, KernelRunner, Out
+from toolcall.kernels.weight_args import weight_args
 
 BF16 = ml_dtypes.bfloat16
 EPS = np.float32(1e-6)
@@ -33,12 +39,21 @@ def fp8_codes(rng, *shape):
 
 
 # ---- matvec family: fmt, prologue, T, in, out, bias, accumulate ----
-MATVEC = [("fp8", "", 1, 1024, 48, False, False), ("fp8", "_rmsnorm", 8, 1024, 2064, True, False),
-          ("fp8", "_swiglu", 13, 3072, 64, False, True), ("fp8", "", 5, 96, 33, True, True),
-          ("nvfp4", "", 1, 1024, 40, False, False), ("nvfp4", "_rmsnorm", 9, 2048, 17, True, False),
-          ("nvfp4", "_swiglu", 3, 3072, 32, False, True), ("nvfp4", "", 2, 96, 16, False, False),
-          ("bf16", "", 4, 1024, 24, True, True), ("bf16", "_rmsnorm", 16, 520, 16, False, False),
-          ("bf16", "_swiglu", 1, 3072, 8, False, False)]
+MATVEC = [(FP8_E4M3, PLAIN, 1, 1024, 48, False, False), (FP8_E4M3, RMSNORM, 8, 1024, 2064, True, False),
+          (FP8_E4M3, SWIGLU, 13, 3072, 64, False, True), (FP8_E4M3, PLAIN, 5, 96, 33, True, True),
+          (NVFP4, PLAIN, 1, 1024, 40, False, False), (NVFP4, RMSNORM, 9, 2048, 17, True, False),
+          (NVFP4, SWIGLU, 3, 3072, 32, False, True), (NVFP4, PLAIN, 2, 96, 16, False, False),
+          (BF16_WEIGHTS, PLAIN, 4, 1024, 24, True, True), (BF16_WEIGHTS, RMSNORM, 16, 520, 16, False, False),
+          (BF16_WEIGHTS, SWIGLU, 1, 3072, 8, False, False)]
+# random weight arguments in each format's kernel layout: (w, scales), as kernels/weight_args.py orders them
+WEIGHTS = {
+    FP8_E4M3: lambda rng, n_out, n_in: (fp8_codes(rng, n_out, n_in), rng.uniform(1e-3, 1e-2, n_out).astype(np.float32)),
+    # a per-row global scale: two source tensors of different scales fused (q|k, gate|up)
+    NVFP4: lambda rng, n_out, n_in: (rng.integers(0, 256, (n_out, n_in // 2), dtype=np.uint8),
+                                     rng.integers(0x28, 0x48, (n_out, n_in // 16), dtype=np.uint8),
+                                     np.where(np.arange(n_out) < n_out // 2, 0.01, 0.0037).astype(np.float32)),
+    BF16_WEIGHTS: lambda rng, n_out, n_in: (bf16(rng, n_out, n_in),),
+}
 
 
 def case_matvec(d: KernelRunner, rng, fmt, pro, T, n_in, n_out, with_bias, acc):
@@ -46,30 +61,23 @@ def case_matvec(d: KernelRunner, rng, fmt, pro, T, n_in, n_out, with_bias, acc):
     x = rng.standard_normal((T, stride)).astype(np.float32)
     up = rng.standard_normal((T, stride)).astype(np.float32)
     norm_w = bf16(rng, n_in)
-    if fmt == "fp8":
-        w, scales = fp8_codes(rng, n_out, n_in), (rng.uniform(1e-3, 1e-2, n_out).astype(np.float32),)
-    elif fmt == "nvfp4":
-        w = rng.integers(0, 256, (n_out, n_in // 2), dtype=np.uint8)
-        # a per-row global scale: two source tensors of different scales fused (q|k, gate|up)
-        g = np.where(np.arange(n_out) < n_out // 2, 0.01, 0.0037).astype(np.float32)
-        scales = (rng.integers(0x28, 0x48, (n_out, n_in // 16), dtype=np.uint8), g)
-    else:
-        w, scales = bf16(rng, n_out, n_in), ()
+    w, *scales = WEIGHTS[fmt](rng, n_out, n_in)
+    weights = dict(zip((a.param for a in weight_args(fmt)), (w, *scales)))
     bias = rng.standard_normal(n_out).astype(np.float32) if with_bias else None
     y0 = rng.standard_normal((T, n_out)).astype(np.float32)
-    head = {"": (x, stride), "_rmsnorm": (x, stride, norm_w, EPS), "_swiglu": (x, up, stride)}[pro]
-    fn = f"{fmt}_matvec{pro}"
+    head = {PLAIN: dict(x=x), RMSNORM: dict(x=x, norm_w=norm_w, eps=EPS), SWIGLU: dict(gate=x, up=up)}[pro]
+    fn = matvec_kernel(fmt, pro)
 
     def launch(rows):
-        h = tuple(a[rows] if isinstance(a, np.ndarray) and a.shape[0] == T else a for a in head)
-        return d.run(fn, dict(T=len(rows), out=n_out), *h, w, *scales, bias, Out(y0[rows]),
-                     len(rows), n_in, n_out, int(acc))[0]
+        h = {k: a[rows] if isinstance(a, np.ndarray) and a.shape[0] == T else a for k, a in head.items()}
+        return d.run(fn, **h, x_stride=stride, **weights, bias=bias, y=Out(y0[rows]), T=len(rows), n_in=n_in,
+                     n_out=n_out, accumulate=int(acc))["y"]
 
     got = launch(np.arange(T))
     xs = x[:, :n_in]
-    xp = {"": xs, "_rmsnorm": ref.rmsnorm(xs, norm_w, EPS), "_swiglu": ref.swiglu(xs, up[:, :n_in])}[pro]
-    ref_head = {"": (xs,), "_rmsnorm": (xs, norm_w, EPS), "_swiglu": (xs, up[:, :n_in])}[pro]
-    want = getattr(ref, fn)(*ref_head, w, *scales, bias=bias, y=y0, accumulate=acc)
+    xp = {PLAIN: xs, RMSNORM: ref.rmsnorm(xs, norm_w, EPS), SWIGLU: ref.swiglu(xs, up[:, :n_in])}[pro]
+    ref_head = {PLAIN: (xs,), RMSNORM: (xs, norm_w, EPS), SWIGLU: (xs, up[:, :n_in])}[pro]
+    want = ref.MATVEC_REFERENCES[fn](*ref_head, w, *scales, bias=bias, y=y0, accumulate=acc)
     wd = ref.dequant(fmt, w, *scales)
     scale = np.abs(xp) @ np.abs(wd).T + (np.abs(y0) if acc else 0) + (np.abs(bias) if with_bias else 0)
     d.close(got, want, atol=3e-5 * scale + 1e-6, label=fn)
@@ -84,29 +92,32 @@ def case_fusions(d: KernelRunner, rng):
     nw, wb, w8 = bf16(rng, n), bf16(rng, n_out, n), fp8_codes(rng, n_out, n)
     s8 = rng.uniform(1e-3, 1e-2, n_out).astype(np.float32)
     y = np.zeros((T, n_out), np.float32)
-    xn, = d.run("rmsnorm", dict(B=T), x, n, None, nw, EPS, Out(np.zeros_like(x)), n, T, n)
+    xn = d.run("rmsnorm", x=x, x_stride=n, rows=None, w=nw, eps=EPS, y=Out(np.zeros_like(x)), y_stride=n, B=T,
+               n=n)["y"]
     d.close(xn, ref.rmsnorm(x, nw, EPS), atol=1e-5, rtol=1e-5, label="rmsnorm")
-    fused, = d.run("bf16_matvec_rmsnorm", dict(T=T, out=n_out), x, n, nw, EPS, wb, None, Out(y), T, n, n_out, 0)
-    plain, = d.run("bf16_matvec", dict(T=T, out=n_out), xn, n, wb, None, Out(y), T, n, n_out, 0)
+    mv = dict(bias=None, y=Out(y), T=T, n_in=n, n_out=n_out, accumulate=0)
+    fused = d.run("bf16_matvec_rmsnorm", x=x, x_stride=n, norm_w=nw, eps=EPS, w=wb, **mv)["y"]
+    plain = d.run("bf16_matvec", x=xn, x_stride=n, w=wb, **mv)["y"]
     d.same(fused, plain, "bf16_matvec_rmsnorm vs rmsnorm + bf16_matvec")
-    act, = d.run("swiglu", dict(T=T, n=n), x, up, n, Out(np.zeros_like(x)), n, T, n)
+    act = d.run("swiglu", gate=x, up=up, in_stride=n, y=Out(np.zeros_like(x)), y_stride=n, T=T, n=n)["y"]
     d.close(act, ref.swiglu(x, up), atol=1e-7, rtol=2e-6, label="swiglu")
-    fused, = d.run("fp8_matvec_swiglu", dict(T=T, out=n_out), x, up, n, w8, s8, None, Out(y), T, n, n_out, 0)
-    plain, = d.run("fp8_matvec", dict(T=T, out=n_out), act, n, w8, s8, None, Out(y), T, n, n_out, 0)
-    d.same(fused, plain, "fp8_matvec_swiglu vs swiglu + fp8_matvec")
+    fp8_fused, fp8_plain = matvec_kernel(FP8_E4M3, SWIGLU), matvec_kernel(FP8_E4M3)
+    fused = d.run(fp8_fused, gate=x, up=up, x_stride=n, w=w8, w_scale=s8, **mv)["y"]
+    plain = d.run(fp8_plain, x=act, x_stride=n, w=w8, w_scale=s8, **mv)["y"]
+    d.same(fused, plain, f"{fp8_fused} vs swiglu + {fp8_plain}")
     table = bf16(rng, vocab, n)
-    dense, = d.run("head_dense", dict(T=T, vocab=vocab), x, n, nw, EPS, table,
-                   Out(np.zeros((T, vocab), np.float32)), T, n, vocab)
+    dense = d.run("head_dense", x=x, x_stride=n, norm_w=nw, eps=EPS, table=table,
+                  logits=Out(np.zeros((T, vocab), np.float32)), T=T, hidden=n, vocab=vocab)["logits"]
     want = ref.head_dense(x, nw, EPS, table)
     d.close(dense, want, atol=3e-5 * (np.abs(ref.rmsnorm(x, nw, EPS)) @ np.abs(table.astype(np.float32)).T) + 1e-6,
-          label="head_dense")
+            label="head_dense")
     E = 40
     cand = rng.integers(-2, vocab + 2, (T, E)).astype(np.int32)
     valid = rng.integers(0, 2, (T, E)).astype(np.uint8)
-    sparse, = d.run("head_sparse", dict(n_cand=E, B=T), xn, n, cand, valid, table, n, vocab, E, T,
-                    Out(np.zeros((T, E), np.float32)))
-    gathered, = d.run("head_gather", dict(n_cand=E, B=T), dense, cand, valid, vocab, E, T,
-                      Out(np.zeros((T, E), np.float32)))
+    sparse = d.run("head_sparse", xn=xn, x_stride=n, cand=cand, valid=valid, table=table, hidden=n, vocab=vocab,
+                   n_cand=E, B=T, out=Out(np.zeros((T, E), np.float32)))["out"]
+    gathered = d.run("head_gather", logits=dense, cand=cand, valid=valid, vocab=vocab, n_cand=E, B=T,
+                     out=Out(np.zeros((T, E), np.float32)))["out"]
     d.same(gathered, ref.head_gather(dense, cand, valid), "head_gather")
     d.same(sparse, gathered, "head_sparse vs head_dense at the candidates")
 
@@ -116,22 +127,24 @@ def case_rows(d: KernelRunner, rng):
     vocab, hidden, T = 300, 256, 5
     table = bf16(rng, vocab, hidden)
     tokens = np.array([0, 299, -1, 300, 17], np.int32)
-    x, = d.run("embed_gather", dict(T=T), tokens, table, vocab, hidden, Out(np.ones((T, hidden), np.float32)), T)
+    x = d.run("embed_gather", tokens=tokens, table=table, vocab=vocab, hidden=hidden,
+              x=Out(np.ones((T, hidden), np.float32)), T=T)["x"]
     d.same(x, ref.embed_gather(tokens, table), "embed_gather")
     rows = np.array([4, -1, 0], np.int32)
     nw = bf16(rng, hidden)
-    y, = d.run("rmsnorm", dict(B=3), x, hidden, rows, nw, EPS, Out(np.ones((3, hidden), np.float32)), hidden, 3, hidden)
+    y = d.run("rmsnorm", x=x, x_stride=hidden, rows=rows, w=nw, eps=EPS, y=Out(np.ones((3, hidden), np.float32)),
+              y_stride=hidden, B=3, n=hidden)["y"]
     d.close(y, ref.rmsnorm(x, nw, EPS, rows), atol=1e-6, rtol=1e-5, label="rmsnorm gather")
     n = 151936
     logits = rng.standard_normal((4, n)).astype(np.float32)
     logits[1, [5, 100000]] = 9.0
     logits[2, ::7] = np.nan
     logits[3] = -np.inf
-    idx, val = d.run("argmax_rows", dict(T=4), logits, n, n, 4, Out(np.zeros(4, np.int32)),
-                     Out(np.zeros(4, np.float32)))
+    got = d.run("argmax_rows", logits=logits, stride=n, n=n, T=4, out_idx=Out(np.zeros(4, np.int32)),
+                out_val=Out(np.zeros(4, np.float32)))
     want_idx, want_val = ref.argmax_rows(logits)
-    d.same(idx, want_idx, "argmax index")
-    d.same(val, want_val, "argmax value")
+    d.same(got["out_idx"], want_idx, "argmax index")
+    d.same(got["out_val"], want_val, "argmax value")
 
 
 def rope_inputs(rng, nh, nkv, hd, qk_norm):
@@ -153,8 +166,11 @@ def case_rope_kv(d: KernelRunner, rng, nh, nkv, hd, qk_norm):
     base = d.gpu.upload(qkv)
     k_off, v_off = nh * hd * 4, (nh + nkv) * hd * 4
     k_dev, v_dev = DeviceArray(base.ptr + k_off, base.nbytes - k_off), DeviceArray(base.ptr + v_off, base.nbytes - v_off)
-    kc2, vc2 = d.run("qk_norm_rope_kv", dict(T=T, n_heads=nh, n_kv_heads=nkv), base, width, k_dev, width, v_dev,
-                     width, seq, pos, bt, bt.shape[1], ps, qw, kw, inv_freq, EPS, T, nh, nkv, hd, Out(kc), Out(vc))
+    caches = d.run("qk_norm_rope_kv", q=base, q_stride=width, k=k_dev, k_stride=width, v=v_dev, v_stride=width, seq=seq,
+                   pos=pos, block_table=bt, max_pages_per_seq=bt.shape[1], page_size=ps, q_norm_w=qw, k_norm_w=kw,
+                   inv_freq=inv_freq, eps=EPS, T=T, n_heads=nh, n_kv_heads=nkv, head_dim=hd, k_cache=Out(kc),
+                   v_cache=Out(vc))
+    kc2, vc2 = caches["k_cache"], caches["v_cache"]
     got = d.gpu.download(base, qkv.shape, qkv.dtype)
     kw_ref, vw_ref = kc.copy(), vc.copy()
     q2, k2 = ref.qk_norm_rope_kv(qkv[:, :nh * hd], qkv[:, nh * hd:(nh + nkv) * hd], qkv[:, (nh + nkv) * hd:], seq,
@@ -184,19 +200,25 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
     scale = np.float32(hd ** -0.5)
     inv_freq, qw, kw = rope_inputs(rng, nh, nkv, hd, True)
 
+    heads = dict(n_heads=nh, n_kv_heads=nkv, head_dim=hd)
+    paging = dict(block_table=bt, max_pages_per_seq=bt.shape[1], page_size=ps)
+
+    def partials(T):
+        return dict(sm_scale=scale, max_splits=S, part_o=Out(np.zeros((T, nh, S, hd), np.float32)),
+                    part_ml=Out(np.zeros((T, nh, S, 2), np.float32)))
+
     def decode(q, k, v, seq, pos, kc, vc):
         T = len(q)
-        outs = d.run("attention_decode", dict(T=T, n_kv_heads=nkv, max_splits=S), q, nh * hd, Out(k), nkv * hd,
-                     v, nkv * hd, seq, pos, bt, bt.shape[1], ps, Out(kc), Out(vc), qw, kw, inv_freq, EPS, nh, nkv,
-                     hd, scale, S, Out(np.zeros((T, nh, S, hd), np.float32)),
-                     Out(np.zeros((T, nh, S, 2), np.float32)), Out(np.zeros((T, nkv), np.int32)),
-                     Out(np.ones((T, nh * hd), np.float32)), nh * hd, T)
-        return outs  # k, k_cache, v_cache, part_o, part_ml, counters, out
+        return d.run("attention_decode", q=q, q_stride=nh * hd, k=Out(k), k_stride=nkv * hd, v=v, v_stride=nkv * hd,
+                     seq=seq, pos=pos, **paging, k_cache=Out(kc), v_cache=Out(vc), q_norm_w=qw, k_norm_w=kw,
+                     inv_freq=inv_freq, eps=EPS, **heads, **partials(T), counters=Out(np.zeros((T, nkv), np.int32)),
+                     out=Out(np.ones((T, nh * hd), np.float32)), out_stride=nh * hd, T=T)
 
     seq = np.array([0, 1, -1, 2], np.int32)
     pos = np.array([699, 32, 3, 299], np.int32)
     q, k, v = (rng.standard_normal((4, n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
-    k_out, kc2, vc2, _, pml, counters, out = decode(q, k, v, seq, pos, kc, vc)
+    got = decode(q, k, v, seq, pos, kc, vc)
+    kc2, vc2, counters, out = got["k_cache"], got["v_cache"], got["counters"], got["out"]
     kc_ref, vc_ref = kc.copy(), vc.copy()
     want, _ = ref.attention_decode(q, k, v, seq, pos, bt, ps, kc_ref, vc_ref, qw, kw, inv_freq, EPS, nh, nkv, hd,
                                    scale, S)
@@ -212,15 +234,14 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
     base = d.gpu.upload(qkv)
     kd, vd = DeviceArray(base.ptr + nh * hd * 4, 0), DeviceArray(base.ptr + (nh + nkv) * hd * 4, 0)
     kcd, vcd = d.gpu.upload(kc), d.gpu.upload(vc)
-    d.run("qk_norm_rope_kv", dict(T=T, n_heads=nh, n_kv_heads=nkv), base, width, kd, width, vd, width, pseq, ppos,
-          bt, bt.shape[1], ps, qw, kw, inv_freq, EPS, T, nh, nkv, hd, kcd, vcd)
+    d.run("qk_norm_rope_kv", q=base, q_stride=width, k=kd, k_stride=width, v=vd, v_stride=width, seq=pseq, pos=ppos,
+          **paging, q_norm_w=qw, k_norm_w=kw, inv_freq=inv_freq, eps=EPS, T=T, **heads, k_cache=kcd, v_cache=vcd)
     start, length = geometry.prefill_tiles(pseq, ppos, max(1, geometry.ATTN_QCHUNK // (nh // nkv)))
-    po, pml2 = d.run("attention_prefill_partial", dict(n_tiles=len(start), n_kv_heads=nkv, max_splits=S),
-                     base, width, pseq, ppos, start, length, bt, bt.shape[1], ps, kcd, vcd, nh, nkv, hd,
-                     scale, S, Out(np.zeros((T, nh, S, hd), np.float32)),
-                     Out(np.zeros((T, nh, S, 2), np.float32)), len(start))
-    pout, = d.run("attention_merge", dict(n_heads=nh, T=T), po, pml2, pseq, ppos, nh, hd, S,
-                  Out(np.ones((T, nh * hd), np.float32)), nh * hd, T)
+    parts = d.run("attention_prefill_partial", q=base, q_stride=width, seq=pseq, pos=ppos, tile_start=start,
+                  tile_len=length, **paging, k_cache=kcd, v_cache=vcd, **heads, **partials(T), n_tiles=len(start))
+    pout = d.run("attention_merge", part_o=parts["part_o"], part_ml=parts["part_ml"], seq=pseq, pos=ppos, n_heads=nh,
+                 head_dim=hd, max_splits=S, out=Out(np.ones((T, nh * hd), np.float32)), out_stride=nh * hd,
+                 T=T)["out"]
     kc_pre, vc_pre = d.gpu.download(kcd, kc.shape, kc.dtype), d.gpu.download(vcd, vc.shape, vc.dtype)
     # The attention kernels are checked on the q and K/V cache the rope kernel wrote (case_rope_kv checks
     # that kernel): a 1-ulp rope difference that flips one bf16 K rounding moves a score by ~2^-9
@@ -235,12 +256,12 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
         raw = qkv[row]
         got = decode(raw[:, :nh * hd], raw[:, nh * hd:(nh + nkv) * hd], raw[:, (nh + nkv) * hd:], pseq[row],
                      ppos[row], kc_pre, vc_pre)
-        d.same(got[-1], pout[row], f"decode row (fused) at position {r} vs the same row in prefill tiles")
+        d.same(got["out"], pout[row], f"decode row (fused) at position {r} vs the same row in prefill tiles")
     for arr in (base, kcd, vcd):
         d.gpu.free(arr)
 
 
-MATVEC_IDS = [f"{f}{p}-T{t}-in{i}-out{o}" for f, p, t, i, o, *_ in MATVEC]
+MATVEC_IDS = [f"{f.name}{p}-T{t}-in{i}-out{o}" for f, p, t, i, o, *_ in MATVEC]
 CASES = ([pytest.param(case_matvec, spec, id=i) for spec, i in zip(MATVEC, MATVEC_IDS)]
          + [pytest.param(case_fusions, (), id="fusions"), pytest.param(case_rows, (), id="rows")]
          + [pytest.param(case_rope_kv, spec, id=f"rope_kv-{spec}")
@@ -257,21 +278,26 @@ def test_kernel_parity(dev, case, spec):
 
 @pytest.mark.parametrize("case,spec", CASES)
 def test_cases_pack_their_arguments(case, spec):
-    """CPU: every launch of every case matches its kernel's parameter list (count and kinds)."""
+    """CPU: every launch of every case names its kernel's parameters (each once) with the right kinds."""
     dry = KernelRunner(DryRunGpu())
     case(dry, np.random.default_rng(0), *spec)
     assert dry.gpu.launches
 
 
+GOOD = dict(x=None, x_stride=4, w=None, w_scale=None, bias=None, y=None, T=1, n_in=16, n_out=16, accumulate=0)
 
 
-@pytest.mark.parametrize("args,message", [
-    ((None, 1), "takes 10 arguments"),
-    ((None, 1.5, None, None, None, None, 1, 16, 16, 0), "'x_stride' is an integer"),
-    ((None, 4, None, None, None, None, 1, 16, 16, 2**31), "does not fit in int32"),
-    ((None, 4, 3.0, None, None, None, 1, 16, 16, 0), "'w' is a device pointer"),
+@pytest.mark.parametrize("change,message", [
+    (dict(w_scale=...), "fp8_e4m3_matvec: missing argument(s) 'w_scale'"),
+    (dict(global_scale=None), "fp8_e4m3_matvec: no parameter(s) named 'global_scale'"),
+    (dict(x_stride=1.5), "'x_stride' is an integer"),
+    (dict(accumulate=2**31), "accumulate = 2147483648 does not fit in int32"),
+    (dict(w=3.0), "'w' is a device pointer"),
 ])
-def test_launcher_refuses_bad_arguments_by_name(args, message):
+def test_launcher_refuses_bad_arguments_by_name(change, message):
+    """A missing or unknown name, or a value of the wrong kind, fails on the host naming kernel and parameter,
+    at the Launch (names) or at packing (kinds)."""
     dry = KernelRunner(DryRunGpu())
-    with pytest.raises(TypeError, match=message):
-        dry.launch("fp8_matvec", dict(T=1, out=16), *args)
+    args = {k: v for k, v in {**GOOD, **change}.items() if v is not ...}
+    with pytest.raises(TypeError, match=re.escape(message)):
+        dry.launch(Launch(matvec_kernel(FP8_E4M3), args))

@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from builder.catalog import AnswerFormat, Catalog, TokenizedCatalog, Tool
-from builder.trie import grammar_from_paths
-from kernels import reference as ref
-from kernels.runner import DryRunGpu, KernelRunner, run_while_graph
+from toolcall.builder.catalog import AnswerFormat, Catalog, TokenizedCatalog, Tool
+from toolcall.builder.trie import grammar_from_paths
+from toolcall.kernels import reference as ref
+from toolcall.kernels.declarations import Launch
+from toolcall.kernels.runner import DryRunGpu, KernelRunner, run_while_graph
 
 
 def make_grammar(paths, max_tools, allow_empty=False):
@@ -53,20 +54,23 @@ class Loop:
         raise AssertionError("reference loop did not stop")
 
 
-def body_launches(lp: Loop, dev_arrays: dict, cond_handle: int):
-    """The decode-loop body: candidates -> candidate logits -> advance (fn, sizes, args)."""
+def body_launches(lp: Loop, dev_arrays: dict, cond_handle: int) -> list[Launch]:
+    """The decode-loop body: candidates -> candidate logits -> advance."""
     a, g = dev_arrays, lp.g
-    B, M = lp.B, lp.M
+    sizes = dict(n_words=lp.W, n_nodes=g.num_nodes, max_edges=lp.M, B=lp.B)
+    grammar = dict(sample_seq=a["seq"], state=a["state"], status=a["status"], node_edge_start=a["nes"],
+                   edge_kind=a["ekind"])
     return [
-        ("grammar_candidates", dict(max_edges=M, B=B),
-         (a["seq"], a["state"], a["status"], a["nes"], a["etok"], a["ekind"], a["ebits"], lp.W,
-          g.num_nodes, g.num_tools, g.max_tools, int(g.allow_empty), M, B, a["cand"], a["valid"])),
-        ("head_gather", dict(n_cand=M, B=B),
-         (a["logits"], a["cand"], a["valid"], lp.vocab, M, B, a["cl"])),
-        ("grammar_advance", dict(B=B),
-         (a["cl"], a["cand"], a["valid"], a["seq"], a["token"], a["pos"], a["nes"], a["echild"],
-          a["ekind"], a["etool"], lp.W, g.num_nodes, M, lp.max_out, B, a["state"], a["status"],
-          a["out_tokens"], a["out_len"], a["token"], a["pos"], a["ws"], a["cond"], cond_handle)),
+        Launch("grammar_candidates", dict(**grammar, edge_token=a["etok"], edge_bits=a["ebits"], n_tools=g.num_tools,
+                                          max_tools=g.max_tools, allow_empty=int(g.allow_empty), **sizes,
+                                          cand=a["cand"], valid=a["valid"])),
+        Launch("head_gather", dict(logits=a["logits"], cand=a["cand"], valid=a["valid"], vocab=lp.vocab,
+                                   n_cand=lp.M, B=lp.B, out=a["cl"])),
+        Launch("grammar_advance", dict(**grammar, cand_logits=a["cl"], cand=a["cand"], valid=a["valid"],
+                                       token_in=a["token"], pos_in=a["pos"], edge_child=a["echild"],
+                                       edge_tool=a["etool"], **sizes, max_out=lp.max_out, out_tokens=a["out_tokens"],
+                                       out_len=a["out_len"], token_out=a["token"], pos_out=a["pos"],
+                                       sync_ws=a["ws"], cond_out=a["cond"], cond_handle=cond_handle)),
     ]
 
 
@@ -96,8 +100,8 @@ def host_loop(d: KernelRunner, spec):
     lp = Loop(np.random.default_rng(11), make_grammar(**spec))
     a = upload_loop(d, lp)
     for _ in range(10 * lp.max_out):
-        for fn, sizes, args in body_launches(lp, a, 0):
-            d.launch(fn, sizes, *args)
+        for ln in body_launches(lp, a, 0):
+            d.launch(ln)
         d.gpu.synchronize()
         if d.gpu.download(a["cond"], (1,), np.int32)[0] == 0:
             break
@@ -113,7 +117,7 @@ def test_host_stepped_loop_matches_the_references(dev, spec):
 
 @pytest.mark.parametrize("spec", GRAMMARS, ids=["prefix", "wide"])
 def test_loop_launches_pack_their_arguments(spec):
-    """CPU: the loop body's launches match the kernels' parameter lists."""
+    """CPU: the loop body's launches name the kernels' parameters, with the right kinds."""
     dry = KernelRunner(DryRunGpu())
     host_loop(dry, spec)
     assert dry.gpu.launches == ["grammar_candidates", "head_gather", "grammar_advance"]

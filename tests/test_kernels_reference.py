@@ -7,13 +7,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from builder.catalog import AnswerFormat, Catalog, TokenizedCatalog, Tool
-from builder.trie import grammar_from_paths
-from kernels import geometry
-from kernels import reference as ref
-from runtime import rope
-from runtime.cpu import model as cpu_backend
-from runtime.grammar_stepper import GrammarStepper, decode_tools
+from toolcall.builder.catalog import AnswerFormat, Catalog, TokenizedCatalog, Tool
+from toolcall.builder.trie import grammar_from_paths
+from toolcall.common.formats import BF16 as BF16_WEIGHTS
+from toolcall.common.formats import FP8_E4M3, FP32, NVFP4
+from toolcall.common.nvfp4 import E2M1_VALUES
+from toolcall.kernels import geometry
+from toolcall.kernels import reference as ref
+from toolcall.kernels.declarations import launch_shape
+from toolcall.runtime.bundle import rope
+from toolcall.runtime.cpu import model as cpu_backend
+from toolcall.runtime.grammar.stepper import GrammarStepper, decode_tools
 
 BF16 = ml_dtypes.bfloat16
 
@@ -38,7 +42,7 @@ def test_fp8_dequant_every_code():
     w = np.tile(codes, (3, 1))
     scale = np.array([1.0, 0.5, 3.25], np.float32)
     want = np.array([e4m3_value(int(c)) for c in codes])[None, :] * scale[:, None].astype(np.float64)
-    np.testing.assert_array_equal(ref.fp8_dequant(w, scale), want.astype(np.float32))
+    np.testing.assert_array_equal(ref.dequant(FP8_E4M3, w, scale), want.astype(np.float32))
 
 
 def test_nvfp4_dequant_nibble_order_and_scales():
@@ -54,7 +58,7 @@ def test_nvfp4_dequant_nibble_order_and_scales():
             c = codes[o, k]
             v = (-1 if c & 8 else 1) * e2m1[c & 7]
             want[o, k] = v * e4m3_value(int(bs_codes[o, k // 16])) * np.float32(glob)
-    got = ref.nvfp4_dequant(packed, bs_codes, glob)
+    got = ref.dequant(NVFP4, packed, bs_codes, np.full(2, glob, np.float32))
     assert rel_err(got, want) < 1e-6
 
 
@@ -64,13 +68,13 @@ def test_e2m1_half_bits_times_every_e4m3_scale_is_exact():
     with 2^14 folded into the float32 global scale the kernels compute the same numbers."""
     codes = np.arange(16)
     h = ref.e2m1_half_bits(codes).view(np.float16)
-    np.testing.assert_array_equal(h.astype(np.float64), ref.E2M1_VALUES.astype(np.float64) * 2.0 ** -14)
+    np.testing.assert_array_equal(h.astype(np.float64), E2M1_VALUES.astype(np.float64) * 2.0 ** -14)
     assert np.signbit(h[8]) and h[8] == 0  # code 8 is -0.0
     scales = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)  # 254 finite e4m3 codes
     s16 = scales.view(ml_dtypes.float8_e4m3fn).astype(np.float16)  # e4m3 -> fp16: exact
     np.testing.assert_array_equal(s16.astype(np.float64), [e4m3_value(int(c)) for c in scales])
     prod = h[:, None] * s16[None, :]  # numpy rounds the fp16 product to nearest even, as __hmul2
-    exact = ref.E2M1_VALUES.astype(np.float64)[:, None] * s16.astype(np.float64)[None, :] * 2.0 ** -14
+    exact = E2M1_VALUES.astype(np.float64)[:, None] * s16.astype(np.float64)[None, :] * 2.0 ** -14
     np.testing.assert_array_equal(prod.astype(np.float64), exact)
     assert np.array_equal(np.signbit(prod), np.signbit(exact))
     # the float32 side: (sum of 2^-14-scaled products) x (global x 2^14) == sum x global, bit for bit
@@ -86,27 +90,35 @@ def test_e2m1_half_bits_times_every_e4m3_scale_is_exact():
 
 
 def test_nvfp4_dequant_takes_a_per_row_global_scale():
+    """The kernels' layout repeats each tensor's global scale per output row: dequantized through the registry,
+    each row is (e2m1 * block) * its global, bit for bit as the row alone with its scalar (the stored layout)."""
     rng = np.random.default_rng(1)
     packed = rng.integers(0, 256, (3, 16), dtype=np.uint8)
     bs = rng.integers(0x30, 0x48, (3, 2), dtype=np.uint8)
     g = np.array([0.5, 0.25, 3.0], np.float32)
-    rows = [ref.nvfp4_dequant(packed[i:i + 1], bs[i:i + 1], g[i]) for i in range(3)]
-    np.testing.assert_array_equal(ref.nvfp4_dequant(packed, bs, g), np.concatenate(rows))
+    got = ref.dequant(NVFP4, packed, bs, g)
+    for i in range(3):
+        stored = {"w": packed[i:i + 1], "w_scale": bs[i:i + 1], "w_scale_2": g[i]}
+        np.testing.assert_array_equal(got[i:i + 1], NVFP4.dequantize(stored.get, "w"))
+    codes = np.stack([packed & 0xF, packed >> 4], axis=-1).reshape(3, -1)
+    blocks = np.repeat(bs.view(ml_dtypes.float8_e4m3fn).astype(np.float32), 16, axis=1)
+    np.testing.assert_array_equal(got, (E2M1_VALUES[codes] * blocks) * g[:, None])  # the kernels' order
 
 
-def test_dequant_layouts_match_the_runtime_dequantizer():
-    """Same nibble order, scale indexing and order of products as runtime/cpu/dequant.py (the CPU
-    backend's loader): (e2m1 * block) * global, bit for bit."""
-    from runtime.cpu import dequant
-    rng = np.random.default_rng(7)
-    codes = rng.integers(0, 256, (8, 64), dtype=np.uint8)
-    codes[(codes & 0x7F) == 0x7F] = 0
-    scale = rng.uniform(0.001, 1, 8).astype(np.float32)
-    np.testing.assert_array_equal(ref.fp8_dequant(codes, scale), dequant.dequantize_fp8(codes, scale))
-    packed = rng.integers(0, 256, (8, 32), dtype=np.uint8)
-    bs = rng.integers(0x08, 0x70, (8, 4), dtype=np.uint8)
-    np.testing.assert_array_equal(ref.nvfp4_dequant(packed, bs, 0.0173),
-                                  dequant.dequantize_nvfp4(packed, bs, np.float32(0.0173)))
+def test_every_gpu_weight_format_has_matvec_weight_arguments():
+    """kernels/weight_args.py: each bundle format's matvecs take its stored tensors in file order, a stored
+    scalar per output row; fp32 (CPU only) has no GPU kernels."""
+    from toolcall.kernels.weight_args import weight_args
+    assert geometry.MATVEC_FORMATS == (FP8_E4M3, NVFP4, BF16_WEIGHTS)
+    got = {f: [(a.param, a.suffix, a.per_row, a.shape(48, 64)) for a in weight_args(f)]
+           for f in geometry.MATVEC_FORMATS}
+    assert got == {FP8_E4M3: [("w", "", False, (48, 64)), ("w_scale", "_scale", False, (48,))],
+                   NVFP4: [("w", "", False, (48, 32)), ("w_scale", "_scale", False, (48, 4)),
+                           ("global_scale", "_scale_2", True, (48,))],
+                   BF16_WEIGHTS: [("w", "", False, (48, 64))]}
+    assert FP32 not in geometry.MATVEC_FORMATS
+    assert geometry.shape_problems(1024, 3072, 16, 8, 128, FP32) == [
+        "fp32 weights: the GPU kernels take fp8_e4m3, nvfp4, bf16"]
 
 
 # ---- row kernels vs float64 ----
@@ -163,7 +175,7 @@ def test_qk_norm_rope_is_a_rotation_and_matches_cpu_backend(qk_norm):
     z = z * np.exp(1j * ang)
     want = np.concatenate([z.real, z.imag], axis=-1).reshape(T, -1)
     assert rel_err(q2, want) < 1e-5
-    # bit-compatible with runtime/rope.py (the CPU backend's rope)
+    # bit-compatible with runtime/bundle/rope.py (the CPU backend's rope)
     cos, sin = rope.cos_sin(inv_freq, pos)
     kn = ref.rmsnorm(k.reshape(T, nkv, hd), nk, 1e-6) if qk_norm else k.reshape(T, nkv, hd)
     np.testing.assert_array_equal(k2, rope.apply_rope(kn, cos, sin).reshape(T, -1))
@@ -296,28 +308,38 @@ def test_prefill_tiles_cut_runs_of_one_sequence():
 
 
 @pytest.mark.parametrize("kernel,sizes,grid,block", [
-    ("fp8_matvec", dict(T=9, out=33), (5, 2, 1), 256),  # plain: 8 rows a block
-    ("fp8_matvec_rmsnorm", dict(T=9, out=33), (3, 2, 1), 256),  # 16 rows a block
-    ("nvfp4_matvec_swiglu", dict(T=1, out=1024), (128, 1, 1), 256),  # down_proj at T=1: 128 blocks
+    ("fp8_e4m3_matvec", dict(T=9, n_out=33), (5, 2, 1), 256),  # plain: 8 rows a block
+    ("fp8_e4m3_matvec_rmsnorm", dict(T=9, n_out=33), (3, 2, 1), 256),  # 16 rows a block
+    ("nvfp4_matvec_swiglu", dict(T=1, n_out=1024), (128, 1, 1), 256),  # down_proj at T=1: 128 blocks
     ("head_dense", dict(T=1, vocab=151936), (9496, 1, 1), 256),
     ("attention_decode", dict(T=5, n_kv_heads=8, max_splits=3), (5, 8, 3), 128),
     ("grammar_advance", dict(B=17), (3, 1, 1), 256),
     ("qk_norm_rope_kv", dict(T=2, n_heads=16, n_kv_heads=8), (6, 2, 1), 128),
 ])
 def test_launch_shapes(kernel, sizes, grid, block):
-    assert geometry.launch_shape(kernel, **sizes) == (grid, (block, 1, 1))
+    assert launch_shape(kernel, **sizes) == (grid, (block, 1, 1))
+
+
+def test_launch_shape_names_what_is_wrong():
+    with pytest.raises(KeyError, match="needs size 'n_out'"):
+        launch_shape("bf16_matvec", T=1)
+    with pytest.raises(TypeError, match="no parameter.s. named 'out'"):
+        launch_shape("bf16_matvec", T=1, out=16)
+    with pytest.raises(KeyError, match="no kernel 'fp8_matvec'"):
+        launch_shape("fp8_matvec", T=1, n_out=16)
 
 
 def test_shape_problems_name_the_dimension():
-    assert geometry.shape_problems(1024, 3072, 16, 8, 128, "nvfp4") == []
-    problems = geometry.shape_problems(1000, 3072, 16, 8, 96, "fp8")
-    assert any("hidden_size = 1000" in p for p in problems) and any("head_dim = 96" in p for p in problems)
+    assert geometry.shape_problems(1024, 3072, 16, 8, 128, NVFP4) == []
+    problems = geometry.shape_problems(1000, 3072, 16, 8, 96, FP8_E4M3)
+    assert any("hidden_size = 1000 is not a multiple of 16 (fp8_e4m3 matvec)" in p for p in problems)
+    assert any("head_dim = 96" in p for p in problems)
     for hd in (32, 64, 128):  # the trained tool model has head_dim 32
-        assert geometry.shape_problems(512, 1536, 8, 4, hd, "nvfp4") == [], hd
-    assert "head_dim = 16: attention supports 32, 64, 128" in geometry.shape_problems(256, 512, 4, 2, 16, "fp8")
+        assert geometry.shape_problems(512, 1536, 8, 4, hd, NVFP4) == [], hd
+    assert "head_dim = 16: attention supports 32, 64, 128" in geometry.shape_problems(256, 512, 4, 2, 16, FP8_E4M3)
 
 
-# ---- grammar: the references agree with runtime.grammar_stepper (the CPU truth) ----
+# ---- grammar: the references agree with toolcall.runtime.grammar.stepper (the CPU truth) ----
 
 def make_grammar(paths, max_tools=3, allow_empty=False):
     catalog = Catalog(tools=tuple(Tool(f"tool{i}") for i in range(len(paths))),

@@ -1,4 +1,4 @@
-"""Lanes (runtime/lanes.py): sequence groups stepped in overlap give every request the answer it gets from
+"""Lanes (runtime/batching/lanes.py): sequence groups stepped in overlap give every request the answer it gets from
 one generator (tokens and logits bits), deferred aborts free pages and are never reported, each lane keeps
 its share of the slots, and `runtime serve` picks its lanes from the CPUs."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from runtime.engine import Engine
-from runtime.generator import Result
-from runtime.lanes import Lanes
-from runtime.serve.state import ServeConfig, serving_lanes
+from toolcall.runtime.batching.batcher import Result
+from toolcall.runtime.batching.lanes import Lanes
+from toolcall.runtime.engine import Engine
+from toolcall.runtime.serve.state import ServeConfig, serving_lanes
 
 TEXTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send an email to Bob",
          "Convert 20 euros to yen", "Remind me to call Alice on Friday", "Find a hotel in Rome",
@@ -109,10 +109,8 @@ def test_each_lane_keeps_its_share_of_the_slots(tiny_bundle):
 
 
 class _Model:
-    def __init__(self, threads: int, twin: bool = True):
-        self.threads = threads
-        if twin:
-            self.twin = lambda rows: self
+    def __init__(self, threads: int, lanes: bool = True):
+        self.threads, self.lanes_supported = threads, lanes
 
 
 @pytest.mark.parametrize("config,model,cpus,expected", [
@@ -122,7 +120,7 @@ class _Model:
     (ServeConfig(adaptive_threads=False), _Model(4), 8, (1, 4)),  # --threads 4: one lane, as given
     (ServeConfig(adaptive_threads=False, lanes=2), _Model(4), 8, (2, 2)),  # --threads 4 --lanes 2
     (ServeConfig(lanes=3), _Model(1), 2, (3, 1)),
-    (ServeConfig(), _Model(1, twin=False), 4, (1, 0)),  # CUDA, the numpy reference: one lane
+    (ServeConfig(), _Model(1, lanes=False), 4, (1, 0)),  # CUDA, the numpy reference: one lane
 ])
 def test_serve_picks_its_lanes_from_the_cpus(config, model, cpus, expected):
     assert serving_lanes(model, config, cpus) == expected
@@ -130,7 +128,7 @@ def test_serve_picks_its_lanes_from_the_cpus(config, model, cpus, expected):
 
 @pytest.mark.parametrize("broken", [False, True], ids=["lanes as recorded", "lanes answering otherwise"])
 def test_serve_runs_the_canary_through_its_lanes_before_it_is_ready(tiny_bundle, monkeypatch, broken):
-    from runtime.serve.state import ServeState
+    from toolcall.runtime.serve.state import ServeState
 
     seen = []
     generate = Lanes.generate
@@ -150,7 +148,7 @@ def test_serve_runs_the_canary_through_its_lanes_before_it_is_ready(tiny_bundle,
         assert seen == [len(engine.contract.canary.prompts)]  # the canary, on the lanes, inside load
         if broken:
             assert state.phase == "failed" and state.failure.code == "canary_failed" and "lanes" in str(state.failure)
-            assert state.loop is None
+            assert state.engine_thread is None
         else:
             assert state.phase == "ready" and state.failure is None
     finally:
@@ -164,7 +162,8 @@ def test_the_canary_compiles_the_one_signature_of_the_lanes_fused_loop(tiny_bund
     with one picking row or several, call it with one signature: the one the canary compiled before `serve`
     is ready. Serving then meets no new one (on the views it took before, it met one after the canary)."""
     import numba
-    from runtime.cpu import fused_forward as ff
+
+    from toolcall.runtime.cpu import fused_forward as ff
 
     calls: list[tuple] = []
     fused = ff.fused_layers_serial

@@ -16,12 +16,19 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from builder.cli import main
-from builder.kernel_build import contract_target
-from builder.manifest import (CUDA_HOST_BYTES, HOST_BASE_BYTES, LABEL_HASH_DIGITS, BundleSource, ManifestOptions,
-                              kubernetes_manifests, startup_seconds)
-from builder.memory_plan import MIB, plan_memory
-from runtime.bundle import read_contract
+from toolcall.builder.cli import main
+from toolcall.builder.kernel_build import contract_target
+from toolcall.builder.manifest import (
+    CUDA_HOST_BYTES,
+    HOST_BASE_BYTES,
+    LABEL_HASH_DIGITS,
+    BundleSource,
+    ManifestOptions,
+    kubernetes_manifests,
+    startup_seconds,
+)
+from toolcall.builder.memory_plan import MIB, plan_memory
+from toolcall.runtime.bundle.files import read_contract
 
 # The newest Kubernetes minor kubernetes-validate 1.37 ships schemas for, and the oldest one still
 # maintained upstream when it was released: the manifests use nothing newer than either.
@@ -214,6 +221,6 @@ def test_manifest_options_direct_use(tiny_bundle):
 
 @pytest.mark.parametrize("cpu,threads", [("2", 1), ("1500m", 1), ("0.5", 1), ("4", 3), ("8000m", 7), ("2.5", 2)])
 def test_cpu_engine_threads_follow_the_cpu_request(cpu, threads):
-    from builder.manifest import engine_threads
+    from toolcall.builder.manifest import engine_threads
 
     assert engine_threads(cpu) == threads

@@ -1,6 +1,6 @@
 """Node selection of `builder manifest`: the Deployment's node affinity and resource requests,
 evaluated against node label sets as GPU Feature Discovery writes them (tests/fixtures/gfd_nodes.json),
-select exactly the nodes whose GPU the runtime's own target check (runtime/machine.py) accepts.
+select exactly the nodes whose GPU the runtime's own target check (runtime/bundle/machine.py) accepts.
 
 Contracts are the tiny CPU bundle's, re-targeted with the builder's own target and memory plan
 (no kernels compiled: placement reads only the target and memory sections).
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from builder.gpu_labels import PRODUCTS, LABEL_VALUE, PlacementError, accepted_products
-from builder.kernel_build import contract_target
-from builder.manifest import BundleSource, ManifestOptions, kubernetes_manifests
-from builder.memory_plan import MIB, plan_memory
-from common.errors import EngineError
-from runtime.bundle import read_contract
-from runtime.contract import Contract
-from runtime.machine import MachineFacts, check_target
+from toolcall.builder.gpu_labels import LABEL_VALUE, PRODUCTS, PlacementError, accepted_products
+from toolcall.builder.kernel_build import contract_target
+from toolcall.builder.manifest import BundleSource, ManifestOptions, kubernetes_manifests
+from toolcall.builder.memory_plan import MIB, plan_memory
+from toolcall.common.errors import EngineError
+from toolcall.runtime.bundle.contract import Contract
+from toolcall.runtime.bundle.files import read_contract
+from toolcall.runtime.bundle.machine import MachineFacts, check_target
 
 NODES = json.loads((Path(__file__).parent / "fixtures" / "gfd_nodes.json").read_text())["nodes"]
 PRECISIONS = ("fp8_e4m3", "nvfp4", "bf16")
@@ -237,7 +237,7 @@ def test_every_product_label_is_a_valid_label_value_and_unique():
 
 def test_products_follow_the_targets_table(base_contract):
     """Every GPU target's names reach a known product of its compute capability (else: unplaceable)."""
-    from kernels.targets import TARGETS as KERNEL_TARGETS
+    from toolcall.kernels.targets import TARGETS as KERNEL_TARGETS
 
     for name, t in KERNEL_TARGETS.items():
         if t.is_gpu:
@@ -272,8 +272,8 @@ def test_empty_term_matches_nothing():
 def h200_bundle(tmp_path_factory, tiny_checkpoint):
     """A real tiny-model h200 nvfp4 bundle, kernels compiled by NVRTC (cached per process, shared
     with tests/test_provisioner.py's bundles in one session)."""
-    from builder.compile import compile_bundle
-    from runtime.contract import BuildOptions
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.bundle.contract import BuildOptions
 
     options = BuildOptions(precision="nvfp4", target="h200", max_sequences=8, max_input_tokens=128,
                            max_output_tokens=None, page_size=32, max_tokens_per_step=128, prefill_chunk=64,
@@ -289,7 +289,7 @@ def test_built_gpu_bundle_end_to_end(h200_bundle):
     import yaml
     from click.testing import CliRunner
 
-    from builder.cli import main
+    from toolcall.builder.cli import main
 
     result = CliRunner().invoke(main, ["manifest", str(h200_bundle), "--kubernetes", "--image", "r/e:cuda",
                                        "--bundle-pvc", "bundles"], catch_exceptions=False)

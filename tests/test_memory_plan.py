@@ -5,15 +5,24 @@ import dataclasses
 
 import pytest
 
-from builder import memory_plan
-from builder.memory_plan import format_size
-from builder.memory_plan import (CONTEXT_RESERVE_BYTES_GPU, GRAPHS_BYTES_GPU, kv_bytes_per_token, parse_size,
-                                 plan_memory, prefix_pages, size_pool_for_budget, weights_bytes,
-                                 workspace_breakdown)
-from builder.tiers import LONG_SEQUENCES, START_STEP_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows
-from runtime.contract import Limits
-from common.errors import BuildError
-from runtime.model_config import ModelConfig
+from toolcall.builder.memory_plan import (
+    CONTEXT_RESERVE_BYTES_GPU,
+    GRAPHS_BYTES_GPU,
+    format_size,
+    kv_bytes_per_token,
+    parse_size,
+    plan_memory,
+    prefix_pages,
+    size_pool_for_budget,
+    weights_bytes,
+    workspace_breakdown,
+)
+from toolcall.builder.tiers import LONG_SEQUENCES, START_STEP_TOKENS, TIER_COLUMNS, plan_tiers, tier_rows
+from toolcall.common.errors import BuildError
+from toolcall.common.formats import FP8_E4M3, WEIGHT_FORMATS
+from toolcall.runtime.bundle import layout
+from toolcall.runtime.bundle.contract import Limits
+from toolcall.runtime.bundle.model_config import ModelConfig
 
 TINY = ModelConfig(family="qwen3", vocab_size=100, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None,
@@ -34,11 +43,11 @@ STUB_WEIGHTS = 6452
 @pytest.fixture
 def stub_weights(monkeypatch):
     """Weights independent of the quantizer: the numbers under test here are the other terms."""
-    monkeypatch.setattr(memory_plan, "output_specs", lambda config, precision: STUB_SPECS)
+    monkeypatch.setattr(layout, "weight_specs", lambda config, fmt: STUB_SPECS)
 
 
 def test_weights_are_the_sum_of_spec_bytes(stub_weights):
-    assert weights_bytes(TINY, "fp8_e4m3") == STUB_WEIGHTS
+    assert weights_bytes(TINY, FP8_E4M3) == STUB_WEIGHTS
 
 
 # Qwen3-0.6B per layer: linear elements 2*2048*1024 (q, o) + 2*1024*1024 (k, v) + 3*3072*1024 (mlp) = 15,728,640,
@@ -49,7 +58,7 @@ def test_weights_are_the_sum_of_spec_bytes(stub_weights):
     ("bf16", 28 * 15_728_640 * 2 + 311_164_928 + 131_072),
 ])
 def test_qwen3_weights_bytes(precision, expected):
-    assert weights_bytes(QWEN3_06B, precision) == expected
+    assert weights_bytes(QWEN3_06B, WEIGHT_FORMATS.get(precision)) == expected
 
 
 def test_kv_bytes_per_token():
@@ -143,7 +152,7 @@ def test_parse_size_rejects(bad):
 
 @pytest.fixture
 def stub_400mb(monkeypatch):
-    monkeypatch.setattr(memory_plan, "output_specs", lambda config, precision: [("w", "U8", (400_000_000,))])
+    monkeypatch.setattr(layout, "weight_specs", lambda config, fmt: [("w", "U8", (400_000_000,))])
 
 
 def test_tiers_double_until_memory_runs_out(stub_400mb):

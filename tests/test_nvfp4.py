@@ -10,10 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from builder.nvfp4 import e2m1_codes_reference, pack_e2m1, quantize_nvfp4
-from runtime.cpu.dequant import E2M1_VALUES, dequantize_nvfp4
-from common.errors import QuantizeError
-from runtime.tensor_file import SafetensorsFile, write_tensors
+from toolcall.common.errors import QuantizeError
+from toolcall.common.nvfp4 import E2M1_VALUES, dequantize_nvfp4, e2m1_codes_reference, pack_e2m1, quantize_nvfp4
+from toolcall.runtime.bundle.tensor_file import SafetensorsFile, write_tensors
 
 
 def float32_patterns() -> np.ndarray:
@@ -109,7 +108,7 @@ def test_all_zero_tensor():
 
 
 def modelopt_order_torch(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """DESIGN.md's NVFP4 steps in torch ops, in ModelOpt's order (an implementation independent of ours)."""
+    """docs/bundle-format.md's NVFP4 steps ("Weight formats") in torch ops, in ModelOpt's order (an implementation independent of ours)."""
     t = torch.from_numpy(w)
     rows, cols = t.shape
     global_scale = t.abs().amax().float() / (6.0 * 448.0)
@@ -168,7 +167,7 @@ def test_dequantize_is_code_value_times_block_times_global():
     w = np.random.default_rng(7).standard_normal((6, 64)).astype(np.float32)
     packed, scale, global_scale = quantize_nvfp4(w)
     block = np.repeat(scale.astype(np.float32), 16, axis=1)                  # (6, 64)
-    expected = (E2M1_VALUES[unpack(packed)] * block) * global_scale          # DESIGN's order, as the kernel
+    expected = (E2M1_VALUES[unpack(packed)] * block) * global_scale          # the format's order, as the kernel
     assert np.array_equal(dequantize_nvfp4(packed, scale, global_scale), expected)
     # the other association rounds twice and differs in the last bit somewhere here
     assert not np.array_equal(E2M1_VALUES[unpack(packed)] * (block * global_scale), expected)

@@ -8,17 +8,16 @@ import pytest
 from click.testing import CliRunner
 from tokenizers import Tokenizer
 
-from builder.catalog import load_catalog
-from builder.checkpoint import open_checkpoint
-from builder.trie import build_grammar
-from common.errors import RequestError
-from runtime.contract import Limits, compute_bundle_id
-from runtime.cpu.kv_pool import PagedKVPool
-from runtime.engine import cpu_generator
-from runtime.generator import Request, Result
-from runtime.page_allocator import PageAllocator
-from runtime.prefix_cache import prefill_prefix
-from runtime.prompt import PromptEncoder
+from toolcall.builder.catalog import load_catalog
+from toolcall.builder.checkpoint import open_checkpoint
+from toolcall.builder.trie import build_grammar
+from toolcall.common.errors import RequestError
+from toolcall.runtime.batching.batcher import Request, Result
+from toolcall.runtime.batching.pages import PageAllocator
+from toolcall.runtime.batching.prefix_cache import prefill_prefix
+from toolcall.runtime.batching.prompt import PromptEncoder
+from toolcall.runtime.bundle.contract import Limits, compute_bundle_id
+from toolcall.runtime.cpu.backend import cpu_batcher
 
 CATALOG = {"tools": json.load(open("builder/data/tools-64.json"))["tools"][:6],
            "prompt_template": "<|im_start|>system\nName the tools for the request.\nTools:\n{tools}<|im_end|>\n"
@@ -44,7 +43,7 @@ def make(parts, sharing: bool, max_sequences=4, num_pages=None):
                     prefill_chunk=48, max_input_tokens=320, max_output_tokens=grammar.max_answer_tokens)
     pinned = -(-len(enc.prefix_ids) // PAGE)
     pages = num_pages if num_pages is not None else max_sequences * limits.pages_per_sequence + pinned
-    gen = cpu_generator(cfg, weights, grammar, Limits(**{**limits.__dict__, "num_pages": pages}))
+    gen = cpu_batcher(cfg, weights, grammar, Limits(**{**limits.__dict__, "num_pages": pages}))
     if sharing:
         gen.kv.enable_prefix_cache("test-bundle")
         prefill_prefix(gen.model, gen.kv, enc.prefix_ids, limits.prefill_chunk)
@@ -168,7 +167,7 @@ def test_the_lru_heap_stays_bounded_by_the_idle_pages_over_many_requests():
 
 
 def _hashes(pool, prompt):
-    from runtime.prefix_cache import chain_hashes
+    from toolcall.runtime.batching.prefix_cache import chain_hashes
     return chain_hashes(pool.cache.salt, prompt, pool.page_size, len(prompt) // pool.page_size)
 
 
@@ -182,10 +181,10 @@ def test_a_full_pool_evicts_idle_pages_and_answers_stay_the_same(parts, unshared
 
 
 def test_engine_run_json_and_no_prefix_cache(tmp_path, tiny_checkpoint):
-    from builder.compile import compile_bundle
-    from runtime.cli import main
-    from runtime.contract import BuildOptions
-    from runtime.engine import Engine
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.bundle.contract import BuildOptions
+    from toolcall.runtime.cli import main
+    from toolcall.runtime.engine import Engine
 
     catalog = tmp_path / "catalog.json"
     catalog.write_text(json.dumps(CATALOG))

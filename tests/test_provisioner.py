@@ -22,8 +22,8 @@ GB = 10**9
 @pytest.fixture(scope="session")
 def h200_bundles(tmp_path_factory, tiny_checkpoint) -> dict[str, Path]:
     """precision -> folder of a tiny-model h200 bundle with compiled kernels."""
-    from builder.compile import compile_bundle
-    from runtime.contract import BuildOptions
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.bundle.contract import BuildOptions
 
     root = tmp_path_factory.mktemp("h200-bundles")
     out = {}
@@ -111,7 +111,7 @@ def test_provisioner_places_by_contract(h200_bundles, name, cc, driver, free, pl
 
 @pytest.mark.parametrize("precision", ["fp8_e4m3", "nvfp4"])
 def test_builder_verifies_the_bundles_it_hands_to_provisioners(h200_bundles, precision):
-    from builder.cli import main as builder_cli
+    from toolcall.builder.cli import main as builder_cli
 
     result = CliRunner().invoke(builder_cli, ["verify", str(h200_bundles[precision]), "--json"])
     assert result.exit_code == 0, result.output

@@ -10,12 +10,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from builder.checkpoint import open_checkpoint
-from builder.quantize import PRECISIONS, is_quantized, output_specs, quantize_checkpoint, quantize_tensor
-from runtime.cpu.dequant import dequantize_fp8, dequantize_nvfp4, load_dequantized
-from common.errors import CheckpointError, QuantizeError, Refusal
-from runtime.model_config import ModelConfig
-from runtime.tensor_file import SafetensorsFile, write_tensors
+from toolcall.builder.checkpoint import open_checkpoint
+from toolcall.builder.quantize import is_quantized, output_specs, quantize_checkpoint, quantize_tensor
+from toolcall.common.errors import CheckpointError, QuantizeError, Refusal
+from toolcall.common.formats import BF16, FP8_E4M3, NVFP4, WEIGHT_FORMATS
+from toolcall.common.fp8 import dequantize_fp8
+from toolcall.common.nvfp4 import dequantize_nvfp4
+from toolcall.runtime.bundle.model_config import ModelConfig
+from toolcall.runtime.bundle.tensor_file import SafetensorsFile, write_tensors
+from toolcall.runtime.cpu.dequant import load_dequantized
 
 CONFIG = ModelConfig(family="qwen3", vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2,
                      num_heads=2, num_kv_heads=1, head_dim=32, rms_norm_eps=1e-6, rope_theta=1e4,
@@ -24,7 +27,7 @@ CONFIG = ModelConfig(family="qwen3", vocab_size=96, hidden_size=64, intermediate
 
 
 class DictSource:
-    """Stand-in for builder.checkpoint.Checkpoint: read_f32 only, optionally slow, counting reads in flight."""
+    """Stand-in for toolcall.builder.checkpoint.Checkpoint: read_f32 only, optionally slow, counting reads in flight."""
 
     def __init__(self, tensors: dict[str, np.ndarray], delay: float = 0.0):
         self.tensors, self.delay = tensors, delay
@@ -69,9 +72,9 @@ def whole_model_file(path, tensors: dict[str, np.ndarray], precision: str) -> by
     ("model.mlp.down_proj.weight", False),  # outside model.layers.*
 ])
 def test_is_quantized(name, expected):
-    assert is_quantized(name, "fp8_e4m3") is expected
-    assert is_quantized(name, "nvfp4") is expected
-    assert is_quantized(name, "bf16") is False
+    assert is_quantized(name, FP8_E4M3) is expected
+    assert is_quantized(name, NVFP4) is expected
+    assert is_quantized(name, BF16) is False
 
 
 def test_output_specs_layout():
@@ -87,8 +90,8 @@ def test_output_specs_layout():
     linear = 7 * CONFIG.num_layers
     assert len(fp8) == len(bf16) + linear and len(nvfp4) == len(bf16) + 2 * linear
     for specs in (fp8, nvfp4):
-        high = [(n, d) for n, d, _ in specs if not is_quantized(n, "nvfp4") and not n.endswith(("_scale", "_scale_2"))]
-        assert high == [(n, "BF16") for n in CONFIG.tensor_shapes() if not is_quantized(n, "nvfp4")]
+        high = [(n, d) for n, d, _ in specs if not is_quantized(n, NVFP4) and not n.endswith(("_scale", "_scale_2"))]
+        assert high == [(n, "BF16") for n in CONFIG.tensor_shapes() if not is_quantized(n, NVFP4)]
 
 
 def test_output_specs_rejects_unknown_precision_and_nvfp4_misfit():
@@ -101,7 +104,7 @@ def test_output_specs_rejects_unknown_precision_and_nvfp4_misfit():
     assert len(output_specs(odd, "fp8_e4m3")) > 0
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", WEIGHT_FORMATS.bundle_names)
 def test_streamed_file_equals_whole_model_result_for_any_worker_count(tmp_path, precision):
     tensors = random_tensors(CONFIG)
     expected = whole_model_file(tmp_path / "whole.safetensors", tensors, precision)
@@ -113,31 +116,35 @@ def test_streamed_file_equals_whole_model_result_for_any_worker_count(tmp_path, 
         assert [(i.name, i.dtype, i.shape) for i in f.tensors.values()] == output_specs(CONFIG, precision)
 
 
-@pytest.mark.parametrize("precision", ["fp8_e4m3", "nvfp4"])
-def test_load_dequantized_round_trip_and_report_errors(tmp_path, precision):
+# per quantized format: its dequantizer on the quantizer's tensors {name: array}, and the bounds of the
+# relative RMS error of random normal weights
+DEQUANTIZED = {
+    FP8_E4M3: (lambda q, n: dequantize_fp8(q[n], q[n + "_scale"]), (0.02, 0.032)),
+    NVFP4: (lambda q, n: dequantize_nvfp4(q[n], q[n + "_scale"], q[n + "_scale_2"]), (0.08, 0.11)),
+}
+
+
+@pytest.mark.parametrize("fmt", list(DEQUANTIZED), ids=lambda f: f.name)
+def test_load_dequantized_round_trip_and_report_errors(tmp_path, fmt):
     tensors = random_tensors(CONFIG, seed=1)
-    report = quantize_checkpoint(DictSource(tensors), CONFIG, precision, tmp_path / "w.safetensors")
+    report = quantize_checkpoint(DictSource(tensors), CONFIG, fmt.name, tmp_path / "w.safetensors")
     with SafetensorsFile(tmp_path / "w.safetensors") as f:
         loaded = load_dequantized(f)
     assert list(loaded) == list(CONFIG.tensor_shapes())
     by_name = {t.name: t for t in report.tensors}
     for name, w in tensors.items():
         assert loaded[name].dtype == np.float32 and loaded[name].shape == w.shape
-        if not is_quantized(name, precision):
+        if not is_quantized(name, fmt):
             assert np.array_equal(loaded[name], w.astype(ml_dtypes.bfloat16).astype(np.float32))
-            assert by_name[name].rel_rms is None and by_name[name].stored_as == "bf16"
+            assert by_name[name].rel_rms is None and by_name[name].stored_as == BF16.name
             continue
-        q = quantize_tensor(name, w, precision)
-        if precision == "fp8_e4m3":
-            expected = dequantize_fp8(q[name], q[name + "_scale"])
-        else:
-            expected = dequantize_nvfp4(q[name], q[name + "_scale"], q[name + "_scale_2"])
-        assert np.array_equal(loaded[name], expected)
+        q = quantize_tensor(name, w, fmt.name)
+        dequantize, (low, high) = DEQUANTIZED[fmt]
+        assert np.array_equal(loaded[name], dequantize(q, name))
         err = loaded[name].astype(np.float64) - w
         assert by_name[name].rel_rms == pytest.approx(np.linalg.norm(err) / np.linalg.norm(w), rel=1e-5)
         assert by_name[name].max_abs_error == pytest.approx(np.abs(err).max(), rel=1e-6)
-        assert (0.02 < by_name[name].rel_rms < 0.032) if precision == "fp8_e4m3" else \
-            (0.08 < by_name[name].rel_rms < 0.11)
+        assert low < by_name[name].rel_rms < high
 
 
 def test_report_is_deterministic_apart_from_timings(tmp_path):
@@ -190,7 +197,7 @@ def test_source_shape_mismatch_is_a_checkpoint_error(tmp_path):
     assert err.value.code == "tensor_invalid" and err.value.details["found"] == [96, 32]
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", WEIGHT_FORMATS.bundle_names)
 def test_checkpoint_source_equals_float32_source(tmp_path, tiny_checkpoint, precision):
     # Checkpoint has read(): high-precision tensors are converted from the stored bf16 view
     ckpt = open_checkpoint(tiny_checkpoint)
@@ -233,7 +240,7 @@ class _File:
 def _writes_through(monkeypatch, write):
     import builtins
 
-    import runtime.tensor_file as tf
+    import toolcall.runtime.bundle.tensor_file as tf
     monkeypatch.setattr(tf, "open", lambda path, mode="r", **kw: _File(path, write) if mode == "wb"
                         else builtins.open(path, mode, **kw), raising=False)
 

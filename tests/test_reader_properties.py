@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.errors import EngineError
-from runtime.bundle import GRAMMAR_FILE, read_contract
-from runtime.contract import CONTRACT_FILE, Contract
-from runtime.grammar import Grammar
-from runtime.tensor_file import DTYPES, SafetensorsFile
+from toolcall.common.errors import EngineError
+from toolcall.runtime.bundle.contract import CONTRACT_FILE, Contract
+from toolcall.runtime.bundle.files import GRAMMAR_FILE, read_contract
+from toolcall.runtime.bundle.tensor_file import DTYPES, SafetensorsFile
+from toolcall.runtime.grammar.trie import Grammar
 
 # Each test stays well under 10 s on the CI's 2 cores: examples are capped, and so is each one.
 BOUNDED = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow],

@@ -6,9 +6,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from builder.cli import main as builder_cli
-from runtime import progress
-from runtime.cli import ECHO_CHARS, main as runtime_cli
+from toolcall.builder.cli import main as builder_cli
+from toolcall.runtime import console
+from toolcall.runtime.cli import ECHO_CHARS
+from toolcall.runtime.cli import main as runtime_cli
 
 
 def run(*args, stdin=None):
@@ -62,15 +63,15 @@ def test_a_refused_long_request_is_not_echoed_in_full(tiny_bundle):
 
 
 def test_progress_only_on_a_terminal(tiny_bundle, capsys, monkeypatch):
-    from runtime.engine import Engine
+    from toolcall.runtime.engine import Engine
 
-    progress.enable(False)
+    console.enable(False)
     Engine.load(tiny_bundle)
     assert capsys.readouterr().err == ""  # piped (or --json): nothing
-    progress.enable(True)
+    console.enable(True)
     try:
         Engine.load(tiny_bundle)
     finally:
-        progress.enable(False)
+        console.enable(False)
     err = capsys.readouterr().err
     assert "loading weights ... done" in err and "canary ... done" in err

@@ -1,4 +1,4 @@
-"""`runtime load`: each refusal, in DESIGN order, on a real bundle made wrong in exactly one way."""
+"""`runtime load`: each refusal, in load order (docs/bundle-format.md, "Load order"), on a real bundle made wrong in exactly one way."""
 from __future__ import annotations
 
 import gc
@@ -8,14 +8,14 @@ import tracemalloc
 
 import pytest
 from click.testing import CliRunner
-
 from contract_edits import retarget_h200
-from runtime.bundle import WEIGHTS_FILE
-from runtime.cli import main as runtime_cli
-from runtime.contract import CONTRACT_FILE, compute_bundle_id
-from runtime.engine import Engine
-from common.errors import EXIT_CODES, Refusal
-from runtime.machine import MachineFacts
+
+from toolcall.common.errors import EXIT_CODES, Refusal
+from toolcall.runtime.bundle.contract import CONTRACT_FILE, compute_bundle_id
+from toolcall.runtime.bundle.files import WEIGHTS_FILE
+from toolcall.runtime.bundle.machine import MachineFacts
+from toolcall.runtime.cli import main as runtime_cli
+from toolcall.runtime.engine import Engine
 
 ROOMY_CPU = MachineFacts(free_bytes=1 << 40)
 

@@ -2,8 +2,9 @@
 requests still all get their solo answers once slots free up."""
 from __future__ import annotations
 
-from runtime.generator import Request
 from test_generator import alone, make, parts  # noqa: F401  (module fixtures and generator factory)
+
+from toolcall.runtime.batching.batcher import Request
 
 
 def test_a_full_pool_admits_nobody_without_trying_each_waiting_request(parts, alone):

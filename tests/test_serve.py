@@ -8,18 +8,20 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fastapi")
 import uvicorn  # noqa: E402
 
-from runtime.engine import Engine  # noqa: E402
-from runtime.serve.app import create_app  # noqa: E402
-from runtime.serve.state import ServeConfig, ServeState  # noqa: E402
+from toolcall.runtime.engine import Engine  # noqa: E402
+from toolcall.runtime.serve.app import create_app  # noqa: E402
+from toolcall.runtime.serve.state import ServeConfig, ServeState  # noqa: E402
 
 TEXTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send an email to Bob",
          "Convert 20 euros to yen", "Remind me to call Alice on Friday", "Find a hotel in Rome"]
@@ -112,6 +114,8 @@ def paced(engine, delay=0.0):
 
 
 def serve(engine, **config) -> LiveServer:
+    if isinstance(engine.generator, Paced):  # the stand-in steps as given: not split into lanes
+        config.setdefault("lanes", 1)
     return LiveServer(ServeState(lambda: engine, ServeConfig(**config)))
 
 
@@ -251,7 +255,7 @@ def test_a_full_queue_is_429_with_retry_after(engine, solo):
     with serve(e, max_waiting_requests=2) as srv, ThreadPoolExecutor(2) as pool:
         try:
             held = [pool.submit(srv.call, "POST", "/v1/discover", {"request": t}) for t in TEXTS[:2]]
-            wait_for(lambda: srv.state.loop.in_flight == 2, what="two queued requests")
+            wait_for(lambda: srv.state.engine_thread.in_flight == 2, what="two queued requests")
             status, headers, body = srv.call("POST", "/v1/discover", {"request": TEXTS[2]})
             assert_error(status, body, 429, "queue_full")
             assert int(headers["Retry-After"]) >= 1 and body["error"]["details"]["max_waiting"] == 2
@@ -271,10 +275,10 @@ def test_a_client_that_disconnects_is_aborted_and_its_pages_freed(engine):
         sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
         sock.sendall(b"POST /v1/discover HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        wait_for(lambda: srv.state.loop.running == 1, what="the request running")
+        wait_for(lambda: srv.state.engine_thread.running == 1, what="the request running")
         assert kv.pages_in_use > 0
         sock.close()
-        wait_for(lambda: srv.state.loop.in_flight == 0 and kv.pages_in_use == 0, what="pages freed")
+        wait_for(lambda: srv.state.engine_thread.in_flight == 0 and kv.pages_in_use == 0, what="pages freed")
         metrics = srv.call("GET", "/metrics")[2]
         assert 'reason="request_aborted"} 1.0' in metrics and "request_success_total{" not in metrics
 
@@ -299,7 +303,7 @@ def test_health_is_503_while_loading_and_while_draining(engine):
         release.wait(20)
         return paced(engine)
 
-    srv = LiveServer(ServeState(slow_load), wait_ready=False)
+    srv = LiveServer(ServeState(slow_load, ServeConfig(lanes=1)), wait_ready=False)  # the paced stand-in as given
     try:
         for path in ("/health", "/health/ready"):
             status, headers, body = srv.call("GET", path)
@@ -313,7 +317,7 @@ def test_health_is_503_while_loading_and_while_draining(engine):
         gen.gate.clear()
         with ThreadPoolExecutor(1) as pool:
             admitted = pool.submit(srv.call, "POST", "/v1/discover", {"request": TEXTS[0]})
-            wait_for(lambda: srv.state.loop.in_flight == 1, what="an admitted request")
+            wait_for(lambda: srv.state.engine_thread.in_flight == 1, what="an admitted request")
             srv.state.begin_drain()
             status, _, body = srv.call("GET", "/health")
             assert_error(status, body, 503, "draining") and body["error"]["details"]["phase"] == "draining"
@@ -328,8 +332,9 @@ def test_health_is_503_while_loading_and_while_draining(engine):
 
 
 def test_the_noop_engine_answers_through_the_same_loop(tiny_bundle):
-    """bench/serve_burst.py's ceiling: `runtime serve --noop-engine` answers every request, empty."""
-    from runtime.serve.noop import load_noop
+    """bench/serve_burst.py's ceiling: the server with bench/noop_engine.py's engine answers every request, empty."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from noop_engine import load_noop
     with serve(load_noop(tiny_bundle)) as srv:
         for text in TEXTS[:3]:
             status, _, body = srv.call("POST", "/v1/discover", {"request": text})
@@ -339,12 +344,13 @@ def test_the_noop_engine_answers_through_the_same_loop(tiny_bundle):
 def test_a_bound_server_freezes_the_loaded_objects_and_steps_in_lanes(tiny_bundle):
     """Full collections hold the GIL while they walk every tracked object (the engine thread stands still):
     what is alive once the engine is loaded leaves the collector's view, and full collections are rarer.
-    On 2+ CPUs the fast CPU engine steps in 2 lanes of 1 kernel thread (runtime/lanes.py); with --lanes 1
+    On 2+ CPUs the fast CPU engine steps in 2 lanes of 1 kernel thread (runtime/batching/lanes.py); with --lanes 1
     its kernel threads follow the spare CPU, the event loop's own time left out."""
     import gc
-    from runtime.cpu import available_cpus
-    from runtime.lanes import Lanes
-    from runtime.serve.state import FULL_COLLECTION_AFTER
+
+    from toolcall.runtime.batching.lanes import Lanes
+    from toolcall.runtime.bundle.machine import available_cpus
+    from toolcall.runtime.serve.state import FULL_COLLECTION_AFTER
 
     threshold = gc.get_threshold()
     engine = Engine.load(tiny_bundle, threads=1)  # as `runtime serve` loads it on 2 CPUs
@@ -352,7 +358,7 @@ def test_a_bound_server_freezes_the_loaded_objects_and_steps_in_lanes(tiny_bundl
     try:
         with serve(engine) as srv:
             assert gc.get_freeze_count() > 0 and gc.get_threshold()[2] == FULL_COLLECTION_AFTER
-            gen = srv.state.loop.generator
+            gen = srv.state.engine_thread.generator
             if available_cpus() > 1:
                 assert isinstance(gen, Lanes) and len(gen.lanes) == 2 and srv.state.kernel_threads is None
                 assert all(lane.model.threads == available_cpus() // 2 for lane in gen.lanes)

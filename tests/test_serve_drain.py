@@ -43,10 +43,10 @@ def metric(port, name) -> float:
 
 
 def test_sigterm_finishes_every_admitted_request_then_exits_0(tiny_bundle):
-    from runtime.engine import Engine
+    from toolcall.runtime.engine import Engine
 
     solo = {t: r.token_ids for t, r in zip(TEXTS, Engine.load(tiny_bundle).run(TEXTS))}
-    proc = subprocess.Popen([sys.executable, "-c", "from runtime.cli import main; main()", "serve", str(tiny_bundle),
+    proc = subprocess.Popen([sys.executable, "-c", "from toolcall.runtime.cli import main; main()", "serve", str(tiny_bundle),
                              "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -86,9 +86,9 @@ def test_sigterm_finishes_every_admitted_request_then_exits_0(tiny_bundle):
 
 
 def test_a_bundle_that_fails_to_load_ends_serve_with_its_refusal_code(tmp_path):
-    from common.errors import EXIT_CODES
+    from toolcall.common.errors import EXIT_CODES
 
-    out = subprocess.run([sys.executable, "-c", "from runtime.cli import main; main()", "serve", str(tmp_path / "none"),
+    out = subprocess.run([sys.executable, "-c", "from toolcall.runtime.cli import main; main()", "serve", str(tmp_path / "none"),
                           "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == EXIT_CODES["missing_contract"], out.stderr
     assert "[missing_contract]" in out.stderr and "Traceback" not in out.stderr and not out.stdout

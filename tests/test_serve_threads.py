@@ -12,8 +12,8 @@ numba = pytest.importorskip("numba")
 
 def test_serve_default_leaves_one_core_for_the_http_loop():
     pytest.importorskip("fastapi")
-    from runtime.cpu import available_cpus
-    from runtime.serve.server import serve_threads
+    from toolcall.runtime.bundle.machine import available_cpus
+    from toolcall.runtime.serve.server import serve_threads
 
     assert serve_threads(None) == max(1, available_cpus() - 1)
     assert serve_threads(3) == 3
@@ -32,7 +32,7 @@ AFFINITY = len(os.sched_getaffinity(0))
     ({"cpu.max": "garbage"}, AFFINITY),
 ])
 def test_available_cpus_reads_the_container_limit(tmp_path, files, cpus):
-    from runtime.cpu import available_cpus
+    from toolcall.runtime.bundle.machine import available_cpus
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -43,7 +43,7 @@ def test_available_cpus_reads_the_container_limit(tmp_path, files, cpus):
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="numba has one thread on this machine: "
                     "no other count to set")
 def test_the_fast_model_runs_with_its_own_thread_count_on_another_thread(tiny_bundle):
-    from runtime.engine import Engine
+    from toolcall.runtime.engine import Engine
 
     engine = Engine.load(tiny_bundle, threads=1)  # loaded on this thread, stepped on another (as `serve` does)
     seen = {}
@@ -73,7 +73,7 @@ def fake_proc(root, idle_ticks: dict[int, int], task_ticks: dict[int, int], nice
 
 
 def test_kernel_threads_follow_the_spare_cpu_and_ignore_the_loop_and_engine_threads(tmp_path):
-    from runtime.serve.kernel_threads import KernelThreads
+    from toolcall.runtime.serve.kernel_threads import KernelThreads
 
     hz = os.sysconf("SC_CLK_TCK")
     now = [0.0]
@@ -98,14 +98,17 @@ def test_kernel_threads_follow_the_spare_cpu_and_ignore_the_loop_and_engine_thre
 
 
 def test_kernel_threads_stay_fixed_under_a_cpu_quota_or_without_a_fast_model(tmp_path):
-    from runtime.serve.kernel_threads import adaptive_kernel_threads
+    from toolcall.runtime.serve.kernel_threads import adaptive_kernel_threads
 
     class Model:
-        threads = 1
+        threads, max_threads = 1, 64
+
+    class Device:  # a backend without host kernel threads (CUDA, the numpy reference)
+        threads = max_threads = None
 
     (tmp_path / "cpu.max").write_text("100000 100000\n")  # 1 CPU
     assert adaptive_kernel_threads(Model(), 1, cgroup_root=tmp_path) is None
-    assert adaptive_kernel_threads(object(), 1, cgroup_root=tmp_path / "none") is None
+    assert adaptive_kernel_threads(Device(), 1, cgroup_root=tmp_path / "none") is None
     if AFFINITY > 1:
         kt = adaptive_kernel_threads(Model(), 1, cgroup_root=tmp_path / "none")
         assert kt is not None and (kt.base, kt.most) == (1, AFFINITY)

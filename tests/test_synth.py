@@ -6,10 +6,11 @@ import hashlib
 import numpy as np
 import pytest
 
-from builder.checkpoint import open_checkpoint
-from builder.synth import SynthOptions, synth_checkpoint
-from runtime.cpu.model import CpuModel
-from runtime.cpu.kv_pool import PagedKVPool
+from toolcall.builder.checkpoint import open_checkpoint
+from toolcall.builder.synth import SynthOptions, synth_checkpoint
+from toolcall.common.formats import KV_FP32
+from toolcall.runtime.cpu.kv_pool import PagedKVPool
+from toolcall.runtime.cpu.model import CpuModel
 
 
 def folder_digest(folder) -> dict[str, str]:
@@ -38,7 +39,7 @@ def test_sharded_checkpoint_reads_like_single_file(tmp_path, tiny_checkpoint):
 def residual_rms(folder, prompt_len: int = 32) -> tuple[list[float], np.ndarray]:
     ckpt = open_checkpoint(folder)
     model = CpuModel(ckpt.config, ckpt.weights_f32())
-    pool = PagedKVPool(ckpt.config, 2, 32, 1, 64, "fp32")
+    pool = PagedKVPool(ckpt.config, 2, 32, 1, 64, KV_FP32)
     slot = pool.admit(prompt_len)
     trace: list[float] = []
     tokens = np.random.default_rng(0).integers(3, 3000, prompt_len)

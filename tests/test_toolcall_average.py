@@ -1,4 +1,4 @@
-"""models.toolcall.average: the uniform weight average of same-shaped Hugging Face folders."""
+"""toolcall.models.recipe.average: the uniform weight average of same-shaped Hugging Face folders."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from models.toolcall.average import MismatchError, average_tensors, main, write_average  # noqa: E402
+from toolcall.models.recipe.average import MismatchError, average_tensors, main, write_average  # noqa: E402
 
 CONFIG = {"model_type": "qwen3", "hidden_size": 4}
 

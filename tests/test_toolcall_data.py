@@ -3,12 +3,21 @@ from __future__ import annotations
 
 import pytest
 
-from builder.catalog import load_catalog
-from models.toolcall.data import (CONNECTORS, LEXICON_ID, PARAPHRASE_ID, SPLITS, TEMPLATES, make_split, near_held_out,
-                                   template_splits, template_table)
-from models.toolcall.lexicon import LEXICON
-from models.toolcall.paraphrases import PARAPHRASES
-from models.toolcall.templates import SLOTS
+from toolcall.builder.catalog import load_catalog
+from toolcall.models.recipe.data import (
+    CONNECTORS,
+    LEXICON_ID,
+    PARAPHRASE_ID,
+    SPLITS,
+    TEMPLATES,
+    make_split,
+    near_held_out,
+    template_splits,
+    template_table,
+)
+from toolcall.models.recipe.lexicon import LEXICON
+from toolcall.models.recipe.paraphrases import PARAPHRASES
+from toolcall.models.recipe.templates import SLOTS
 
 CATALOG = "builder/data/tools-64.json"
 SIZE = 400  # examples per split checked: every tool appears, and the test stays well under a second

@@ -1,12 +1,18 @@
-"""Session i19f's multi-intent development set (models/toolcall/devset_multi.tsv): a valid set of 2-4-tool
+"""The multi-intent development set (models/recipe/devset_multi.tsv): a valid set of 2-4-tool
 requests over the catalog, apart from the hand-written test set and the first dev set, and held out of
 training like them (handwritten.without_evaluation_requests)."""
 from __future__ import annotations
 
-from builder.catalog import load_catalog
-from models.toolcall.data import Example
-from models.toolcall.handwritten import (DEVSET, DEVSET_MULTI, HANDWRITTEN, load_handwritten, normalized,
-                                         without_evaluation_requests)
+from toolcall.builder.catalog import load_catalog
+from toolcall.models.recipe.data import Example
+from toolcall.models.recipe.handwritten import (
+    DEVSET,
+    DEVSET_MULTI,
+    HANDWRITTEN,
+    load_handwritten,
+    normalized,
+    without_evaluation_requests,
+)
 
 CATALOG = "builder/data/tools-64.json"
 

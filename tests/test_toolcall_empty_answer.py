@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from builder.catalog import load_catalog
-from builder.trie import build_grammar
-from common.errors import RequestError
-from runtime.grammar import EDGE_EMPTY_END, ROOT
-from runtime.grammar_stepper import GrammarStepper, decode_tools
+from toolcall.builder.catalog import load_catalog
+from toolcall.builder.trie import build_grammar
+from toolcall.common.errors import RequestError
+from toolcall.runtime.grammar.stepper import GrammarStepper, decode_tools
+from toolcall.runtime.grammar.trie import EDGE_EMPTY_END, ROOT
 
 CATALOG = "builder/data/tools-64.json"
 
@@ -57,7 +57,7 @@ def test_stepper_allows_end_first_only_and_decodes_it_as_no_tool(grammars):
 
 
 def test_kernel_reference_grammar_path_takes_end_at_the_root(grammars):
-    from kernels import reference
+    from toolcall.kernels import reference
 
     g, off = grammars
     words = g.bitset_words

@@ -1,5 +1,5 @@
-"""The committed tool-discovery checkpoint (models/toolcall-qwen3-tiny, model v3: `python3 -m
-models.toolcall.train` with its defaults): it loads in the builder and in transformers, and its CPU bf16
+"""The committed tool-discovery checkpoint (models/toolcall-qwen3-tiny: `python3 -m
+toolcall.models.recipe.train` with its defaults): it loads in the builder and in transformers, and its CPU bf16
 bundle answers a fixed handful of requests (held-out test-split ones, the README's, and requests that
 need no tool, answered empty)."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builder.checkpoint import open_checkpoint
-from models.toolcall.data import make_split
+from toolcall.builder.checkpoint import open_checkpoint
+from toolcall.models.recipe.data import make_split
 
 MODEL = Path(__file__).parents[1] / "models" / "toolcall-qwen3-tiny"
 CATALOG = "builder/data/tools-64.json"
@@ -25,15 +25,15 @@ KNOWN = {
 }
 # Requests outside every split with their answers: the README's, and requests that need no tool.
 FIXED = {README: ["convert_currency", "book_taxi"], "thanks a lot, bye": [], "zzkq vlorp": []}
-# every step of these answers: top-1 minus top-2 allowed logit at least this (the committed model v3's
+# every step of these answers: top-1 minus top-2 allowed logit at least this (the committed model's
 # smallest is 6.4; the README's request 7.5)
 MIN_MARGIN = 2.0
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    from builder.compile import compile_bundle
-    from runtime.contract import BuildOptions
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.bundle.contract import BuildOptions
 
     out = tmp_path_factory.mktemp("toolcall") / "toolcall-bf16-cpu"
     options = BuildOptions(precision="bf16", target="cpu", max_sequences=8, max_input_tokens=128,
@@ -59,16 +59,17 @@ def test_checkpoint_is_a_small_qwen3_the_builder_reads():
 
 
 def test_the_kernels_take_its_shape_for_every_gpu_precision():
-    from kernels.geometry import shape_problems
+    from toolcall.kernels.geometry import MATVEC_FORMATS, shape_problems
 
     cfg = open_checkpoint(MODEL).config
-    for fmt in ("bf16", "fp8", "nvfp4"):
+    assert len(MATVEC_FORMATS) == 3
+    for fmt in MATVEC_FORMATS:
         assert shape_problems(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                               cfg.head_dim, fmt) == []
 
 
 def test_bf16_bundle_answers_a_fixed_handful(bundle):
-    from runtime.engine import Engine
+    from toolcall.runtime.engine import Engine
 
     split = make_split("test", seed=0, size=max(KNOWN, default=0) + 1)
     examples = [split[i] for i in KNOWN]
@@ -85,7 +86,7 @@ def test_bf16_bundle_answers_a_fixed_handful(bundle):
 
 def test_transformers_loads_it_and_agrees_on_the_fixed_requests():
     pytest.importorskip("transformers")
-    from builder.catalog import load_catalog
-    from models.toolcall.eval import transformers_lists
+    from toolcall.builder.catalog import load_catalog
+    from toolcall.models.recipe.eval import transformers_lists
 
     assert transformers_lists(str(MODEL), list(FIXED), load_catalog(CATALOG)) == list(FIXED.values())

@@ -1,14 +1,13 @@
-"""models/toolcall/train.py's data side: the domain tokenizer, answer ids and per-token clause labels."""
+"""models/recipe/train.py's data side: the domain tokenizer, answer ids and per-token clause labels."""
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
 
-from builder.catalog import load_catalog, tokenize_catalog
-from models.toolcall.data import make_split
-
-import models.toolcall.train as tt
+import toolcall.models.recipe.train as tt
+from toolcall.builder.catalog import load_catalog, tokenize_catalog
+from toolcall.models.recipe.data import make_split
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +67,7 @@ def test_keep_last_writes_the_last_steps_averaged_weights(tmp_path):
     from pathlib import Path
 
     out = tmp_path / "model"
-    cmd = [sys.executable, "-m", "models.toolcall.train", "--out", str(out), "--steps", "102", "--train-size", "600",
+    cmd = [sys.executable, "-m", "toolcall.models.recipe.train", "--out", str(out), "--steps", "102", "--train-size", "600",
            "--seed", "0", "--threads", "1", "--layers", "1", "--warmup", "1", "--ema", "0.5", "--save-every", "101",
            "--keep", "last"]
     r = subprocess.run(cmd, cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=600)

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builder.catalog import load_catalog
-from builder.synth_tokenizer import END_OF_TURN, train_tokenizer
-from builder.trie import build_grammar
-from common.errors import Refusal
-from runtime.grammar import EDGE_EMPTY_END, EDGE_END, EDGE_NAME, EDGE_SEP, ROOT, Grammar
+from toolcall.builder.catalog import load_catalog
+from toolcall.builder.synth_tokenizer import END_OF_TURN, train_tokenizer
+from toolcall.builder.trie import build_grammar
+from toolcall.common.errors import Refusal
+from toolcall.runtime.grammar.trie import EDGE_EMPTY_END, EDGE_END, EDGE_NAME, EDGE_SEP, ROOT, Grammar
 
 
 @lru_cache(maxsize=1)
@@ -133,7 +133,7 @@ def test_bitset_width_is_smallest_multiple_of_64(tools, words):
 
 
 def example_grammar() -> Grammar:
-    path = resources.files("builder").joinpath("data/tools-64.json")
+    path = resources.files("toolcall.builder").joinpath("data/tools-64.json")
     return build_grammar(load_catalog(str(path)), tokenizer(), END)
 
 

@@ -17,7 +17,21 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .simd_ir import ACCS, I32, I64, LANES, VF32, _fma, const, decode_bf16, decode_f32, load, splat, store, vec
+from toolcall.runtime.cpu.simd_ir import (
+    ACCS,
+    I32,
+    I64,
+    LANES,
+    VF32,
+    _fma,
+    broadcast,
+    const,
+    load,
+    open_loop,
+    splat,
+    store,
+    vec,
+)
 
 I1 = ir.IntType(1)
 
@@ -90,39 +104,26 @@ def emit_pv(builder: ir.IRBuilder, nblocks: int, p_addr, v_addr, stride, n, o_ad
     """o[16 b + l] = fma(p_j, v_j[16 b + l], o[16 b + l]) for j = 0 .. n-1 in order: p float32 at p_addr,
     v_j the row at v_addr + j * stride, o float32 [16 nblocks] at o_addr (read once, written once)."""
     fma = _fma(builder.module)
-    func = builder.function
-    entry = builder.block
-    header = func.append_basic_block("pv.header")
-    body = func.append_basic_block("pv.body")
-    done = func.append_basic_block("pv.done")
     start = [load(builder, o_addr, const(I64, 4 * LANES * b), VF32) for b in range(nblocks)]
-    builder.branch(header)
-    builder.position_at_end(header)
-    j = builder.phi(I64, "pos")
-    j.add_incoming(const(I64, 0), entry)
+    loop = open_loop(builder, "pv")
+    j = loop.counter
     acc = [builder.phi(VF32, f"o{b}") for b in range(nblocks)]
     for a, s in zip(acc, start):
-        a.add_incoming(s, entry)
-    builder.cbranch(builder.icmp_unsigned("<", j, n), body, done)
-    builder.position_at_end(body)
-    p = load(builder, p_addr, builder.mul(j, const(I64, 4)), ir.FloatType())
-    pv = builder.shuffle_vector(builder.insert_element(ir.Constant(VF32, ir.Undefined), p, const(I32, 0)),
-                                ir.Constant(VF32, ir.Undefined), ir.Constant(vec(I32, LANES), [0] * LANES))
+        a.add_incoming(s, loop.entry)
+    builder.cbranch(builder.icmp_unsigned("<", j, n), loop.body, loop.after)
+    builder.position_at_end(loop.body)
+    pv = broadcast(builder, load(builder, p_addr, builder.mul(j, const(I64, 4)), ir.FloatType()))
     row = builder.add(v_addr, builder.mul(j, stride))
     new = [builder.call(fma, [pv, decode(builder, row, b), a]) for b, a in enumerate(acc)]
-    j.add_incoming(builder.add(j, const(I64, 1)), builder.block)
     for a, v in zip(acc, new):
         a.add_incoming(v, builder.block)
-    builder.branch(header)
-    builder.position_at_end(done)
+    loop.close(builder, builder.add(j, const(I64, 1)))
+    builder.position_at_end(loop.after)
     for b, a in enumerate(acc):
         store(builder, a, o_addr, const(I64, 4 * LANES * b))
 
 
-def decode_row_bf16(builder, row, b):
-    """Block b (an int) of the bf16 row (u16 bits) at byte address ``row``: simd_ir's decoder."""
-    return decode_bf16(row)(builder, const(I64, b), b % 2)
-
-
-def decode_row_f32(builder, row, b):
-    return decode_f32(row)(builder, const(I64, b), b % 2)
+def row_blocks(decoder):
+    """The emitters' ``decode(builder, row, b)``: block b (an int) of the row at byte address ``row``, by
+    ``decoder`` (one of simd_ir's, e.g. ELEMENT_DECODERS[dtype])."""
+    return lambda builder, row, b: decoder(row)(builder, const(I64, b), b % 2)

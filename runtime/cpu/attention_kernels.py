@@ -10,104 +10,55 @@ Rows only read the pool: a row's result does not depend on the step's other rows
 """
 from __future__ import annotations
 
-
 import numpy as np
 from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
+from numba.np.numpy_support import as_dtype
 
-from . import attention_ir as air, simd_ir as ir_
-from .fast_kernels import _bf16, _exp
-from .linear_kernels import LANES, _addr, bf16_1x1, bf16_1x4, f32_1x1, f32_1x4
-
-
-def _axpy(fmt: str):
-    """An intrinsic axpy(p, v_addr, o_addr, nblocks): o[:16 nblocks] += p * v (v bf16 bits or f32 by ``fmt``)."""
-    @intrinsic
-    def axpy(typingctx, p, v, o, nblocks):
-        def codegen(context, builder, signature, args):
-            p, v, o, nb = args
-            decode = ir_.decode_bf16(v) if fmt == "bf16" else ir_.decode_f32(v)
-            ir_.emit_axpy(builder, nb, p, o, decode)
-            return context.get_dummy_value()
-        return types.void(types.float32, types.int64, types.int64, types.int64), codegen
-    return axpy
+from toolcall.runtime.cpu import attention_ir as air
+from toolcall.runtime.cpu import simd_ir as ir_
+from toolcall.runtime.cpu.fast_kernels import _exp
+from toolcall.runtime.cpu.linear_kernels import LANES, _addr, tile_1x1, tile_1x4, to_f32
 
 
-axpy_bf16, axpy_f32 = _axpy("bf16"), _axpy("f32")
+@intrinsic
+def axpy(typingctx, pool, p, v, o, nblocks):
+    """o[:16 nblocks] += p * v (f32 at o; v at address v in the element format of ``pool``'s dtype, read for its
+    type only: u16 bf16 bits or f32)."""
+    decoder = ir_.ELEMENT_DECODERS.get(as_dtype(pool.dtype))
+    if decoder is None:
+        return None
 
-
-def _run(kind: str, fmt: str, nblocks: int):
-    """An intrinsic f(a, rows, stride, n, b) over a run of n <= 16 positions (rows ``stride`` bytes apart):
-    scores: a = q, b = s (air.emit_scores); pv: a = p, b = o (air.emit_pv)."""
-    decode = air.decode_row_bf16 if fmt == "bf16" else air.decode_row_f32
-    emit = air.emit_scores if kind == "scores" else air.emit_pv
-
-    @intrinsic
-    def run(typingctx, a, rows, stride, n, b):
-        def codegen(context, builder, signature, args):
-            emit(builder, nblocks, args[0], args[1], args[2], args[3], args[4], decode)
-            return context.get_dummy_value()
-        return types.void(types.int64, types.int64, types.int64, types.int64, types.int64), codegen
-    return run
+    def codegen(context, builder, signature, args):
+        _, p, v, o, nb = args
+        ir_.emit_axpy(builder, nb, p, o, decoder(v))
+        return context.get_dummy_value()
+    return types.void(pool, types.float32, types.int64, types.int64, types.int64), codegen
 
 
 RUN_BLOCKS = (4, 8)  # head_dim 64 and 128 take the runs' path
-scores_bf16_4, scores_bf16_8 = _run("scores", "bf16", 4), _run("scores", "bf16", 8)
-scores_f32_4, scores_f32_8 = _run("scores", "f32", 4), _run("scores", "f32", 8)
-pv_bf16_4, pv_bf16_8 = _run("pv", "bf16", 4), _run("pv", "bf16", 8)
-pv_f32_4, pv_f32_8 = _run("pv", "f32", 4), _run("pv", "f32", 8)
 
 
-@njit(inline="always")
-def _scores_run(bf16, nb, qa, ka, stride, n, sa):
-    if bf16:
-        if nb == 4:
-            scores_bf16_4(qa, ka, stride, n, sa)
-        else:
-            scores_bf16_8(qa, ka, stride, n, sa)
-    elif nb == 4:
-        scores_f32_4(qa, ka, stride, n, sa)
-    else:
-        scores_f32_8(qa, ka, stride, n, sa)
+def _run(emit):
+    """An intrinsic f(pool, nblocks, a, rows, stride, n, b) over a run of n <= 16 positions (rows ``stride`` bytes
+    apart, in the element format of ``pool``'s dtype, read for its type only), for nblocks in RUN_BLOCKS (a
+    switch; another computes nothing): air.emit_scores (a = q, b = s) or air.emit_pv (a = p, b = o)."""
+    @intrinsic
+    def run(typingctx, pool, nblocks, a, rows, stride, n, b):
+        decoder = ir_.ELEMENT_DECODERS.get(as_dtype(pool.dtype))
+        if decoder is None:
+            return None
+
+        def codegen(context, builder, signature, args):
+            _, nb, a, rows, stride, n, b = args
+            ir_.emit_switch(builder, nb, [(blocks, blocks) for blocks in RUN_BLOCKS],
+                            lambda blocks: emit(builder, blocks, a, rows, stride, n, b, air.row_blocks(decoder)))
+            return context.get_dummy_value()
+        return types.void(pool, *([types.int64] * 6)), codegen
+    return run
 
 
-@njit(inline="always")
-def _pv_run(bf16, nb, pa, va, stride, n, oa):
-    if bf16:
-        if nb == 4:
-            pv_bf16_4(pa, va, stride, n, oa)
-        else:
-            pv_bf16_8(pa, va, stride, n, oa)
-    elif nb == 4:
-        pv_f32_4(pa, va, stride, n, oa)
-    else:
-        pv_f32_8(pa, va, stride, n, oa)
-
-
-def _to_f32(v):
-    """A K/V pool element as float32: bf16 pools are passed as their u16 bits, fp32 pools as is."""
-    raise NotImplementedError  # numba only, see the overload below
-
-
-@overload(_to_f32, inline="always")
-def _to_f32_numba(v):
-    if isinstance(v, types.Integer):
-        return lambda v: _bf16(v)
-    return lambda v: np.float32(v)
-
-
-@njit(inline="always")
-def _qk(bf16, qa, ka, kstride, nb, dst, four):
-    """1 or 4 (``four``) dot products of q (f32 at qa) with K rows at ka, ka + kstride, ... into dst."""
-    if bf16:
-        if four:
-            bf16_1x4(qa, 0, ka, kstride, 0, 0, 0, nb, dst, 0)
-        else:
-            bf16_1x1(qa, 0, ka, kstride, 0, 0, 0, nb, dst, 0)
-    elif four:
-        f32_1x4(qa, 0, ka, kstride, 0, 0, 0, nb, dst, 0)
-    else:
-        f32_1x1(qa, 0, ka, kstride, 0, 0, 0, nb, dst, 0)
+scores_run, pv_run = _run(air.emit_scores), _run(air.emit_pv)
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -121,7 +72,6 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
     group = heads // kv_heads
     assert q.strides[2] == 4 and scores.strides[2] == 4 and out.strides[1] == 4
     assert kpool.strides[3] == kpool.itemsize and vpool.strides[3] == vpool.itemsize and kpool.dtype == vpool.dtype
-    bf16 = kpool.itemsize == 2
     nb = hd // LANES
     runs = runs and hd % LANES == 0 and (nb == 4 or nb == 8)  # RUN_BLOCKS
     row_bytes = np.int64(kpool.strides[1])  # one position to the next within a page
@@ -140,18 +90,21 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
             off = j % page_size
             n = min(air.RUN, page_size - off, length - j)
             ka = ka0 + page * np.int64(kpool.strides[0]) + off * row_bytes + kvh * np.int64(kpool.strides[2])
-            _scores_run(bf16, nb, qa, ka, row_bytes, n, sa + 4 * j)
+            scores_run(kpool, nb, qa, ka, row_bytes, n, sa + 4 * j)
             j += n
         while j < length:
             page = block_table[slot, j // page_size]
             off = j % page_size
             ka = ka0 + page * np.int64(kpool.strides[0]) + off * row_bytes + kvh * np.int64(kpool.strides[2])
             four = off % 4 == 0 and off + 4 <= page_size and j + 4 <= length
-            _qk(bf16, qa, ka, row_bytes, nb, sa + 4 * j, four)
+            if four:  # 4 dot products of q with K rows ka, ka + row_bytes, ...
+                tile_1x4(kpool, False, qa, 0, ka, row_bytes, 0, 0, 0, nb, sa + 4 * j, 0)
+            else:
+                tile_1x1(kpool, False, qa, 0, ka, row_bytes, 0, 0, 0, nb, sa + 4 * j, 0)
             for r in range(4 if four else 1):
                 acc = s[j + r]
                 for d in range(nb * LANES, hd):  # head_dim % 16: the tail in order
-                    acc = acc + qv[d] * _to_f32(kpool[page, off + r, kvh, d])
+                    acc = acc + qv[d] * to_f32(kpool[page, off + r, kvh, d])
                 s[j + r] = acc
             j += 4 if four else 1
         m = np.float32(-np.inf)
@@ -176,7 +129,7 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
             n = min(air.RUN, page_size - off, length - j)
             va = (va0 + page * np.int64(vpool.strides[0]) + off * np.int64(vpool.strides[1])
                   + kvh * np.int64(vpool.strides[2]))
-            _pv_run(bf16, nb, sa + 4 * j, va, np.int64(vpool.strides[1]), n, oa)
+            pv_run(vpool, nb, sa + 4 * j, va, np.int64(vpool.strides[1]), n, oa)
             j += n
         done = j
         for j in range(done, length):
@@ -185,11 +138,8 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
             va = (va0 + page * np.int64(vpool.strides[0]) + off * np.int64(vpool.strides[1])
                   + kvh * np.int64(vpool.strides[2]))
             p = s[j]
-            if bf16:
-                axpy_bf16(p, va, oa, nb)
-            else:
-                axpy_f32(p, va, oa, nb)
+            axpy(vpool, p, va, oa, nb)
             for d in range(nb * LANES, hd):
-                o[d] += p * _to_f32(vpool[page, off, kvh, d])
+                o[d] += p * to_f32(vpool[page, off, kvh, d])
         for d in range(hd):
             o[d] = o[d] / total

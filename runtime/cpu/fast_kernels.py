@@ -1,6 +1,6 @@
 """numba kernels of the fast CPU backend beside the linear layers (runtime/cpu/linear_kernels.py):
-embedding gather, rms_norm, rope, silu * up (attention: runtime/cpu/attention_kernels.py; the
-process-wide numba target: runtime/numba_target.py).
+embedding gather, rms_norm, q/k norm + rope + KV store, silu * up (attention:
+runtime/cpu/attention_kernels.py; the process-wide numba target: runtime/numba_target.py).
 
 Every kernel computes a row independently of the step's other rows with one fixed reduction
 order: each sum here is one call of the one compiled ``_dot`` (vector lanes fixed at compile time
@@ -8,7 +8,7 @@ from n alone, see ``_dot``) or a sequential loop. Threads split rows or (row, he
 never a sum. So a row's bits do not depend on what else shares the step. float32 throughout,
 fastmath off everywhere but ``_dot``'s reassociation (no FMA contraction), compiled once and
 cached beside this file (numba ``cache=True``; numba falls back to its user-wide cache dir, or
-NUMBA_CACHE_DIR, when __pycache__ is not writable). Every kernel the model calls (here,
+NUMBA_CACHE_DIR, when __pycache__ is not writable). Every kernel the model calls (here, panel_kernels,
 linear_kernels, linear_high, attention_kernels) is ``nogil``: the server's event loop runs on
 another core while the engine thread computes.
 """
@@ -21,7 +21,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from runtime import numba_target  # noqa: F401  (before any compile: the target every kernel is built for)
+from toolcall.runtime import numba_target  # noqa: F401  (before any compile: the target every kernel is built for)
 
 
 @intrinsic
@@ -103,23 +103,10 @@ def rms_norm(x, weight, eps, out):
             out[r, i] = (xr[i] / inv) * weight[i]
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def rope(x, cos, sin):
-    """In place: x (T, heads, head_dim) -> x*cos + rotate_half(x)*sin, rotate_half(x) = (-x2, x1)."""
-    half = x.shape[2] // 2
-    for t in prange(x.shape[0]):
-        for h in range(x.shape[1]):
-            for i in range(half):
-                a = x[t, h, i]
-                b = x[t, h, i + half]
-                x[t, h, i] = a * cos[t, i] - b * sin[t, i]  # rotated first half: -x2
-                x[t, h, i + half] = b * cos[t, i + half] + a * sin[t, i + half]
-
-
 @njit(inline="always")
 def _norm_rope_row(x, weight, eps, cos, sin):
     """In place on one head row x (head_dim,): rms_norm (rms_norm's arithmetic, weight may be empty: none),
-    then rope (rope's arithmetic)."""
+    then rope (runtime/bundle/rope.py apply_rope's arithmetic)."""
     d = x.shape[0]
     if weight.shape[0]:
         var = _dot(x, x, d) / np.float32(d)
@@ -150,7 +137,7 @@ def qk_norm_rope_kv(qkv, heads, q_norm, k_norm, eps, cos, sin, kpool, vpool, pag
     vector code, hence the norm's bits, depends on the layout it is compiled for). q and k are normed per
     head (q_norm/k_norm (hd,); empty: no norm) and rotated in place; then k and v are stored at row t's
     (pages[t], offsets[t]) of kpool/vpool (pages, page_size, kv_heads, hd): u16 pools take bf16 bits
-    (rounded to nearest even), f32 pools the values. The same values as rms_norm, rope and PagedKVPool.write."""
+    (rounded to nearest even), f32 pools the values. The same values as rms_norm, apply_rope and PagedKVPool.write."""
     bits = kpool.itemsize == 2  # u16: bf16 bits
     kv_heads, hd = kpool.shape[2], kpool.shape[3]
     assert qkv.shape[1] == (heads + 2 * kv_heads) * hd and qkv.flags.c_contiguous

@@ -16,13 +16,15 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
-from . import attention_kernels as ak, fast_kernels as fk, fused_forward as ff
-from . import linear_high as lh, linear_kernels as lk, panel_kernels as pk
-from .kv_pool import PagedKVPool
-from .stored_weights import StoredLinear, StoredWeights, load_stored  # noqa: F401  (runtime.engine imports them here)
-from ..model_config import ModelConfig
-from ..rope import cos_sin, inv_freq
-
+from toolcall.runtime.bundle.model_config import ModelConfig
+from toolcall.runtime.bundle.rope import cos_sin, inv_freq
+from toolcall.runtime.cpu import attention_kernels as ak
+from toolcall.runtime.cpu import fast_kernels as fk
+from toolcall.runtime.cpu import fused_forward as ff
+from toolcall.runtime.cpu import linear_high as lh
+from toolcall.runtime.cpu.backend import CpuBackend
+from toolcall.runtime.cpu.kv_pool import PagedKVPool
+from toolcall.runtime.cpu.stored_weights import LAYOUTS, StoredLinear, StoredWeights, load_stored  # noqa: F401  (toolcall.runtime.engine imports them here)
 
 NO_NORM = np.empty(0, np.float32)  # qk_norm_rope_kv's "no q/k norm" (families without qk_norm)
 
@@ -34,8 +36,10 @@ def set_threads(threads: int | None) -> int:
     return numba.get_num_threads()
 
 
-class FastCpuModel:
+class FastCpuModel(CpuBackend):
     """CpuModel's interface (forward over rows, dense and sparse heads) on stored weights, numba kernels."""
+
+    lanes_supported = True
 
     def __init__(self, cfg: ModelConfig, weights: StoredWeights, max_rows: int = 0, max_context: int = 0,
                  threads: int | None = None):
@@ -85,13 +89,20 @@ class FastCpuModel:
     def enable_fused(self) -> bool:
         """Runs the layers as one nogil numba call from now on (runtime/cpu/fused_forward.py; the same bits),
         where the weight formats allow; whether they do. For forwards that run beside other Python threads
-        (runtime/lanes.py): each compiled layout costs the compiler tens of seconds, so it is opt-in."""
+        (runtime/batching/lanes.py): each compiled layout costs the compiler tens of seconds, so it is opt-in."""
         self.fused = ff.layer_arrays(self.layers, NO_NORM)
         return self.fused is not None
 
+    def split(self, lanes: int, rows: int) -> list["FastCpuModel"]:
+        """This model (its step buffers resized to ``rows`` rows) and ``lanes - 1`` twins, their layer loops
+        fused (``enable_fused``; the twins share it)."""
+        self.resize_workspace(rows)
+        self.enable_fused()
+        return [self] + [self.twin(rows) for _ in range(lanes - 1)]
+
     def twin(self, rows: int) -> "FastCpuModel":
         """This model's weights with step buffers of its own for ``rows`` rows: twins may run ``forward``
-        at the same time on different threads, over disjoint sequences (runtime/lanes.py)."""
+        at the same time on different threads, over disjoint sequences (runtime/batching/lanes.py)."""
         other = copy.copy(self)  # the weights, layers and vectors are shared, read-only
         other.resize_workspace(rows)
         return other
@@ -110,16 +121,23 @@ class FastCpuModel:
     def workspace_bytes(self) -> int:
         return sum(a.nbytes for a in self.ws.values())
 
+    def memory(self) -> dict[str, int]:
+        return {"weights": self.weights.nbytes, "workspace": self.workspace_bytes}
+
+    def new_kv_pool(self, limits, kv_format) -> PagedKVPool:
+        """The pool with its calloc'd pages made resident: a bound engine holds what the contract states."""
+        pool = super().new_kv_pool(limits, kv_format)
+        for a in pool.k + pool.v:
+            a.view(np.uint8).fill(0)
+        return pool
+
+    def step_call(self, plan, kv) -> Callable[[], np.ndarray]:
+        """The step laid out on the calling thread, its layers in the returned call (``forward_call``)."""
+        return self.forward_call(plan.tokens, plan.slots, plan.positions, kv, outputs=plan.outputs)
+
     def linear(self, lin: StoredLinear, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """y (T, out) = x (T, in) @ W.T (+ bias), on the stored format."""
-        if lin.kind == "nvfp4":
-            lk.linear_nvfp4(x, lin.weight, lin.block, np.float32(lin.global_scale), y)
-        elif lin.kind == "fp8":
-            pk.linear_fp8_panels(x, lin.weight, lin.scale, y)
-        elif lin.kind == "bf16":
-            pk.linear_bf16_panels(x, lin.weight, y)
-        else:
-            pk.linear_f32_panels(x, lin.weight, y)
+        """y (T, out) = x (T, in) @ W.T (+ bias), by the stored format's kernel."""
+        LAYOUTS[lin.fmt].run(lin, x, y)
         if lin.bias is not None:
             y += lin.bias
         return y
@@ -139,7 +157,7 @@ class FastCpuModel:
                      trace: list | None = None, outputs: np.ndarray | None = None) -> Callable[[], np.ndarray]:
         """``forward`` in two parts: this call lays the step out (Python: views, embedding rows, rotary
         tables, the rows' pages) and returns the rest. With the fused layer loop the rest is one nogil call
-        that holds the GIL only to enter and to return, so runtime/lanes.py runs this part on the engine
+        that holds the GIL only to enter and to return, so runtime/batching/lanes.py runs this part on the engine
         thread, which holds the GIL for its own Python anyway, and the rest on a lane's worker: the worker
         no longer waits for the GIL behind the engine thread (and the event loop) before its kernels."""
         if numba.get_num_threads() != self.threads:
@@ -249,10 +267,7 @@ class FastCpuModel:
         """(T, vocab) float32: every row of the head."""
         hidden = np.ascontiguousarray(hidden, np.float32)
         out = np.empty((hidden.shape[0], self.head.shape[0]), np.float32)
-        if self.head.dtype == np.uint16:
-            lh.linear_bf16(hidden, self.head, out)
-        else:
-            lh.linear_f32(hidden, self.head, out)
+        lh.linear_rows(hidden, self.head, out)  # the head: u16 bf16 bits or f32
         return out
 
     def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
@@ -260,8 +275,5 @@ class FastCpuModel:
         hidden = np.ascontiguousarray(hidden, np.float32)
         cand = np.ascontiguousarray(candidates, np.int64)
         out = np.empty(cand.shape, np.float32)
-        if self.head.dtype == np.uint16:
-            lh.candidate_logits_bf16(hidden, self.head, cand, out)
-        else:
-            lh.candidate_logits_f32(hidden, self.head, cand, out)
+        lh.candidate_logits(hidden, self.head, cand, out)
         return out

@@ -3,31 +3,30 @@
 ``FastCpuModel.forward`` launches some 45 numba kernels a step, and numba's parallel launch takes the GIL,
 even from ``nogil`` code (100 launches from a thread beside one running Python: 1.66 s from Python, 1.06 s
 from inside one nogil function, 0.15 s with the GIL free). In a server the GIL is busy (the event loop, the
-engine thread's picks), so a lane's forward of 2.2 s of CPU took 3.4 s (bench/RESULTS.md, serving "Eighth
-pass"). Here the same kernels, in the same order on the same buffers (so the same bits:
+engine thread's picks), so a lane's forward of 2.2 s of CPU took 3.4 s (bench/RESULTS.md, "GIL cost of
+parallel kernel launches"). Here the same kernels, in the same order on the same buffers (so the same bits:
 tests/test_cpu_fused_forward.py), are called from one ``nogil`` function, ``fused_layers``; with one kernel
 thread ``fused_layers_serial`` calls them compiled without ``parallel`` (``serial``), and nothing takes the
 GIL between the call and its return. Python only lays out the views before and reads the result after.
-Opt-in (``FastCpuModel.enable_fused``; runtime/lanes.py turns it on): each weight format and pool layout
+Opt-in (``FastCpuModel.enable_fused``; runtime/batching/lanes.py turns it on): each weight format and pool layout
 compiles its own copy of the kernels into it, tens of seconds each.
 
-Linear layers dispatch on the stored weight's element type at compile time: int8 (fp8 E4M3 panels,
-``a`` = the panels' scales), uint16 (bf16 panels) or float32 panels (``a`` unused, empty). Models with
-NVFP4 weights, biases or separate q/k/v or gate/up matrices keep the Python loop.
+Linear layers run on output panels (panel_kernels.linear_panels, compiled per panel dtype: int8 fp8 E4M3
+bytes with ``a`` = the panels' scales, uint16 bf16 bits or float32 with ``a`` empty). Models with weights
+not in panels (NVFP4), biases or separate q/k/v or gate/up matrices keep the Python loop.
 """
 from __future__ import annotations
 
 import types as pytypes
 
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 from numba.typed import List
 from numpy.lib.stride_tricks import as_strided
 
-from . import attention_kernels as ak, fast_kernels as fk, panel_kernels as pk
-
-FUSED_KINDS = ("fp8", "bf16", "f32")
+from toolcall.runtime.cpu import attention_kernels as ak
+from toolcall.runtime.cpu import fast_kernels as fk
+from toolcall.runtime.cpu import panel_kernels as pk
 
 
 def serial(kernel, name: str):
@@ -51,34 +50,10 @@ def _module(name: str, **kernels) -> pytypes.ModuleType:
 
 
 # the kernels fused_layers calls, serial (fused_layers_serial's globals: the same source, these kernels)
-pk_serial = _module("pk_serial", **{n: serial(getattr(pk, n), n + "_1t") for n in
-                                    ("linear_fp8_panels", "linear_bf16_panels", "linear_f32_panels")})
+pk_serial = _module("pk_serial", linear_panels=serial(pk.linear_panels, "linear_panels_1t"))
 fk_serial = _module("fk_serial", **{n: serial(getattr(fk, n), n + "_1t") for n in
                                     ("rms_norm", "qk_norm_rope_kv", "silu_times", "gather_rows_bf16")})
 ak_serial = _module("ak_serial", attention=serial(ak.attention, "attention_1t"))
-# one layer's arrays, in this order (fused_layers' ``layers`` is a tuple of these tuples)
-LAYER_FIELDS = ("in_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_a", "o", "o_a", "gate_up", "gate_up_a",
-                "down", "down_a")
-
-
-def _linear_of(kernels):
-    """A numba-only linear(x, w, a, y): y (T, out) = x (T, in) @ W.T on W's panels, by W's element type."""
-    def linear(x, w, a, y):
-        raise NotImplementedError
-
-    @overload(linear, inline="always")
-    def _linear_numba(x, w, a, y):
-        if w.dtype == types.int8:
-            return lambda x, w, a, y: kernels.linear_fp8_panels(x, w, a, y)
-        if w.dtype == types.uint16:
-            return lambda x, w, a, y: kernels.linear_bf16_panels(x, w, y)
-        if w.dtype == types.float32:
-            return lambda x, w, a, y: kernels.linear_f32_panels(x, w, y)
-        return None
-    return linear
-
-
-_linear, _linear_serial = _linear_of(pk), _linear_of(pk_serial)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -108,65 +83,59 @@ def fused_layers(layers, kpools, vpools, block_table, eps, scale, heads, cos, si
     for w in layers:
         in_norm, post_norm, q_norm, k_norm, w_qkv, a_qkv, w_o, a_o, w_gu, a_gu, w_down, a_down = w
         fk.rms_norm(x, in_norm, eps, h)
-        _linear(h, w_qkv, a_qkv, qkv)
+        pk.linear_panels(h, w_qkv, a_qkv, qkv)
         fk.qk_norm_rope_kv(qkv, heads, q_norm, k_norm, eps, cos, sin, kpools[layer], vpools[layer], pages, offsets)
-        if layer == last:
+        if layer == last:  # from here on, the rows ``rows`` alone
             for i in range(rows.shape[0]):  # ascending: row i takes rows[i] >= i, never one already moved
                 src = rows[i]
                 if src != i:
                     x_r[i] = x[src]
                     qkv_r[i] = qkv[src]
-            ak.attention(q3_r, kpools[layer], vpools[layer], block_table, slots_r, positions_r, scale, scores_r,
-                         attn_r)
-            _linear(attn_r, w_o, a_o, h_r)
-            x_r += h_r
-            fk.rms_norm(x_r, post_norm, eps, h_r)
-            _linear(h_r, w_gu, a_gu, gate_up_r)
-            fk.silu_times(gate_up_r)
-            _linear(gate_r, w_down, a_down, h_r)
-            x_r += h_r
+            b = (q3_r, slots_r, positions_r, scores_r, attn_r, x_r, h_r, gate_up_r, gate_r)
         else:
-            ak.attention(q3, kpools[layer], vpools[layer], block_table, slots, positions, scale, scores, attn)
-            _linear(attn, w_o, a_o, h)
-            x += h
-            fk.rms_norm(x, post_norm, eps, h)
-            _linear(h, w_gu, a_gu, gate_up)
-            fk.silu_times(gate_up)
-            _linear(gate, w_down, a_down, h)
-            x += h
+            b = (q3, slots, positions, scores, attn, x, h, gate_up, gate)
+        q3_b, slots_b, positions_b, scores_b, attn_b, x_b, h_b, gate_up_b, gate_b = b
+        ak.attention(q3_b, kpools[layer], vpools[layer], block_table, slots_b, positions_b, scale, scores_b, attn_b)
+        pk.linear_panels(attn_b, w_o, a_o, h_b)
+        x_b += h_b
+        fk.rms_norm(x_b, post_norm, eps, h_b)
+        pk.linear_panels(h_b, w_gu, a_gu, gate_up_b)
+        fk.silu_times(gate_up_b)
+        pk.linear_panels(gate_b, w_down, a_down, h_b)
+        x_b += h_b
         layer += 1
     fk.rms_norm(x_r, final_norm, eps, out)
     return out
 
 
 def _serial_twin(f, name: str):
-    g = dict(f.py_func.__globals__, fk=fk_serial, ak=ak_serial, _linear=_linear_serial)
+    g = dict(f.py_func.__globals__, fk=fk_serial, ak=ak_serial, pk=pk_serial)
     h = pytypes.FunctionType(f.py_func.__code__, g, name, f.py_func.__defaults__, f.py_func.__closure__)
     h.__qualname__, h.__doc__ = name, f.py_func.__doc__
     return njit(nogil=True, cache=True, error_model="numpy")(h)
 
 
-# fused_layers on serial kernels: for one kernel thread (a lane's, runtime/lanes.py), no GIL taken at all
+# fused_layers on serial kernels: for one kernel thread (a lane's, runtime/batching/lanes.py), no GIL taken at all
 fused_layers_serial = _serial_twin(fused_layers, "fused_layers_1t")
 
 
 def layer_arrays(layers: list[dict], no_norm: np.ndarray) -> List | None:
     """``fused_layers``' layers (a typed list of per-layer tuples) from FastCpuModel.layers, or None where the Python loop must run
-    (NVFP4 or mixed kinds, biases, separate q/k/v or gate/up)."""
-    out, kinds = [], set()
+    (weights not in output panels (NVFP4) or of mixed formats, biases, separate q/k/v or gate/up)."""
+    out, formats = [], set()
     empty = np.empty(0, np.float32)
     for w in layers:
         lins = (w["qkv"], w["o"], w["gate_up"], w["down"])
-        if any(lin is None or lin.kind not in FUSED_KINDS or lin.bias is not None for lin in lins):
+        if any(lin is None or lin.panel != pk.PANEL or lin.bias is not None for lin in lins):
             return None
-        kinds.update(lin.kind for lin in lins)
+        formats.update(lin.fmt for lin in lins)
         q_norm = w["q_norm"] if w["q_norm"] is not None else no_norm
         k_norm = w["k_norm"] if w["k_norm"] is not None else no_norm
         row = [w["in_norm"], w["post_norm"], q_norm, k_norm]
         for lin in lins:
-            row += [lin.weight, lin.scale if lin.kind == "fp8" else empty]
+            row += [lin.weight, lin.scale if lin.scale is not None else empty]
         out.append(tuple(row))
-    return as_list(out) if len(kinds) == 1 else None
+    return as_list(out) if len(formats) == 1 else None
 
 
 def as_list(items) -> List:

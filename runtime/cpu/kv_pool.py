@@ -1,26 +1,25 @@
 """The paged KV cache on the host: numpy K/V storage over the shared page allocator."""
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
-from ..model_config import ModelConfig
-from ..page_allocator import PageAllocator
-
-KV_DTYPES = {"bf16": np.dtype(ml_dtypes.bfloat16), "fp32": np.dtype(np.float32)}
+from toolcall.common.formats import KV_BF16, KvFormat
+from toolcall.runtime.batching.pages import PageAllocator
+from toolcall.runtime.bundle.model_config import ModelConfig
 
 
 class PagedKVPool(PageAllocator):
     """K and V per layer as (num_pages, page_size, kv_heads, head_dim) arrays, pages handed out per slot.
 
-    Slots, pages and the block table follow runtime/page_allocator.py: reserved for a
-    sequence's whole lifetime at admission, lowest ids first.
+    Slots, pages and the block table follow runtime/batching/pages.py: reserved for a
+    sequence's whole lifetime at admission, lowest ids first. Elements of ``kv_format`` (common/formats.py
+    ``KV_FORMATS``).
     """
 
     def __init__(self, cfg: ModelConfig, num_pages: int, page_size: int, max_seqs: int,
-                 max_tokens_per_seq: int, kv_dtype: str = "bf16"):
+                 max_tokens_per_seq: int, kv_format: KvFormat = KV_BF16):
         super().__init__(num_pages, page_size, max_seqs, max_tokens_per_seq)
-        self.dtype = KV_DTYPES[kv_dtype]
+        self.format, self.dtype = kv_format, kv_format.dtype
         shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
         # (2, layers, *shape): K then V of every layer in one array, so copy_rows is one numpy copy;
         # k[layer] and v[layer] are its C-contiguous views. Copied as raw bits (uint16 for bf16).

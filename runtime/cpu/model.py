@@ -11,15 +11,16 @@ import functools
 import numpy as np
 import threadpoolctl
 
-from .kv_pool import PagedKVPool
-from ..model_config import ModelConfig
-from ..rope import apply_rope, cos_sin, inv_freq
-
+from toolcall.runtime.bundle.model_config import ModelConfig
+from toolcall.runtime.bundle.rope import apply_rope, cos_sin, inv_freq
+from toolcall.runtime.cpu.backend import CpuBackend
+from toolcall.runtime.cpu.kv_pool import PagedKVPool
 
 # BLAS threads of the process once a CpuModel exists. One: on a node shared with other work
 # (the product's case), OpenBLAS's spinning worker threads lose whole time slices to the other
 # processes; measured on this 2-core machine under load, a 0.6B decode step took 125 ms with one
-# thread and 1,560 ms with two (bench/RESULTS.md). None leaves the process's setting alone.
+# thread and about 1,550 ms with two (bench/RESULTS.md, "CPU reference backend decode step"). None leaves
+# the process's setting alone.
 DEFAULT_BLAS_THREADS = 1
 # Rows per matmul call. BLAS rounds a row differently with the number of rows beside it (1-2
 # rows take a gemv path, small blocks other kernels), and on some kernels with the row's place in
@@ -81,7 +82,7 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1.0) + np.exp(-x))
 
 
-class CpuModel:
+class CpuModel(CpuBackend):
     """Forward pass over rows, plus the dense head (all vocab rows) and the sparse head (given rows)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, np.ndarray], blas_threads: int | None = DEFAULT_BLAS_THREADS):
@@ -188,6 +189,9 @@ class CpuModel:
             o = np.cumsum(o, axis=2)[:, :, -1].reshape(kvh, qb * gr, d)[:, :r]
             out[rows] = o.reshape(kvh, len(rows), group, d).transpose(1, 0, 2, 3).reshape(len(rows), -1)
         return out
+
+    def memory(self) -> dict[str, int]:
+        return {"weights": sum(a.nbytes for a in self.w.values())}
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
         """(T, vocab) float32: every row of the head."""

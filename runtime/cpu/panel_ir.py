@@ -2,7 +2,8 @@
 in runtime/cpu/panel_kernels.py call it).
 
 Weights are repacked at load into panels: panel g holds outputs [gP, gP + P) as (in, P), the P
-weights of one input feature k contiguous (the stored format: E4M3 bytes, bf16 bits or float32).
+weights of one input feature k contiguous (the stored format: E4M3 bytes, bf16 bits or float32; the
+emitters take the panel's numpy dtype and decode by simd_ir.ELEMENT_DECODERS).
 A tile is R activation rows x V vectors of 16 outputs (part of a panel, or whole panels side by
 side): per k, the tile's weights are decoded once (V vectors of 16 lanes, runtime/cpu/simd_ir.py's
 exact decoders), x[t, k] is broadcast per row, and R * V FMAs follow. Output j of row t is therefore a plain chain over k, with no horizontal reduction:
@@ -21,30 +22,22 @@ simd_ir's (no F16C: integer arithmetic), so the bits are the same on any x86-64.
 """
 from __future__ import annotations
 
-from llvmlite import ir  # noqa: F401  (panel_kernels builds its switch with it)
+import numpy as np
+from llvmlite import ir
 
-from . import simd_ir as s
+from toolcall.runtime.cpu import simd_ir as s
 
 KB = 64  # input features per block (see the docstring)
 AHEAD = 4096  # bytes of each panel stream prefetched ahead of the reads (speed only; measured 1-8 KB alike)
-ELEM_BYTES = {"fp8": 1, "bf16": 2, "f32": 4}
-DECODERS = {"fp8": s.decode_fp8, "bf16": s.decode_bf16, "f32": s.decode_f32}
 
 
-def _splat(builder, value):
-    v = builder.insert_element(ir.Constant(s.VF32, ir.Undefined), value, s.const(s.I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(s.VF32, ir.Undefined), ir.Constant(s.vec(s.I32, s.LANES),
-                                                                                     [0] * s.LANES))
-
-
-def _chain(builder, fmt, rows, vpp, k_from, k_to, x_rows, bases, streams, unroll, ahead):
+def _chain(builder, dtype: np.dtype, rows, vpp, k_from, k_to, x_rows, bases, streams, unroll, ahead):
     """The accumulators [rows][len(bases)] after k in [k_from, k_to) (i64), starting from +0.0, for the
     16-lane output vectors at ``bases`` (a panel holds vpp of them per feature k): a loop of ``unroll``
     features per pass, then one feature per pass for the rest (the same operations per k). ``streams``:
     the addresses of the panels the vectors lie in (prefetched)."""
     fma = s._fma(builder.module)
-    func = builder.function
-    decoders = [DECODERS[fmt](w) for w in bases]
+    decoders = [s.ELEMENT_DECODERS[dtype](w) for w in bases]
     vecs = len(bases)
     zero = s.splat(s.F32, s.LANES, 0.0)
 
@@ -52,26 +45,22 @@ def _chain(builder, fmt, rows, vpp, k_from, k_to, x_rows, bases, streams, unroll
         block = builder.mul(k, s.const(s.I64, vpp))  # the panel's feature k starts vpp vectors on
         ws = [decoders[v](builder, block, 0) for v in range(vecs)]
         xo = builder.mul(k, s.const(s.I64, 4))
-        xs = [_splat(builder, s.load(builder, x_rows[r], xo, s.F32)) for r in range(rows)]
+        xs = [s.broadcast(builder, s.load(builder, x_rows[r], xo, s.F32)) for r in range(rows)]
         return [[builder.call(fma, [xs[r], ws[v], accs[r][v]]) for v in range(vecs)] for r in range(rows)]
 
     def loop(start, accs_in, step, limit):
         """Passes of ``step`` features while k + step <= limit; returns (k after, accumulators)."""
-        entry = builder.block
-        header, body, after = (func.append_basic_block(f"panel.{n}") for n in ("header", "body", "after"))
-        builder.branch(header)
-        builder.position_at_end(header)
-        k = builder.phi(s.I64)
-        k.add_incoming(start, entry)
+        loop = s.open_loop(builder, "panel", start)
+        k = loop.counter
         accs = [[builder.phi(s.VF32) for _ in range(vecs)] for _ in range(rows)]
         for r in range(rows):
             for v in range(vecs):
-                accs[r][v].add_incoming(accs_in[r][v], entry)
+                accs[r][v].add_incoming(accs_in[r][v], loop.entry)
         more = builder.icmp_unsigned("<=", builder.add(k, s.const(s.I64, step)), limit)
-        builder.cbranch(more, body, after)
-        builder.position_at_end(body)
+        builder.cbranch(more, loop.body, loop.after)
+        builder.position_at_end(loop.body)
         if step > 1 and ahead:  # software prefetch of each panel stream ``ahead`` bytes on (speed only)
-            span = step * vpp * s.LANES * ELEM_BYTES[fmt]  # bytes of a panel this pass reads
+            span = step * vpp * s.LANES * dtype.itemsize  # bytes of a panel this pass reads
             for w in streams:
                 start = builder.add(builder.add(w, builder.mul(k, s.const(s.I64, span // step))), s.const(s.I64, ahead))
                 for line in range(0, span, 64):
@@ -79,13 +68,11 @@ def _chain(builder, fmt, rows, vpp, k_from, k_to, x_rows, bases, streams, unroll
         new = accs
         for u in range(step):
             new = one_k(builder.add(k, s.const(s.I64, u)), new)
-        end = builder.block
-        k.add_incoming(builder.add(k, s.const(s.I64, step)), end)
         for r in range(rows):
             for v in range(vecs):
-                accs[r][v].add_incoming(new[r][v], end)
-        builder.branch(header)
-        builder.position_at_end(after)
+                accs[r][v].add_incoming(new[r][v], builder.block)
+        loop.close(builder, builder.add(k, s.const(s.I64, step)))
+        builder.position_at_end(loop.after)
         return k, accs
 
     accs = [[zero] * vecs for _ in range(rows)]
@@ -94,12 +81,12 @@ def _chain(builder, fmt, rows, vpp, k_from, k_to, x_rows, bases, streams, unroll
     return accs
 
 
-def emit_panel_tile(builder: ir.IRBuilder, fmt: str, rows: int, panel: int, n, x_addr, x_stride, w_addr,
+def emit_panel_tile(builder: ir.IRBuilder, dtype: np.dtype, rows: int, panel: int, n, x_addr, x_stride, w_addr,
                     out_addr, out_stride, scale_addr=None, vectors: int | None = None, unroll: int = 2,
                     ahead: int = AHEAD) -> None:
     """For r < rows, j < 16 * vectors: *(float*)(out_addr + r * out_stride + 4 j) = output j of activation
     row r (float32 at x_addr + r * x_stride, n features) against the weights of ``vectors`` consecutive
-    16-output vectors starting at w_addr (panels of (n, panel) ``fmt``; default one whole panel): either
+    16-output vectors starting at w_addr (panels of (n, panel) elements of ``dtype``; default one whole panel): either
     part of one panel (w_addr inside it) or whole consecutive panels; in the order of the module docstring.
     ``scale_addr``: fp8's float32 [16 * vectors] of scale * 256. The tile's shape is speed only (which
     accumulators fit the vector registers); every output's operations are the same in any tile."""
@@ -107,26 +94,22 @@ def emit_panel_tile(builder: ir.IRBuilder, fmt: str, rows: int, panel: int, n, x
     vecs = vpp if vectors is None else vectors
     assert panel % s.LANES == 0 and vpp >= 1 and (vecs <= vpp or vecs % vpp == 0)
     func = builder.function
-    entry = builder.block
     x_rows = [builder.add(x_addr, builder.mul(x_stride, s.const(s.I64, r))) for r in range(rows)]
     dst = [[builder.add(out_addr, builder.add(builder.mul(out_stride, s.const(s.I64, r)),
                                               s.const(s.I64, 64 * v))) for v in range(vecs)] for r in range(rows)]
-    header, body, first, combine, latch, done = (func.append_basic_block(f"blocks.{n}") for n in
-                                                 ("header", "body", "first", "combine", "latch", "done"))
-    builder.branch(header)
-    builder.position_at_end(header)
-    k0 = builder.phi(s.I64, "k0")
-    k0.add_incoming(s.const(s.I64, 0), entry)
-    builder.cbranch(builder.icmp_unsigned("<", k0, n), body, done)
+    blocks = s.open_loop(builder, "blocks")
+    k0 = blocks.counter
+    first, combine, latch = (func.append_basic_block(f"blocks.{n}") for n in ("first", "combine", "latch"))
+    builder.cbranch(builder.icmp_unsigned("<", k0, n), blocks.body, blocks.after)
 
-    builder.position_at_end(body)
+    builder.position_at_end(blocks.body)
     end = builder.add(k0, s.const(s.I64, KB))
     k1 = builder.select(builder.icmp_unsigned("<", end, n), end, n)
-    pb = builder.mul(n, s.const(s.I64, panel * ELEM_BYTES[fmt]))  # bytes of one panel
-    vb = s.LANES * ELEM_BYTES[fmt]  # bytes of one vector's weights at one k
+    pb = builder.mul(n, s.const(s.I64, panel * dtype.itemsize))  # bytes of one panel
+    vb = s.LANES * dtype.itemsize  # bytes of one vector's weights at one k
     streams = [builder.add(w_addr, builder.mul(pb, s.const(s.I64, i))) for i in range(-(-vecs // vpp))]
     bases = [builder.add(streams[v // vpp], s.const(s.I64, vb * (v % vpp))) for v in range(vecs)]
-    accs = _chain(builder, fmt, rows, vpp, k0, k1, x_rows, bases, streams, unroll, ahead)
+    accs = _chain(builder, dtype, rows, vpp, k0, k1, x_rows, bases, streams, unroll, ahead)
     builder.cbranch(builder.icmp_unsigned("==", k0, s.const(s.I64, 0)), first, combine)
 
     builder.position_at_end(first)  # y = s_0
@@ -141,10 +124,9 @@ def emit_panel_tile(builder: ir.IRBuilder, fmt: str, rows: int, panel: int, n, x
             s.store(builder, builder.fadd(y, accs[r][v]), dst[r][v], s.const(s.I64, 0))
     builder.branch(latch)
     builder.position_at_end(latch)
-    k0.add_incoming(k1, latch)
-    builder.branch(header)
+    blocks.close(builder, k1)
 
-    builder.position_at_end(done)
+    builder.position_at_end(blocks.after)
     if scale_addr is not None:
         for v in range(vecs):
             sv = s.load(builder, scale_addr, s.const(s.I64, 64 * v), s.VF32)
@@ -153,20 +135,9 @@ def emit_panel_tile(builder: ir.IRBuilder, fmt: str, rows: int, panel: int, n, x
                 s.store(builder, builder.fmul(y, sv), dst[r][v], s.const(s.I64, 0))
 
 
-def emit_decode(builder: ir.IRBuilder, fmt: str, nblocks, w_addr, dst_addr) -> None:
-    """float32 at dst_addr [16 * nblocks] = the ``fmt`` elements at w_addr decoded, exactly as the tile's
-    decoder gives them (fp8: e4m3 / 256), so a tile over the copy (fmt f32, the same scale) has the same bits."""
-    func = builder.function
-    decode = DECODERS[fmt](w_addr)
-    entry = builder.block
-    header, body, done = (func.append_basic_block(f"decode.{n}") for n in ("header", "body", "done"))
-    builder.branch(header)
-    builder.position_at_end(header)
-    b = builder.phi(s.I64, "block")
-    b.add_incoming(s.const(s.I64, 0), entry)
-    builder.cbranch(builder.icmp_unsigned("<", b, nblocks), body, done)
-    builder.position_at_end(body)
-    s.store(builder, decode(builder, b, 0), dst_addr, builder.mul(b, s.const(s.I64, 4 * s.LANES)))
-    b.add_incoming(builder.add(b, s.const(s.I64, 1)), builder.block)
-    builder.branch(header)
-    builder.position_at_end(done)
+def emit_decode(builder: ir.IRBuilder, dtype: np.dtype, nblocks, w_addr, dst_addr) -> None:
+    """float32 at dst_addr [16 * nblocks] = the ``dtype`` elements at w_addr decoded, exactly as the tile's
+    decoder gives them (fp8: e4m3 / 256), so a float32 tile over the copy (the same scale) has the same bits."""
+    decode = s.ELEMENT_DECODERS[dtype](w_addr)
+    s.for_blocks(builder, "decode", nblocks, lambda b: s.store(builder, decode(builder, b, 0), dst_addr,
+                                                             builder.mul(b, s.const(s.I64, 4 * s.LANES))))

@@ -7,21 +7,23 @@ a sum). The last group of a step has T % ROWS rows and takes the tile of that ma
 operations per (row, output) in every tile (panel_ir), so a row's bits do not depend on the step,
 nor on the tile shapes this CPU's registers choose (``TILE_SHAPES``). A ragged last panel (out % P)
 is zero-padded at load; its last vectors are computed into a scratch tile whose first outputs are
-copied out.
+copied out (``_tile_into``).
 
-Formats: fp8 int8 panels of E4M3 bytes, ``scale`` float32 [out padded] = stored scale * 256 (the
-decoder gives e4m3 / 256); bf16 u16 bits; f32.
+One kernel, ``linear_panels``, compiled per panel dtype (the element format): int8 E4M3 bytes (fp8),
+``scale`` float32 [out padded] = stored scale * 256 (the decoder gives e4m3 / 256); u16 bf16 bits; f32.
 """
 from __future__ import annotations
 
 import os
 
 import numpy as np
-from numba import njit, prange, types
+from numba import carray, njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
+from numba.np.numpy_support import as_dtype
 
-from . import linear_kernels as lk  # noqa: F401  (numba target and stale-cache setup before any compile)
-from . import panel_ir as pir
+from toolcall.runtime.cpu import panel_ir as pir
+from toolcall.runtime.cpu.linear_kernels import _addr  # (also: numba target and stale-cache setup before any compile)
 
 PANEL = 32  # outputs per panel (2 vectors of 16 float32 lanes)
 LANES = 16  # outputs per vector (the IR's <16 x float>: one zmm, or two ymm)
@@ -31,7 +33,7 @@ LANES = 16  # outputs per vector (the IR's <16 x float>: one zmm, or two ymm)
 # take SMALL[rows] vectors (more weight streams and accumulator chains in flight). Chosen so the
 # accumulators, the weight vectors and a broadcast fit the registers: 32 zmm (8 x 2 + 2 + 8), or 16 ymm
 # where a vector is two (6 x 2 + 2 + 1, the AVX2 sgemm shape; zmm's shapes on ymm spill: 2.7x slower,
-# bench/RESULTS.md); a 1-row step is bound by reading the weights, and 8 streams beat 4 there even
+# bench/RESULTS.md, "CPU linear kernels"); a 1-row step is bound by reading the weights, and 8 streams beat 4 there even
 # spilling (0.6B bf16: 0.071 against 0.087 ns a weight), a 2-row step not (0.130 against 0.097).
 # Speed only: every output's operations are the same in any tile.
 TILE_SHAPES = {"zmm": (8, 2, {1: 8, 2: 8}), "ymm": (6, 1, {1: 8, 2: 2})}
@@ -59,56 +61,67 @@ def padded_scale(scale: np.ndarray, panel: int = PANEL) -> np.ndarray:
     return out
 
 
-def _tile(fmt: str, panel: int = PANEL, scaled: bool = False):
-    """An intrinsic tile(r, vectors, x, x_stride, w, n, out, out_stride, scale) (byte addresses and strides,
-    scale read for fp8 or ``scaled``, else 0): the r x (16 * vectors) outputs of ``vectors`` consecutive
-    16-output vectors whose weights start at w (panel_ir.emit_panel_tile), for the shapes in TILES (a
-    switch over them; another shape computes nothing)."""
-    @intrinsic
-    def tile(typingctx, r, width, x, xs, w, n, out, os_, scale):
-        sig = types.void(*([types.int64] * 9))
-
-        def codegen(context, builder, signature, args):
-            r, width, x, xs, w, n, out, os_, scale = args
-            merge = builder.append_basic_block("tile.merge")
-            key = builder.add(builder.mul(width, pir.ir.Constant(pir.ir.IntType(64), 16)), r)
-            switch = builder.switch(key, merge)
-            for rows, vectors in TILES:
-                case = builder.append_basic_block(f"tile.{rows}x{vectors}")
-                switch.add_case(pir.ir.Constant(pir.ir.IntType(64), 16 * vectors + rows), case)
-                builder.position_at_end(case)
-                pir.emit_panel_tile(builder, fmt, rows, panel, n, x, xs, w, out, os_,
-                                    scale if fmt == "fp8" or scaled else None, vectors=vectors)
-                builder.branch(merge)
-            builder.position_at_end(merge)
-            return context.get_dummy_value()
-        return sig, codegen
-    return tile
-
-
 TILES = [(r, UNIT) for r in range(1, ROWS + 1)] + [(1, SMALL1), (2, SMALL2)]
-fp8_tile, bf16_tile, f32_tile = _tile("fp8"), _tile("bf16"), _tile("f32")
-f32_scaled_tile = _tile("f32", scaled=True)  # an fp8 panel decoded to float32 once (``fp8_to_f32``), many row groups
 
 
-def _to_f32(fmt: str):
-    """An intrinsic decode(w, nblocks, dst): float32 at dst [16 * nblocks] = the ``fmt`` elements at w as
-    the ``fmt`` tile decodes them (fp8: e4m3 / 256)."""
-    @intrinsic
-    def decode(typingctx, w, nblocks, dst):
-        def codegen(context, builder, signature, args):
-            pir.emit_decode(builder, fmt, args[1], args[0], args[2])
-            return context.get_dummy_value()
-        return types.void(types.int64, types.int64, types.int64), codegen
-    return decode
+@intrinsic
+def panel_tile(typingctx, w, f, r, vectors, x, xs, fa, n, out, os_, scale):
+    """tile(w, f, r, vectors, x, x_stride, fa, n, out, out_stride, scale) (byte addresses and strides): the
+    r x (16 * vectors) outputs of ``vectors`` consecutive 16-output vectors whose weights start at fa
+    (panel_ir.emit_panel_tile), for the shapes in TILES (another shape computes nothing). The arrays are read
+    for their types only: ``f``'s dtype is the element format at fa (w's own, or float32 where w's panel was
+    decoded once: ``decode_panel``); w int8 (fp8 E4M3 bytes): the outputs are multiplied by the float32
+    scales at ``scale`` (one per output), else ``scale`` is not read."""
+    dtype, scaled = as_dtype(f.dtype), as_dtype(w.dtype) == np.int8
+    if dtype not in pir.s.ELEMENT_DECODERS:
+        return None
+
+    def codegen(context, builder, signature, args):
+        _, _, r, vectors, x, xs, fa, n, out, os_, scale = args
+        key = builder.add(builder.mul(vectors, pir.s.const(pir.s.I64, 16)), r)
+        pir.s.emit_switch(builder, key, [(16 * v + rows, (rows, v)) for rows, v in TILES],
+                          lambda shape: pir.emit_panel_tile(builder, dtype, shape[0], PANEL, n, x, xs, fa, out, os_,
+                                                            scale if scaled else None, vectors=shape[1]))
+        return context.get_dummy_value()
+    return types.void(w, f, *([types.int64] * 9)), codegen
 
 
-fp8_to_f32, bf16_to_f32 = _to_f32("fp8"), _to_f32("bf16")
+@intrinsic
+def decode_panel(typingctx, w, wa, nblocks, dst):
+    """float32 at dst [16 * nblocks] = the elements of ``w``'s dtype at wa as the tile decodes them (fp8:
+    e4m3 / 256)."""
+    def codegen(context, builder, signature, args):
+        pir.emit_decode(builder, as_dtype(w.dtype), args[2], args[1], args[3])
+        return context.get_dummy_value()
+    return types.void(w, types.int64, types.int64, types.int64), codegen
+
+
+SCRATCH = (ROWS, LANES * max(UNIT, SMALL1, SMALL2))  # float32: the outputs of the largest tile
+
+
+@intrinsic
+def _stack_scratch(typingctx):
+    """A float32 SCRATCH-sized buffer on the calling function's stack (allocated once, in its entry block)."""
+    def codegen(context, builder, signature, args):
+        return cgutils.alloca_once(builder, pir.ir.FloatType(), size=SCRATCH[0] * SCRATCH[1])
+    return types.CPointer(types.float32)(), codegen
 
 
 @njit(inline="always")
-def _addr(a):
-    return np.int64(a.ctypes.data)
+def _tile_into(w, f, r, vectors, xa, xs, fa, n, y, t, v, sa):
+    """panel_tile's r x (16 * vectors) outputs into y's rows t.., outputs 16 v..; where they pass y's last
+    output (the zero-padded last vectors), through a scratch tile on the stack whose outputs inside y are
+    copied there. One tile call site: each compiles every tile shape."""
+    out, ys = y.shape[1], np.int64(y.strides[0])
+    ragged = (v + vectors) * LANES > out
+    tmp = carray(_stack_scratch(), SCRATCH)
+    if ragged:
+        dst, stride = _addr(tmp), np.int64(4 * SCRATCH[1])
+    else:
+        dst, stride = _addr(y) + t * ys + 4 * LANES * v, ys
+    panel_tile(w, f, r, vectors, xa, xs, fa, n, dst, stride, sa)
+    if ragged:
+        y[t:t + r, v * LANES:] = tmp[:r, :out - v * LANES]
 
 
 @njit(inline="always")
@@ -147,19 +160,21 @@ def _vector_addr(w, v, pb):
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def linear_fp8_panels(x, w, scale, y):
-    """x (T, in) f32, w (out/P, in, P) int8 E4M3 panels, scale (out/P * P,) f32 (stored * 256) -> y (T, out)."""
+def linear_panels(x, w, scale, y):
+    """x (T, in) f32, w (out/P, in, P) panels of int8 E4M3 bytes (fp8), u16 bf16 bits or f32; scale: fp8's
+    (out/P * P,) f32 (stored scale * 256), not read for the others (an empty array) -> y (T, out) f32."""
     out = y.shape[1]
     _check(x, w, y, out)
-    assert scale.shape[0] == w.shape[0] * PANEL
+    assert w.itemsize != 1 or scale.shape[0] == w.shape[0] * PANEL  # int8 (fp8): a scale per output
     t_rows, n = x.shape
     groups, rows, wide, n_wide, n_units = _plan(t_rows, out)
-    xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
-    if groups > 1:  # each panel decoded to float32 once, then every row group (the same values and bits)
+    xs, pb = np.int64(x.strides[0]), np.int64(n * PANEL * w.itemsize)
+    # many row groups over panels to decode (not float32; itemsize is a constant of the compiled type): each
+    # panel decoded to float32 once, then every row group over the copy (the same values and bits)
+    if groups > 1 and w.itemsize != 4:
         for g in prange(w.shape[0]):
             f = np.empty((n, PANEL), np.float32)
-            fp8_to_f32(_addr(w) + g * pb, np.int64(n * PANEL // 16), _addr(f))
-            tmp = np.empty((ROWS, PANEL), np.float32)
+            decode_panel(w, _addr(w) + g * pb, np.int64(n * PANEL // 16), _addr(f))
             for t in range(0, t_rows, ROWS):
                 r, xa = min(ROWS, t_rows - t), _addr(x) + t * xs
                 for h in range(0, PANEL // LANES, UNIT):
@@ -167,74 +182,9 @@ def linear_fp8_panels(x, w, scale, y):
                     if v * LANES >= out:
                         break
                     fa, sa = _addr(f) + 4 * LANES * h, _addr(scale) + 4 * LANES * v
-                    if (v + UNIT) * LANES <= out:
-                        f32_scaled_tile(r, UNIT, xa, xs, fa, n, _addr(y) + t * ys + 4 * LANES * v, ys, sa)
-                    else:  # the ragged last vectors: their zero-padded outputs go to a scratch tile
-                        f32_scaled_tile(r, UNIT, xa, xs, fa, n, _addr(tmp), np.int64(4 * PANEL), sa)
-                        y[t:t + r, v * LANES:] = tmp[:r, :out - v * LANES]
+                    _tile_into(w, f, r, UNIT, xa, xs, fa, n, y, t, v, sa)
         return
     for item in prange(n_units * groups):
         v, vectors, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
-        xa, wa, sa = _addr(x) + t * xs, _vector_addr(w, v, pb), _addr(scale) + 4 * LANES * v
-        if (v + vectors) * LANES <= out:
-            fp8_tile(r, vectors, xa, xs, wa, n, _addr(y) + t * ys + 4 * LANES * v, ys, sa)
-        else:  # the ragged last vectors: their zero-padded outputs go to a scratch tile
-            tmp = np.empty((ROWS, LANES * vectors), np.float32)
-            fp8_tile(r, vectors, xa, xs, wa, n, _addr(tmp), np.int64(4 * LANES * vectors), sa)
-            y[t:t + r, v * LANES:] = tmp[:r, :out - v * LANES]
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def linear_bf16_panels(x, w, y):
-    """x (T, in) f32, w (out/P, in, P) u16 bf16-bit panels -> y (T, out) f32."""
-    out = y.shape[1]
-    _check(x, w, y, out)
-    t_rows, n = x.shape
-    groups, rows, wide, n_wide, n_units = _plan(t_rows, out)
-    xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
-    if groups > 1:  # each panel decoded to float32 once, then every row group (the same values and bits)
-        for g in prange(w.shape[0]):
-            f = np.empty((n, PANEL), np.float32)
-            bf16_to_f32(_addr(w) + g * pb, np.int64(n * PANEL // 16), _addr(f))
-            tmp = np.empty((ROWS, PANEL), np.float32)
-            for t in range(0, t_rows, ROWS):
-                r, xa = min(ROWS, t_rows - t), _addr(x) + t * xs
-                for h in range(0, PANEL // LANES, UNIT):
-                    v = g * (PANEL // LANES) + h
-                    if v * LANES >= out:
-                        break
-                    fa = _addr(f) + 4 * LANES * h
-                    if (v + UNIT) * LANES <= out:
-                        f32_tile(r, UNIT, xa, xs, fa, n, _addr(y) + t * ys + 4 * LANES * v, ys, 0)
-                    else:
-                        f32_tile(r, UNIT, xa, xs, fa, n, _addr(tmp), np.int64(4 * PANEL), 0)
-                        y[t:t + r, v * LANES:] = tmp[:r, :out - v * LANES]
-        return
-    for item in prange(n_units * groups):
-        v, vectors, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
-        xa, wa = _addr(x) + t * xs, _vector_addr(w, v, pb)
-        if (v + vectors) * LANES <= out:
-            bf16_tile(r, vectors, xa, xs, wa, n, _addr(y) + t * ys + 4 * LANES * v, ys, 0)
-        else:
-            tmp = np.empty((ROWS, LANES * vectors), np.float32)
-            bf16_tile(r, vectors, xa, xs, wa, n, _addr(tmp), np.int64(4 * LANES * vectors), 0)
-            y[t:t + r, v * LANES:] = tmp[:r, :out - v * LANES]
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def linear_f32_panels(x, w, y):
-    """x (T, in) f32, w (out/P, in, P) f32 panels -> y (T, out) f32."""
-    out = y.shape[1]
-    _check(x, w, y, out)
-    t_rows, n = x.shape
-    groups, rows, wide, n_wide, n_units = _plan(t_rows, out)
-    xs, ys, pb = np.int64(x.strides[0]), np.int64(y.strides[0]), np.int64(n * PANEL * w.itemsize)
-    for item in prange(n_units * groups):
-        v, vectors, t, r = _unit(item, groups, rows, wide, n_wide, t_rows)
-        xa, wa = _addr(x) + t * xs, _vector_addr(w, v, pb)
-        if (v + vectors) * LANES <= out:
-            f32_tile(r, vectors, xa, xs, wa, n, _addr(y) + t * ys + 4 * LANES * v, ys, 0)
-        else:
-            tmp = np.empty((ROWS, LANES * vectors), np.float32)
-            f32_tile(r, vectors, xa, xs, wa, n, _addr(tmp), np.int64(4 * LANES * vectors), 0)
-            y[t:t + r, v * LANES:] = tmp[:r, :out - v * LANES]
+        _tile_into(w, w, r, vectors, _addr(x) + t * xs, xs, _vector_addr(w, v, pb), n, y, t, v,
+                   _addr(scale) + 4 * LANES * v)

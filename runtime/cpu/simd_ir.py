@@ -27,6 +27,9 @@ modules drop their cached entries older than this file at import (linear_kernels
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
 from llvmlite import ir
 
 LANES = 16
@@ -70,6 +73,66 @@ def const(ty, value):
     return ir.Constant(ty, value)
 
 
+def broadcast(builder: ir.IRBuilder, value):
+    """A float32 value in all 16 lanes."""
+    v = builder.insert_element(ir.Constant(VF32, ir.Undefined), value, const(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(VF32, ir.Undefined), ir.Constant(vec(I32, LANES), [0] * LANES))
+
+
+class Loop(NamedTuple):
+    """A counted loop's blocks (``open_loop``): ``counter`` is the i64 phi at the top of ``header``; ``entry``
+    the block the loop is entered from (the incoming edge of the callers' other phis)."""
+
+    counter: ir.PhiInstr
+    header: ir.Block
+    body: ir.Block
+    after: ir.Block
+    entry: ir.Block
+
+    def close(self, builder: ir.IRBuilder, next_value) -> None:
+        """Ends a pass at the current block: the counter's next value, then back to the header."""
+        self.counter.add_incoming(next_value, builder.block)
+        builder.branch(self.header)
+
+
+def open_loop(builder: ir.IRBuilder, name: str, start=None) -> Loop:
+    """Appends blocks ``<name>.header``, ``.body``, ``.after``, branches from the current block into the header
+    and positions there, where the counter starts at ``start`` (i64; default 0). The caller adds its phis,
+    branches to body or after, and ends each pass with ``Loop.close``."""
+    func = builder.function
+    entry = builder.block
+    header, body, after = (func.append_basic_block(f"{name}.{part}") for part in ("header", "body", "after"))
+    builder.branch(header)
+    builder.position_at_end(header)
+    counter = builder.phi(I64, name)
+    counter.add_incoming(const(I64, 0) if start is None else start, entry)
+    return Loop(counter, header, body, after, entry)
+
+
+def for_blocks(builder: ir.IRBuilder, name: str, nblocks, emit) -> None:
+    """``emit(c)`` for c = 0 .. nblocks - 1 (i64), a loop carrying nothing else between passes."""
+    loop = open_loop(builder, name)
+    builder.cbranch(builder.icmp_unsigned("<", loop.counter, nblocks), loop.body, loop.after)
+    builder.position_at_end(loop.body)
+    emit(loop.counter)
+    loop.close(builder, builder.add(loop.counter, const(I64, 1)))
+    builder.position_at_end(loop.after)
+
+
+def emit_switch(builder: ir.IRBuilder, key, cases, emit) -> None:
+    """``emit(case)`` on the path where the i64 ``key`` equals ``code`` for each (code, case) of ``cases``
+    (a switch; any other key emits nothing), then positions after it."""
+    merge = builder.append_basic_block("switch.merge")
+    switch = builder.switch(key, merge)
+    for code, case in cases:
+        block = builder.append_basic_block("switch.case")
+        switch.add_case(const(I64, code), block)
+        builder.position_at_end(block)
+        emit(case)
+        builder.branch(merge)
+    builder.position_at_end(merge)
+
+
 def _fma(module: ir.Module) -> ir.Function:
     name = f"llvm.fma.v{LANES}f32"
     try:
@@ -91,24 +154,17 @@ def emit_tile(builder: ir.IRBuilder, rows: int, nblocks, x_addr, x_stride, out_a
     cols = len(decoders)
     fma = _fma(builder.module)
     func = builder.function
-    entry = builder.block
-    header = func.append_basic_block("tile.header")
-    body = func.append_basic_block("tile.body")
-    after = func.append_basic_block("tile.after")
     zero = splat(F32, LANES, 0.0)
     x_rows = [builder.add(x_addr, builder.mul(x_stride, const(I64, r))) for r in range(rows)]
     groups = builder.udiv(nblocks, const(I64, ACCS))
-    builder.branch(header)
-
-    builder.position_at_end(header)
-    i = builder.phi(I64, "group")
-    i.add_incoming(const(I64, 0), entry)
+    loop = open_loop(builder, "tile")
+    i = loop.counter
     pairs = rows * cols
     accs = [[builder.phi(VF32, f"acc{r}_{k}") for k in range(ACCS)] for r in range(pairs)]
     for row in accs:
         for a in row:
-            a.add_incoming(zero, entry)
-    builder.cbranch(builder.icmp_unsigned("<", i, groups), body, after)
+            a.add_incoming(zero, loop.entry)
+    builder.cbranch(builder.icmp_unsigned("<", i, groups), loop.body, loop.after)
 
     def step(blk, k, current):
         """Block ``blk`` into accumulator k of every (row, weight row): the new accumulators [rows * cols].
@@ -119,7 +175,7 @@ def emit_tile(builder: ir.IRBuilder, rows: int, nblocks, x_addr, x_stride, out_a
         return [builder.call(fma, [xs[r], ws[p], current[r * cols + p][k]])
                 for r in range(rows) for p in range(cols)]
 
-    builder.position_at_end(body)
+    builder.position_at_end(loop.body)
     first = builder.mul(i, const(I64, ACCS))
     if ahead is not None:  # software prefetch: the bytes ``ahead`` past those this group reads, per weight row
         for decode in decoders:
@@ -132,15 +188,13 @@ def emit_tile(builder: ir.IRBuilder, rows: int, nblocks, x_addr, x_stride, out_a
         col = step(builder.add(first, const(I64, k)), k, new)
         for r in range(pairs):
             new[r][k] = col[r]
-    body_end = builder.block
-    i.add_incoming(builder.add(i, const(I64, 1)), body_end)
     for r in range(pairs):
         for k in range(ACCS):
-            accs[r][k].add_incoming(new[r][k], body_end)
-    builder.branch(header)
+            accs[r][k].add_incoming(new[r][k], builder.block)
+    loop.close(builder, builder.add(i, const(I64, 1)))
 
     # the last nblocks % ACCS blocks go into accumulators 0, 1, ... in order
-    builder.position_at_end(after)
+    builder.position_at_end(loop.after)
     current = [a[:] for a in accs]
     base = builder.mul(groups, const(I64, ACCS))
     for k in range(ACCS - 1):
@@ -280,10 +334,7 @@ def decode_nvfp4(w, blocks, lut):
         values = builder.sitofp(builder.sext(ints, vec(I32, LANES)), VF32)
         code = builder.zext(load(builder, blocks, blk, I8), I64)
         scale = load(builder, lut, builder.mul(code, const(I64, 4)), F32)
-        scale_v = builder.shuffle_vector(builder.insert_element(ir.Constant(VF32, ir.Undefined), scale,
-                                                                const(I32, 0)),
-                                         ir.Constant(VF32, ir.Undefined), ir.Constant(vec(I32, LANES), [0] * LANES))
-        return builder.fmul(values, scale_v)
+        return builder.fmul(values, broadcast(builder, scale))
     return _weights(emit, w, 8)
 
 
@@ -333,22 +384,16 @@ def emit_axpy(builder: ir.IRBuilder, nblocks, p, o_addr, decode) -> None:
     """o[16c + l] = fma(p, w[16c + l], o[16c + l]) for every block c < nblocks (o float32 at o_addr, w the
     decoded weight row, p a float): attention's o += p_j v_j, elementwise, so no order to fix."""
     fma = _fma(builder.module)
-    func = builder.function
-    entry = builder.block
-    header = func.append_basic_block("axpy.header")
-    body = func.append_basic_block("axpy.body")
-    done = func.append_basic_block("axpy.done")
-    pv = builder.shuffle_vector(builder.insert_element(ir.Constant(VF32, ir.Undefined), p, const(I32, 0)),
-                                ir.Constant(VF32, ir.Undefined), ir.Constant(vec(I32, LANES), [0] * LANES))
-    builder.branch(header)
-    builder.position_at_end(header)
-    c = builder.phi(I64, "chunk")
-    c.add_incoming(const(I64, 0), entry)
-    builder.cbranch(builder.icmp_unsigned("<", c, nblocks), body, done)
-    builder.position_at_end(body)
-    off = builder.mul(c, const(I64, 4 * LANES))
-    o = load(builder, o_addr, off, VF32)
-    store(builder, builder.call(fma, [pv, decode(builder, c, 0), o]), o_addr, off)
-    c.add_incoming(builder.add(c, const(I64, 1)), builder.block)
-    builder.branch(header)
-    builder.position_at_end(done)
+    pv = broadcast(builder, p)
+
+    def block(c):
+        off = builder.mul(c, const(I64, 4 * LANES))
+        o = load(builder, o_addr, off, VF32)
+        store(builder, builder.call(fma, [pv, decode(builder, c, 0), o]), o_addr, off)
+    for_blocks(builder, "axpy", nblocks, block)
+
+
+# the decoders of weight rows by the array's element type (a dtype is one element format here): int8 E4M3
+# bytes (fp8: values e4m3 / 256), uint16 bf16 bits, float32; NVFP4's codes (uint8) also need their block
+# scales and a table (decode_nvfp4, decode_nvfp4_pairs)
+ELEMENT_DECODERS = {np.dtype(np.int8): decode_fp8, np.dtype(np.uint16): decode_bf16, np.dtype(np.float32): decode_f32}

@@ -1,5 +1,6 @@
 """The weights the fast CPU backend holds, in their stored format: ``StoredLinear`` (one matrix), ``StoredWeights``
-(all of a model's tensors), ``load_stored`` (a bundle's weights file, checked tensor by tensor).
+(all of a model's tensors), ``load_stored`` (a bundle's weights file, checked tensor by tensor), and per
+weight format (common/formats.py) how a linear is held and which kernel runs it (``LAYOUTS``).
 
 FP8 E4M3 + per-row scales, NVFP4 + block and global scales, bf16: NVFP4 and the embedding/head as zero-copy
 views of the memory-mapped weights file; FP8/bf16/f32 linears repacked at load into output panels
@@ -10,28 +11,32 @@ process holds the contract's weight bytes, not a float32 copy.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import fast_kernels as fk, panel_kernels as pk
-from .dequant import NVFP4_BLOCK, _expect, _refuse
-from ..model_config import ModelConfig
-from ..tensor_file import SafetensorsFile
+from toolcall.common.formats import BF16, FP8_E4M3, FP32, NVFP4, WeightFormat, format_of_linear, per_format
+from toolcall.runtime.bundle.model_config import ModelConfig
+from toolcall.runtime.bundle.tensor_file import SafetensorsFile
+from toolcall.runtime.cpu import fast_kernels as fk
+from toolcall.runtime.cpu import linear_kernels as lk
+from toolcall.runtime.cpu import panel_kernels as pk
+from toolcall.runtime.cpu.dequant import _expect, _refuse
 
 
 @dataclass(frozen=True)
 class StoredLinear:
-    """One weight matrix as stored. kind: fp8 (weight int8 [out, in] E4M3 bytes, scale f32 [out]),
-    nvfp4 (weight u8 [out, in/2], block u8 [out, in/16] E4M3 bytes, global_scale), bf16
-    (weight u16 bits [out, in]) or f32 (weight f32 [out, in]). ``panel`` P > 0: weight repacked as
+    """One weight matrix as stored, in weight format ``fmt``: FP8_E4M3 (weight int8 [out, in] E4M3 bytes,
+    scale f32 [out]), NVFP4 (weight u8 [out, in/2], block u8 [out, in/16] E4M3 bytes, global_scale f32 []),
+    BF16 (weight u16 bits [out, in]) or FP32 (weight f32 [out, in]). ``panel`` P > 0: weight repacked as
     [ceil(out/P), in, P] (the same element format), fp8 scale as [ceil(out/P) * P] of stored scale * 256."""
 
-    kind: str
+    fmt: WeightFormat
     weight: np.ndarray
     scale: np.ndarray | None = None
     block: np.ndarray | None = None
-    global_scale: float = 1.0
+    global_scale: np.ndarray | None = None
     bias: np.ndarray | None = None  # f32 [out]
     panel: int = 0
 
@@ -101,8 +106,8 @@ class StoredWeights:
     def nbytes(self) -> int:
         arrays = [a for a in self.table.values()] + list(self.vectors.values())
         for lin in self.linear.values():
-            arrays += [a for a in (lin.weight, lin.scale, lin.block) if a is not None]
-        return sum(a.nbytes for a in arrays) + 4 * sum(lin.kind == "nvfp4" for lin in self.linear.values())  # + f32 globals
+            arrays += [a for a in (lin.weight, lin.scale, lin.block, lin.global_scale) if a is not None]
+        return sum(a.nbytes for a in arrays)
 
 
 def _get_high(st, has, get, name, shape):
@@ -119,25 +124,17 @@ def _get_high(st, has, get, name, shape):
 
 
 def _linear_from(st, has, get, name, shape) -> StoredLinear:
-    rows, cols = shape
-    if has(name + "_scale_2"):
-        if cols % NVFP4_BLOCK:
-            raise AssertionError(f"{name}: NVFP4 input dimension {cols} is not a multiple of {NVFP4_BLOCK}")
-        packed = get(name, "U8", (rows, cols // 2))
-        block = get(name + "_scale", "F8_E4M3", (rows, cols // NVFP4_BLOCK))
-        _no_nan_codes(st, name + "_scale", block)
-        global_ = get(name + "_scale_2", "F32", ())
-        return StoredLinear("nvfp4", packed.view(np.uint8), block=block.view(np.uint8),
-                            global_scale=float(np.float32(global_[()])))
-    if has(name + "_scale"):
-        q = get(name, "F8_E4M3", shape)
-        _no_nan_codes(st, name, q)
-        scale = get(name + "_scale", "F32", (rows,))
-        lin = StoredLinear("fp8", pk.repack(q.view(np.int8)), scale=pk.padded_scale(scale), panel=pk.PANEL)
-    else:
+    fmt = format_of_linear(has, name)
+    if fmt is None:  # unquantized: as the tensor is stored (f16 widened to f32)
         w = _high(_get_high(st, has, get, name, shape))
-        lin = StoredLinear("bf16" if w.dtype == np.uint16 else "f32", pk.repack(w), panel=pk.PANEL)
-    if st is not None:  # the panels are a copy: the file's pages of this tensor are no longer read
+        fmt, tensors = (BF16 if w.dtype == np.uint16 else FP32), [w]
+    else:
+        if shape[1] % fmt.stored_multiple:
+            raise AssertionError(f"{name}: {fmt.name} input dimension {shape[1]} is not a multiple of "
+                                 f"{fmt.stored_multiple}")
+        tensors = [get(n, dtype, s) for n, dtype, s in fmt.stored(name, shape)]
+    lin = LAYOUTS[fmt].load(st, name, *tensors)
+    if st is not None and lin.panel:  # the panels are a copy: the file's pages of this tensor are no longer read
         st.release(name)
     return lin
 
@@ -166,11 +163,53 @@ def join_panels(parts: list[StoredLinear], outs: list[int]) -> StoredLinear | No
     """One linear whose outputs are the parts' side by side, or None where they cannot be joined (not all in
     panels of one format, an output count ``outs`` not a multiple of the panel width, biases on some only).
     Panels hold whole output columns, so each output is computed exactly as in its part: the same bits."""
-    kinds = {lin.kind for lin in parts}
-    if (len(kinds) != 1 or any(lin.panel != pk.PANEL for lin in parts) or any(o % pk.PANEL for o in outs)
+    formats = {lin.fmt for lin in parts}
+    if (len(formats) != 1 or any(lin.panel != pk.PANEL for lin in parts) or any(o % pk.PANEL for o in outs)
             or len({lin.bias is None for lin in parts}) != 1):
         return None
     scale = np.concatenate([lin.scale for lin in parts]) if parts[0].scale is not None else None
     bias = np.concatenate([lin.bias for lin in parts]) if parts[0].bias is not None else None
-    return StoredLinear(parts[0].kind, np.concatenate([lin.weight for lin in parts]), scale=scale, bias=bias,
+    return StoredLinear(parts[0].fmt, np.concatenate([lin.weight for lin in parts]), scale=scale, bias=bias,
                         panel=pk.PANEL)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the fast backend holds one weight format's linears and runs them. ``load(st or None, name, *tensors)``:
+    the StoredLinear from the format's stored tensors in file order (the weight, then its companions; an
+    unquantized weight as the kernels read it: bf16 as u16 bits, f32); ``run(lin, x, y)``: y (T, out) =
+    x (T, in) @ W.T, f32."""
+
+    load: Callable[..., StoredLinear]
+    run: Callable[[StoredLinear, np.ndarray, np.ndarray], None]
+
+
+NO_SCALE = np.empty(0, np.float32)  # linear_panels' scale of unscaled panels
+
+
+def _fp8_panels(st, name, q, scale) -> StoredLinear:
+    _no_nan_codes(st, name, q)
+    return StoredLinear(FP8_E4M3, pk.repack(q.view(np.int8)), scale=pk.padded_scale(scale), panel=pk.PANEL)
+
+
+def _nvfp4_rows(st, name, packed, block, global_) -> StoredLinear:
+    _no_nan_codes(st, name + "_scale", block)
+    return StoredLinear(NVFP4, packed.view(np.uint8), block=block.view(np.uint8),
+                        global_scale=np.array(global_, np.float32))
+
+
+def _panels(fmt: WeightFormat):
+    return lambda st, name, w: StoredLinear(fmt, pk.repack(w), panel=pk.PANEL)
+
+
+def _run_panels(lin: StoredLinear, x: np.ndarray, y: np.ndarray) -> None:
+    pk.linear_panels(x, lin.weight, NO_SCALE if lin.scale is None else lin.scale, y)
+
+
+def _run_nvfp4(lin: StoredLinear, x: np.ndarray, y: np.ndarray) -> None:
+    lk.linear_nvfp4(x, lin.weight, lin.block, lin.global_scale[()], y)
+
+
+LAYOUTS = per_format({FP8_E4M3: Layout(_fp8_panels, _run_panels), NVFP4: Layout(_nvfp4_rows, _run_nvfp4),
+                      BF16: Layout(_panels(BF16), _run_panels), FP32: Layout(_panels(FP32), _run_panels)},
+                     "the fast CPU backend's weight layouts")

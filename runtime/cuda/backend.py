@@ -12,21 +12,22 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels.geometry import launch_shape, prefill_tiles, shape_problems
-from kernels.launch import DeviceArray, Gpu, check, first_error
-from kernels.runner import DryRunGpu
-from kernels.signatures import kernel_signatures
-
-from ..bundle import KERNELS_DIR, WEIGHTS_FILE
-from ..contract import Contract, Limits
-from .buffers import DeviceArena, attention_splits, workspace_plan
-from .kv import CudaKVPool
-from .launches import StepLaunches, StepRows, rows_per_tile
-from .weights import FORMATS, DeviceWeights
-from common.errors import CudaError, Refusal
-from ..grammar import Grammar
-from ..model_config import ModelConfig
-from ..tensor_file import SafetensorsFile
+from toolcall.common.errors import CudaError, Refusal
+from toolcall.common.formats import WEIGHT_FORMATS
+from toolcall.kernels.declarations import declaration
+from toolcall.kernels.geometry import MATVEC_FORMATS, matvec_kernel, prefill_tiles, shape_problems
+from toolcall.kernels.launch import DeviceArray, Gpu, check, first_error
+from toolcall.kernels.runner import DryRunGpu
+from toolcall.runtime.batching.picks import HostStep
+from toolcall.runtime.bundle.contract import Contract, Limits
+from toolcall.runtime.bundle.files import KERNELS_DIR, WEIGHTS_FILE
+from toolcall.runtime.bundle.model_config import ModelConfig
+from toolcall.runtime.bundle.tensor_file import SafetensorsFile
+from toolcall.runtime.cuda.buffers import DeviceArena, attention_splits, workspace_plan
+from toolcall.runtime.cuda.kv import KV_FORMAT, CudaKVPool
+from toolcall.runtime.cuda.launches import StepLaunches, StepRows, rows_per_tile
+from toolcall.runtime.cuda.weights import DeviceWeights
+from toolcall.runtime.grammar.trie import Grammar
 
 
 def arena_sizes(plan: dict[str, int]) -> dict[str, int]:
@@ -44,23 +45,22 @@ class Program:
         self.model, self.launches, self.items = model, launches, []
         for ln in launches:
             kernel = model.kernel(ln.fn)
-            grid, block = launch_shape(ln.fn, **ln.sizes)
             params, holders = kernel.pack(ln.args)
-            self.items.append((kernel, grid, block, params, holders))
+            self.items.append((kernel, *ln.shape, params, holders))
 
     def run(self) -> None:
         m = self.model
         if m.dry:
             for (kernel, grid, block, _, _), ln in zip(self.items, self.launches):
-                m.gpu.launch(kernel, grid, block, *ln.args)
+                m.gpu.launch(kernel, grid, block, ln.args)
             return
         from cuda.bindings import driver
         for kernel, (gx, gy, gz), (bx, by, bz), params, _ in self.items:
             check(driver.cuLaunchKernel(kernel.function, gx, gy, gz, bx, by, bz, 0, m.stream, params.ctypes.data, 0),
-                  f"cuLaunchKernel({kernel.signature.name})")
+                  f"cuLaunchKernel({kernel.name})")
 
 
-class CudaModel:
+class CudaModel(HostStep):
     """Forward pass over rows and both heads on one GPU. ``gpu``: None (the model retains device
     0's primary context itself), a launch.Gpu (the model takes it over and closes it), or a
     DryRunGpu stand-in (launches checked or emulated on the host). ``strict=False`` records
@@ -69,7 +69,7 @@ class CudaModel:
     def __init__(self, cfg: ModelConfig, limits: Limits, grammar: Grammar, precision: str, tensors,
                  cubins: dict[str, bytes], gpu=None, strict: bool = True):
         problems = shape_problems(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                                  cfg.head_dim, FORMATS[precision])
+                                  cfg.head_dim, WEIGHT_FORMATS.get(precision))
         if problems:
             raise Refusal("bundle_invalid", f"the CUDA kernels cannot run this model: {'; '.join(problems)}",
                           problems=problems)
@@ -87,11 +87,14 @@ class CudaModel:
     def _load(self, tensors, cubins: dict[str, bytes], strict: bool) -> None:
         cfg, lim, g = self.cfg, self.limits, self.grammar
         self.modules = {}
-        needed = {kernel_signatures()[fn].file for fn in REQUIRED_KERNELS}
+        needed = {declaration(fn).file for fn in REQUIRED_KERNELS}
         for file in sorted(needed):
             if file not in cubins:
-                raise Refusal("bundle_invalid", f"{KERNELS_DIR}/{file}.cubin is missing; rebuild the bundle for a "
-                              "GPU target", file=f"{KERNELS_DIR}/{file}.cubin")
+                old = [f"{KERNELS_DIR}/{file.replace(f.name, alias)}.cubin" for f in WEIGHT_FORMATS
+                       for alias in f.aliases if f.name in file and file.replace(f.name, alias) in cubins]
+                why = f" (the bundle holds {old[0]}: it was built when {file}'s format had its old name)" if old else ""
+                raise Refusal("bundle_invalid", f"{KERNELS_DIR}/{file}.cubin is missing{why}; rebuild the bundle for "
+                              "a GPU target", file=f"{KERNELS_DIR}/{file}.cubin", old_spelling=old[0] if old else None)
             try:
                 self.modules[file] = self.gpu.load(cubins[file])
             except CudaError as e:
@@ -117,12 +120,12 @@ class CudaModel:
 
     # ---- device helpers ----
     def kernel(self, fn: str):
-        file = kernel_signatures()[fn].file
+        file = declaration(fn).file
         if file in self.module_errors:
             raise CudaError("cuda_error", f"kernel {fn}: {file}.cubin failed to load: {self.module_errors[file]}",
                             kernel=fn)
         if fn not in self._kernels:
-            self._kernels[fn] = self.modules[kernel_signatures()[fn].file].kernel(fn)
+            self._kernels[fn] = self.modules[file].kernel(fn)
         return self._kernels[fn]
 
     def memset(self, arr, value: int) -> None:
@@ -173,23 +176,23 @@ class CudaModel:
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
         """(B, vocab) float32: every row of the head (bf16_matvec over normed rows)."""
-        from .launches import Launch
+        from toolcall.runtime.cuda.launches import Launch
         cfg, w = self.cfg, self.weights
         out = []
         for b0 in range(0, len(hidden), self.rows_cap):
             x = np.ascontiguousarray(hidden[b0:b0 + self.rows_cap], np.float32)
             nb = len(x)
             self.gpu.copy_in(self.ws["normed"], x)
-            self.program(("dense", nb), lambda: [Launch("bf16_matvec", dict(T=nb, out=cfg.vocab_size), (
-                self.ws["normed"], cfg.hidden_size, w.arena[w.head], None, self.ws["logits_dense"], nb,
-                cfg.hidden_size, cfg.vocab_size, 0))]).run()
+            self.program(("dense", nb), lambda: [Launch("bf16_matvec", dict(
+                x=self.ws["normed"], x_stride=cfg.hidden_size, w=w.arena[w.head], bias=None, y=self.ws["logits_dense"],
+                T=nb, n_in=cfg.hidden_size, n_out=cfg.vocab_size, accumulate=0))]).run()
             self.sync()
             out.append(self.gpu.download(self.ws["logits_dense"], (nb, cfg.vocab_size), np.float32))
         return np.concatenate(out)
 
     def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """(B, K) float32 logits of candidate token ids (B, K) (head_sparse, every slot valid)."""
-        from .launches import Launch
+        from toolcall.runtime.cuda.launches import Launch
         cfg, w = self.cfg, self.weights
         K = candidates.shape[1]
         M = self.grammar.max_edges_per_node
@@ -201,14 +204,40 @@ class CudaModel:
             self.gpu.copy_in(self.ws["normed"], x)
             self.gpu.copy_in(self.ws["cand"], np.ascontiguousarray(candidates[b0:b0 + nb], np.int32))
             self.gpu.copy_in(self.ws["valid"], np.ones((nb, K), np.uint8))
-            self.program(("sparse", nb, K), lambda: [Launch("head_sparse", dict(n_cand=K, B=nb), (
-                self.ws["normed"], cfg.hidden_size, self.ws["cand"], self.ws["valid"], w.arena[w.head],
-                cfg.hidden_size, cfg.vocab_size, K, nb, self.ws["logits_sparse"]))]).run()
+            self.program(("sparse", nb, K), lambda: [Launch("head_sparse", dict(
+                xn=self.ws["normed"], x_stride=cfg.hidden_size, cand=self.ws["cand"], valid=self.ws["valid"],
+                table=w.arena[w.head], hidden=cfg.hidden_size, vocab=cfg.vocab_size, n_cand=K, B=nb,
+                out=self.ws["logits_sparse"]))]).run()
             self.sync()
             out.append(self.gpu.download(self.ws["logits_sparse"], (nb, K), np.float32))
         return np.concatenate(out)
 
     # ---- sizes and teardown ----
+    # ---- the rest of the Backend interface (runtime/backends.py) ----
+    threads = max_threads = None  # the host runs no kernel threads
+    lanes_supported = False
+
+    def new_kv_pool(self, limits: Limits, kv_format) -> CudaKVPool:
+        """The device pool made at load, as the contract's limits size it (one pool a backend)."""
+        if kv_format is not KV_FORMAT:
+            raise Refusal("bundle_invalid", f"the CUDA kernels keep K/V in {KV_FORMAT.name}, the contract asks for "
+                          f"{kv_format.name}; rebuild the bundle", expected=KV_FORMAT.name, found=kv_format.name)
+        assert limits == self.limits, (limits, self.limits)
+        return self.kv
+
+    def split(self, lanes: int, rows: int) -> list:
+        raise NotImplementedError("the CUDA backend steps as one lane")
+
+    def memory(self) -> dict[str, int]:
+        return self.device_bytes()
+
+    def bind_thread(self) -> None:
+        """Makes the device's primary context current on the calling thread (the engine thread; the load ran
+        on another)."""
+        if not self.dry:  # the emulated device has no context
+            from cuda.bindings import driver
+            check(driver.cuCtxSetCurrent(self.gpu.context), "cuCtxSetCurrent")
+
     def device_bytes(self) -> dict[str, int]:
         return {"weights": self.weights.arena.nbytes, "kv_pool": self.kv.nbytes, "workspace": self.ws.nbytes}
 
@@ -239,7 +268,7 @@ class CudaModel:
 
 REQUIRED_KERNELS = ("embed_gather", "qk_norm_rope_kv", "attention_decode", "attention_prefill_partial",
                     "attention_merge", "rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance",
-                    "bf16_matvec", "fp8_matvec", "nvfp4_matvec")
+                    *(matvec_kernel(f) for f in MATVEC_FORMATS))
 
 
 def read_cubins(folder: Path) -> dict[str, bytes]:

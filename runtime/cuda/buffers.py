@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.geometry import ATTN_SPLIT, attention_max_splits
-from kernels.launch import DeviceArray
-
-from ..contract import Limits
-from ..model_config import ModelConfig
+from toolcall.kernels.geometry import ATTN_SPLIT, attention_max_splits
+from toolcall.kernels.launch import DeviceArray
+from toolcall.runtime.bundle.contract import Limits
+from toolcall.runtime.bundle.model_config import ModelConfig
 
 ALIGN = 256  # bytes; every buffer starts on a 256-byte boundary (16-byte vector loads need 16)
 F32, I32 = 4, 4

@@ -21,12 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.launch import first_error
-
-from .buffers import graph_chunks, offset
-from .graph_build import GraphBuilder
-from .launches import StepRows, rows_per_tile
-from common.errors import RequestError
+from toolcall.common.errors import RequestError
+from toolcall.kernels.launch import first_error
+from toolcall.runtime.cuda.buffers import graph_chunks, offset
+from toolcall.runtime.cuda.graph_build import GraphBuilder
+from toolcall.runtime.cuda.launches import StepRows, rows_per_tile
 
 FINISH = {1: "done", 2: "length", 3: "dead_end"}  # grammar_advance status codes
 EXEC_CACHE = 4  # instantiated request graphs kept, by chunk count
@@ -40,7 +39,7 @@ class LoopResult:
     device_ms: float  # graph: launch to completion (CUDA events); host: wall time of the stepping
 
 
-class CudaDecodeLoop:
+class DecodeGraph:
     """Greedy grammar-bounded generation of one request at a time on a CudaModel."""
 
     def __init__(self, model):

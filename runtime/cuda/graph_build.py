@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import time
 
-from kernels.graph_nodes import add_kernel_node, add_while_node
-from kernels.launch import check, first_error
-
-from common.errors import CudaError
+from toolcall.common.errors import CudaError
+from toolcall.kernels.graph_nodes import add_kernel_node, add_while_node
+from toolcall.kernels.launch import check, first_error
 
 
 def dependencies(launches) -> tuple[list[list[int]], list[int]]:
@@ -45,13 +44,13 @@ class GraphBuilder:
 
     def _add_kernels(self, graph, launches, programmatic: bool) -> list:
         """Kernel nodes of ``launches`` in ``graph``; returns the last stage's nodes."""
-        from .backend import Program
+        from toolcall.runtime.cuda.backend import Program
         drv, program = self.drv, Program(self.m, launches)
         deps, last = dependencies(launches)
         nodes = []
         for (kernel, grid, block, params, _holders), dep in zip(program.items, deps):
             nodes.append(add_kernel_node(drv, graph, [nodes[j] for j in dep], kernel.function, grid, block,
-                                         params.ctypes.data, kernel.signature.name, programmatic))
+                                         params.ctypes.data, kernel.name, programmatic))
         return [nodes[j] for j in last]
 
     def instantiate(self, launches, body=None):

@@ -2,19 +2,20 @@
 
 Layout: one allocation [layers, 2 (K, V), pages, page_size, kv_heads, head_dim] bf16, so
 layer l's K is the (pages, page_size, kv_heads, head_dim) block the kernels take as
-``k_cache``. The block table lives on the host (runtime/page_allocator.py) and is mirrored
+``k_cache``. The block table lives on the host (runtime/batching/pages.py) and is mirrored
 to an int32 [max_seqs, max_pages_per_seq] device buffer by ``sync`` when it changed.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from kernels.launch import DeviceArray
+from toolcall.common.formats import KV_BF16
+from toolcall.kernels.launch import DeviceArray
+from toolcall.runtime.batching.pages import PageAllocator
+from toolcall.runtime.bundle.model_config import ModelConfig
 
-from ..model_config import ModelConfig
-from ..page_allocator import PageAllocator
-
-KV_ITEM_BYTES = 2  # bf16
+# the kernels read and write bf16 K/V (kernels/attention.cuh): the one KV format this pool holds
+KV_FORMAT = KV_BF16
 
 
 class CudaKVPool(PageAllocator):
@@ -25,7 +26,7 @@ class CudaKVPool(PageAllocator):
         super().__init__(num_pages, page_size, max_seqs, max_tokens_per_seq)
         self.gpu = gpu
         self.num_kv_heads, self.head_dim, self.num_layers = cfg.num_kv_heads, cfg.head_dim, cfg.num_layers
-        self.layer_bytes = num_pages * page_size * cfg.num_kv_heads * cfg.head_dim * KV_ITEM_BYTES
+        self.layer_bytes = num_pages * page_size * cfg.num_kv_heads * cfg.head_dim * KV_FORMAT.itemsize
         self.storage: DeviceArray | None = None
         self.table: DeviceArray | None = None
         self.storage = gpu.alloc(2 * cfg.num_layers * self.layer_bytes)
@@ -47,7 +48,7 @@ class CudaKVPool(PageAllocator):
         """K/V rows first..first+rows-1 of every layer, page to page (the pinned prefix's partial last page, a
         repeated prompt's last page, an answer's rows): 2 * layers device-to-device copies per call, on the
         legacy default stream, so ordered after and before the model's (blocking) stream's work."""
-        row_bytes = self.num_kv_heads * self.head_dim * KV_ITEM_BYTES  # rows lead the (page_size, heads, dim) page
+        row_bytes = self.num_kv_heads * self.head_dim * KV_FORMAT.itemsize  # rows lead the (page_size, heads, dim) page
         page_bytes, n = self.page_size * row_bytes, rows * row_bytes
         for block in range(2 * self.num_layers):
             base = self.storage.ptr + block * self.layer_bytes + first * row_bytes

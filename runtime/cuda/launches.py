@@ -1,10 +1,11 @@
 """The kernel sequences of one step, written once for the host-driven path and the graphs.
 
-A step is a list of ``Launch``es (kernel name, launch sizes, arguments). A launch marked
-``parallel`` has the same dependencies as the one before it (a graph runs them side by side;
-the host launches them in order on one stream, which is the same computation).
+A step is a list of ``Launch``es (toolcall.kernels.declarations: kernel name and arguments by the
+kernel's parameter names; the grid comes from those arguments). A launch marked ``parallel`` has
+the same dependencies as the one before it (a graph runs them side by side; the host launches
+them in order on one stream, which is the same computation).
 
-Per layer (<f> = fp8 | nvfp4 | bf16; one fused q|k|v and one gate|up weight in every format):
+Per layer (<f> = the weight format's kernel prefix; one fused q|k|v and one gate|up weight in every format):
   decode rows (StepRows.tiles None; the graph's loop body), 5 launches:
     <f>_matvec_rmsnorm qkv -> attention_decode (norm, rope, K/V write, attention, merge)
     -> <f>_matvec o_proj (+= x) -> <f>_matvec_rmsnorm gate|up -> <f>_matvec_swiglu down (+= x)
@@ -18,20 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.geometry import ATTN_QCHUNK
-from kernels.launch import DeviceArray
-
-from .buffers import offset
+from toolcall.kernels.declarations import Launch
+from toolcall.kernels.geometry import ATTN_QCHUNK, PLAIN, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.launch import DeviceArray
+from toolcall.runtime.cuda.buffers import offset
 
 F32 = 4
-
-
-@dataclass(frozen=True)
-class Launch:
-    fn: str
-    sizes: dict
-    args: tuple
-    parallel: bool = False  # graph: same dependencies as the previous launch
+__all__ = ["Launch", "StepLaunches", "StepRows", "rows_per_tile"]
 
 
 @dataclass(frozen=True)
@@ -71,13 +65,15 @@ class StepLaunches:
         self.part_ml = offset(part, self.t_max * cfg.num_heads * self.splits * cfg.head_dim * F32)
 
     # ---- matvecs ----
-    def _mv(self, kind: str, mv, head: tuple, y, T: int, accumulate: int, parallel=False) -> Launch:
-        return Launch(f"{mv.fmt}_matvec{kind}", dict(T=T, out=mv.n_out),
-                      (*head, *mv.weight_args(), mv.bias(), y, T, mv.n_in, mv.n_out, accumulate), parallel)
+    def _mv(self, prologue: str, mv, head: dict, y, T: int, accumulate: int) -> Launch:
+        """``mv``'s matvec with ``prologue`` over the input arguments ``head``, into (or onto) ``y``."""
+        return Launch(matvec_kernel(mv.fmt, prologue), dict(
+            **head, **mv.weight_args(), bias=mv.bias(), y=y, T=T, n_in=mv.n_in, n_out=mv.n_out, accumulate=accumulate))
 
     def _mv_norm(self, mv, norm: str, y, T: int) -> Launch:
-        ln, h = self.m.weights.arena[norm], self.m.cfg.hidden_size
-        return self._mv("_rmsnorm", mv, (self.m.ws["hidden"], h, ln, self.eps), y, T, 0)
+        ln = self.m.weights.arena[norm]
+        return self._mv(RMSNORM, mv, dict(x=self.m.ws["hidden"], x_stride=self.m.cfg.hidden_size, norm_w=ln,
+                                          eps=self.eps), y, T, 0)
 
     # ---- one step ----
     def forward(self, rows: StepRows) -> list[Launch]:
@@ -85,63 +81,67 @@ class StepLaunches:
         m, cfg, T = self.m, self.m.cfg, rows.T
         w, kv, x = m.weights, m.kv, m.ws["hidden"]
         arena = w.arena
-        nh, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        out = [Launch("embed_gather", dict(T=T), (rows.tokens, arena[w.embed], cfg.vocab_size, cfg.hidden_size, x, T))]
+        heads = dict(n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
+        out = [Launch("embed_gather", dict(tokens=rows.tokens, table=arena[w.embed], vocab=cfg.vocab_size,
+                                           hidden=cfg.hidden_size, x=x, T=T))]
         attn = m.ws["attn_out"]
+        cache = dict(block_table=kv.table, max_pages_per_seq=kv.max_pages_per_seq, page_size=kv.page_size)
+        splits = dict(sm_scale=self.sm_scale, max_splits=self.splits, part_o=self.part_o, part_ml=self.part_ml)
         for i, layer in enumerate(w.layers):
-            qn = arena[layer.norms["q_norm"]] if "q_norm" in layer.norms else None
-            kn = arena[layer.norms["k_norm"]] if "k_norm" in layer.norms else None
-            cache = (kv.table, kv.max_pages_per_seq, kv.page_size)
-            kv_rows = (self.k, self.k_stride, self.v, self.k_stride, rows.seq, rows.pos, *cache)
+            layer_kv = dict(k_cache=kv.k(i), v_cache=kv.v(i))
+            # q, k, v columns of the fused [T, q | k | v] buffer, the rows' sequences and positions
+            rope = dict(q=self.q, q_stride=self.q_stride, k=self.k, k_stride=self.k_stride, v=self.v,
+                        v_stride=self.k_stride, seq=rows.seq, pos=rows.pos, **cache,
+                        q_norm_w=arena[layer.norms["q_norm"]] if "q_norm" in layer.norms else None,
+                        k_norm_w=arena[layer.norms["k_norm"]] if "k_norm" in layer.norms else None,
+                        inv_freq=arena[w.inv_freq], eps=self.eps, **heads, **layer_kv)
             out.append(self._mv_norm(layer.qkv, layer.norms["ln_in"], self.q, T))
             if rows.tiles is None:  # decode: one fused launch up to the o_proj input
-                out.append(Launch("attention_decode", dict(T=T, n_kv_heads=nkv, max_splits=self.splits),
-                                  (self.q, self.q_stride, *kv_rows, kv.k(i), kv.v(i), qn, kn, arena[w.inv_freq],
-                                   self.eps, nh, nkv, hd, self.sm_scale, self.splits, self.part_o, self.part_ml,
-                                   m.ws["attn_count"], attn, cfg.q_dim, T)))
+                out.append(Launch("attention_decode", dict(**rope, **splits, counters=m.ws["attn_count"], out=attn,
+                                                           out_stride=cfg.q_dim, T=T)))
             else:
                 start, length, n_tiles = rows.tiles
-                out.append(Launch("qk_norm_rope_kv", dict(T=T, n_heads=nh, n_kv_heads=nkv),
-                                  (self.q, self.q_stride, *kv_rows, qn, kn, arena[w.inv_freq], self.eps, T, nh, nkv,
-                                   hd, kv.k(i), kv.v(i))))
-                tail = (kv.k(i), kv.v(i), nh, nkv, hd, self.sm_scale, self.splits, self.part_o, self.part_ml)
-                out.append(Launch("attention_prefill_partial",
-                                  dict(n_tiles=n_tiles, n_kv_heads=nkv, max_splits=self.splits),
-                                  (self.q, self.q_stride, rows.seq, rows.pos, start, length, *cache, *tail, n_tiles)))
-                out.append(Launch("attention_merge", dict(n_heads=nh, T=T),
-                                  (self.part_o, self.part_ml, rows.seq, rows.pos, nh, hd, self.splits, attn,
-                                   cfg.q_dim, T)))
-            out.append(self._mv("", layer.o, (attn, cfg.q_dim), x, T, 1))
+                out.append(Launch("qk_norm_rope_kv", dict(**rope, T=T)))
+                out.append(Launch("attention_prefill_partial", dict(
+                    q=self.q, q_stride=self.q_stride, seq=rows.seq, pos=rows.pos, tile_start=start, tile_len=length,
+                    **cache, **layer_kv, **heads, **splits, n_tiles=n_tiles)))
+                out.append(Launch("attention_merge", dict(
+                    part_o=self.part_o, part_ml=self.part_ml, seq=rows.seq, pos=rows.pos, n_heads=cfg.num_heads,
+                    head_dim=cfg.head_dim, max_splits=self.splits, out=attn, out_stride=cfg.q_dim, T=T)))
+            out.append(self._mv(PLAIN, layer.o, dict(x=attn, x_stride=cfg.q_dim), x, T, 1))
             out.append(self._mv_norm(layer.gate_up, layer.norms["ln_post"], self.gate, T))
-            out.append(self._mv("_swiglu", layer.down, (self.gate, self.up, self.gu_stride), x, T, 1))
+            out.append(self._mv(SWIGLU, layer.down, dict(gate=self.gate, up=self.up, x_stride=self.gu_stride), x, T, 1))
         return out
 
     def final_norm(self, T: int, rows: DeviceArray | None = None) -> Launch:
         """rmsnorm of x's rows (gathered by int32 ``rows`` [T] when given) into ws["normed"]."""
-        cfg, w = self.m.cfg, self.m.weights
-        return Launch("rmsnorm", dict(B=T), (self.m.ws["hidden"], cfg.hidden_size, rows, w.arena[w.final_norm],
-                                             self.eps, self.m.ws["normed"], cfg.hidden_size, T, cfg.hidden_size))
+        w, h = self.m.weights, self.m.cfg.hidden_size
+        return Launch("rmsnorm", dict(x=self.m.ws["hidden"], x_stride=h, rows=rows, w=w.arena[w.final_norm],
+                                      eps=self.eps, y=self.m.ws["normed"], y_stride=h, B=T, n=h))
 
     def sample(self, d: dict, rows: DeviceArray | None, cond_handle: int) -> list[Launch]:
         """One greedy grammar step for the one sequence of ``d`` (decode-row views: token, pos,
         seq, row): final norm of its row, candidates, sparse head, grammar_advance."""
         m, cfg, g = self.m, self.m.cfg, self.m.grammar
         arena, ws, gw = m.weights.arena, m.ws, m.weights
-        M, W, N = g.max_edges_per_node, g.bitset_words, g.num_nodes
         ga = {n: arena["grammar." + n] for n in ("node_edge_start", "edge_token", "edge_kind", "edge_bits",
                                                  "edge_child", "edge_tool")}
-        st = (ws["gram_state"], ws["gram_status"])
+        sizes = dict(n_words=g.bitset_words, n_nodes=g.num_nodes, max_edges=g.max_edges_per_node, B=1)
+        state = dict(state=ws["gram_state"], status=ws["gram_status"])
         return [
             self.final_norm(1, rows),
-            Launch("grammar_candidates", dict(max_edges=M, B=1),
-                   (d["seq"], *st, ga["node_edge_start"], ga["edge_token"], ga["edge_kind"], ga["edge_bits"], W, N,
-                    g.num_tools, g.max_tools, int(g.allow_empty), M, 1, ws["cand"], ws["valid"])),
-            Launch("head_sparse", dict(n_cand=M, B=1),
-                   (ws["normed"], cfg.hidden_size, ws["cand"], ws["valid"], arena[gw.head], cfg.hidden_size,
-                    cfg.vocab_size, M, 1, ws["logits_sparse"])),
-            Launch("grammar_advance", dict(B=1),
-                   (ws["logits_sparse"], ws["cand"], ws["valid"], d["seq"], d["token"], d["pos"],
-                    ga["node_edge_start"], ga["edge_child"], ga["edge_kind"], ga["edge_tool"], W, N, M,
-                    m.limits.max_output_tokens, 1, *st, ws["out_tokens"], ws["out_len"], d["token"], d["pos"],
-                    ws["sync_ws"], ws["cond"], int(cond_handle))),
+            Launch("grammar_candidates", dict(
+                sample_seq=d["seq"], **state, node_edge_start=ga["node_edge_start"], edge_token=ga["edge_token"],
+                edge_kind=ga["edge_kind"], edge_bits=ga["edge_bits"], n_tools=g.num_tools, max_tools=g.max_tools,
+                allow_empty=int(g.allow_empty), **sizes, cand=ws["cand"], valid=ws["valid"])),
+            Launch("head_sparse", dict(xn=ws["normed"], x_stride=cfg.hidden_size, cand=ws["cand"], valid=ws["valid"],
+                                       table=arena[gw.head], hidden=cfg.hidden_size, vocab=cfg.vocab_size,
+                                       n_cand=g.max_edges_per_node, B=1, out=ws["logits_sparse"])),
+            Launch("grammar_advance", dict(
+                cand_logits=ws["logits_sparse"], cand=ws["cand"], valid=ws["valid"], sample_seq=d["seq"],
+                token_in=d["token"], pos_in=d["pos"], node_edge_start=ga["node_edge_start"],
+                edge_child=ga["edge_child"], edge_kind=ga["edge_kind"], edge_tool=ga["edge_tool"], **sizes,
+                max_out=m.limits.max_output_tokens, **state, out_tokens=ws["out_tokens"], out_len=ws["out_len"],
+                token_out=d["token"], pos_out=d["pos"], sync_ws=ws["sync_ws"], cond_out=ws["cond"],
+                cond_handle=int(cond_handle))),
         ]

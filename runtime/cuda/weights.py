@@ -1,10 +1,11 @@
 """Bundle weights on the device, in the bundle's own formats, uploaded once at load.
 
-Formats (DESIGN.md "Weight formats"; the kernels read them as stored):
-  fp8:   codes uint8 [out, in] + float32 per-row scale [out]
-  nvfp4: packed uint8 [out, in/2] + e4m3 block scales uint8 [out, in/16] + float32 global
-         scale per output row [out] (weight_scale_2 of the row's source tensor)
-  bf16:  bf16 [out, in]
+A linear goes up as its stored tensors (common/formats.py ``WeightFormat.stored``), one device buffer
+each, as its format's matvec kernels take them (kernels/weight_args.py):
+  fp8_e4m3: codes uint8 [out, in] + float32 per-row scale [out]
+  nvfp4:    packed uint8 [out, in/2] + e4m3 block scales uint8 [out, in/16] + float32 global
+            scale per output row [out] (weight_scale_2 of the row's source tensor)
+  bf16:     bf16 [out, in]
 Embedding, (untied) head and norms stay bf16; biases go up as float32 (exact).
 
 Fusions that change no bit: every output row is computed alone with its own scales (fp8's
@@ -18,30 +19,31 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .buffers import DeviceArena
-from common.errors import Refusal
-from ..grammar import Grammar
-from ..model_config import ModelConfig
-from ..rope import inv_freq
-from ..tensor_file import DTYPE_NAMES
+from toolcall.common.errors import Refusal
+from toolcall.common.formats import WEIGHT_FORMATS, WeightFormat
+from toolcall.kernels.weight_args import weight_args
+from toolcall.runtime.bundle.model_config import ModelConfig
+from toolcall.runtime.bundle.rope import inv_freq
+from toolcall.runtime.bundle.tensor_file import DTYPE_NAMES
+from toolcall.runtime.cuda.buffers import DeviceArena
+from toolcall.runtime.grammar.trie import Grammar
 
-FORMATS = {"fp8_e4m3": "fp8", "nvfp4": "nvfp4", "bf16": "bf16"}
 GRAMMAR_ARRAYS = ("node_edge_start", "edge_token", "edge_kind", "edge_bits", "edge_child", "edge_tool")
 
 
 @dataclass
 class Matvec:
-    """One linear layer's device weights: ``weight_args`` are its kernel's (w, scales...) params."""
+    """One linear layer's device weights: ``weight_args`` are its kernel's weight arguments by name."""
 
-    fmt: str
+    fmt: WeightFormat
     n_in: int
     n_out: int
-    keys: tuple[str, ...]  # arena names: weight, then scales (fp8: per row; nvfp4: blocks, per-row global)
+    keys: dict[str, str]  # kernel parameter (w, then its scales) -> arena name
     bias_key: str | None = None  # float32 [out]
     arena: DeviceArena | None = None
 
-    def weight_args(self) -> tuple:
-        return tuple(self.arena[k] for k in self.keys)
+    def weight_args(self) -> dict:
+        return {param: self.arena[key] for param, key in self.keys.items()}
 
     def bias(self):
         return None if self.bias_key is None else self.arena[self.bias_key]
@@ -57,10 +59,13 @@ class LayerWeights:
 
 
 class DeviceWeights:
-    """Plans, then uploads, every tensor of a bundle (``tensors``: name -> numpy view)."""
+    """Plans, then uploads, every tensor of a bundle (``tensors``: name -> numpy view) whose linears are
+    in ``precision`` (a WeightFormat, or its name as the contract records it)."""
 
-    def __init__(self, cfg: ModelConfig, precision: str, tensors, grammar: Grammar):
-        self.cfg, self.fmt, self.t = cfg, FORMATS[precision], tensors
+    def __init__(self, cfg: ModelConfig, precision: WeightFormat | str, tensors, grammar: Grammar):
+        fmt = precision if isinstance(precision, WeightFormat) else WEIGHT_FORMATS.get(precision)
+        assert fmt is not None, f"weight format {precision!r}: refused by shape_problems before"
+        self.cfg, self.fmt, self.t = cfg, fmt, tensors
         self.lookup = tensors.get if isinstance(tensors, dict) else (
             lambda n: tensors.get(n) if n in tensors.tensors else None)  # a SafetensorsFile
         self.producers: dict[str, callable] = {}
@@ -107,29 +112,22 @@ class DeviceWeights:
         shapes = [self.shapes[n + ".weight"] for n in names]
         n_in, n_out = shapes[0][1], sum(s[0] for s in shapes)
         cat = (lambda parts: parts[0]) if len(names) == 1 else (lambda parts: np.concatenate(parts, axis=0))
-        if fmt == "fp8":
-            self._add(key + ".w", lambda: cat([self._get(n + ".weight", "F8_E4M3", s).view(np.uint8)
-                                              for n, s in zip(names, shapes)]), n_out * n_in)
-            self._add(key + ".s", lambda: cat([self._get(n + ".weight_scale", "F32", (s[0],))
-                                              for n, s in zip(names, shapes)]), 4 * n_out)
-            mv = Matvec(fmt, n_in, n_out, (key + ".w", key + ".s"))
-        elif fmt == "nvfp4":
-            self._add(key + ".w", lambda: cat([self._get(n + ".weight", "U8", (s[0], n_in // 2))
-                                              for n, s in zip(names, shapes)]), n_out * n_in // 2)
-            self._add(key + ".s", lambda: cat([self._get(n + ".weight_scale", "F8_E4M3", (s[0], n_in // 16))
-                                              .view(np.uint8) for n, s in zip(names, shapes)]), n_out * n_in // 16)
-            self._add(key + ".g", lambda: np.concatenate(
-                [np.full(s[0], self._get(n + ".weight_scale_2", "F32", ())[()], np.float32)
-                 for n, s in zip(names, shapes)]), 4 * n_out)
-            mv = Matvec(fmt, n_in, n_out, (key + ".w", key + ".s", key + ".g"))
-        else:
-            self._add(key + ".w", lambda: cat([self._get(n + ".weight", "BF16", s) for n, s in zip(names, shapes)]),
-                      2 * n_out * n_in)
-            mv = Matvec(fmt, n_in, n_out, (key + ".w",))
+        keys = {}
+        for arg in weight_args(fmt):
+            keys[arg.param] = self._add(f"{key}.{arg.param}", lambda arg=arg: cat(
+                [self._stored(arg, n + ".weight", s) for n, s in zip(names, shapes)]), arg.nbytes(n_out, n_in))
+        mv = Matvec(fmt, n_in, n_out, keys)
         if cfg.qkv_bias and names[0].endswith(("q_proj", "k_proj", "v_proj")):
             mv.bias_key = self._add(key + ".b", lambda: np.concatenate(
                 [self._get(n + ".bias", "BF16", (s[0],)).astype(np.float32) for n, s in zip(names, shapes)]), 4 * n_out)
         return mv
+
+    def _stored(self, arg, weight: str, shape: tuple[int, int]) -> np.ndarray:
+        """Weight argument ``arg`` of the linear ``weight`` [out, in] from its stored tensor, checked; a
+        per-tensor scalar repeated per output row (fused linears keep each tensor's own)."""
+        name, dtype, stored_shape = next(s for s in self.fmt.stored(weight, shape) if s[0] == weight + arg.suffix)
+        arr = self._get(name, dtype, stored_shape)
+        return np.full(shape[0], arr[()], arr.dtype) if arg.per_row else arr
 
     def _plan_layer(self, i: int) -> LayerWeights:
         p, cfg, key = f"model.layers.{i}.", self.cfg, f"L{i}."

@@ -22,13 +22,19 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from common.errors import RequestError
-from ..bundle import CONTRACT_FILE
-from ..sampling import Sampling
-from . import schemas as S
-from .http_errors import JSON, GuardMiddleware, http_exception_handler, typed_response, validation_response
-from .metrics import CONTENT_TYPE_LATEST
-from .state import ServeState
+from toolcall.common.errors import RequestError
+from toolcall.runtime.batching.sampling import Sampling
+from toolcall.runtime.bundle.files import CONTRACT_FILE
+from toolcall.runtime.serve import schemas as S
+from toolcall.runtime.serve.http_errors import (
+    JSON,
+    GuardMiddleware,
+    http_exception_handler,
+    typed_response,
+    validation_response,
+)
+from toolcall.runtime.serve.metrics import CONTENT_TYPE_LATEST
+from toolcall.runtime.serve.state import ServeState
 
 ERRORS = {400: "Invalid body or parameters (request_invalid, unknown_tool)",
           413: "Body too large, or a prompt that can never fit (body_too_large, prompt_too_long, kv_pages)",
@@ -173,7 +179,8 @@ def create_app(state: ServeState) -> FastAPI:
     @app.get("/health/live", response_model=S.Health, responses=NOT_READY)
     async def health_live():
         """Liveness: the process answers and the engine loop, once started, still beats."""
-        if state.phase == "failed" or (state.loop is not None and not state.loop.alive(state.config.stale_s)):
+        thread = state.engine_thread
+        if state.phase == "failed" or (thread is not None and not thread.alive(state.config.stale_s)):
             return health_response(False)
         return _json({"status": "alive"})
 

@@ -15,9 +15,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from common.errors import EngineError
+from toolcall.common.errors import EngineError
 
-log = logging.getLogger("runtime.serve")
+log = logging.getLogger("toolcall.runtime.serve")
 
 # code -> HTTP status (codes not listed: 400 if a request's fault, else 500; see status_for)
 STATUS = {"request_invalid": 400, "unknown_tool": 400, "usage": 400, "prompt_too_long": 413, "kv_pages": 413,

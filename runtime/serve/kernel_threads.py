@@ -5,7 +5,8 @@ for all of them: one thread preempted by the event loop, the clients or another 
 whole step (measured on this 2-core machine, engine alone beside one busy process: 1 thread 547
 requests/s, 2 threads 247). But a core left idle is lost: in a 2,048-client burst the loop is busy
 while requests arrive and then mostly idle while the engine works them off, and there a second
-thread pays (1 thread 244-354 requests/s, 2 threads 285-461; bench/RESULTS.md).
+thread pays (1 thread 244-354 requests/s, 2 threads 285-461; bench/RESULTS.md, "CPU serving burst, server and
+bundle options").
 
 So the engine runs ``base`` threads (the CPUs less one, the loop's) and one more for each core that
 stood spare over the last window: idle (and niced) time of the CPUs this process may use
@@ -90,15 +91,15 @@ class KernelThreads:
 def adaptive_kernel_threads(model, loop_thread: int, cgroup_root: Path | None = None) -> KernelThreads | None:
     """A KernelThreads for a fast CPU model (its ``threads`` is applied each forward) on Linux with
     no CPU quota; None where the count must stay as it is."""
-    from ..cpu import CGROUP_ROOT, available_cpus
+    from toolcall.runtime.bundle.machine import CGROUP_ROOT, available_cpus
 
-    if not hasattr(model, "threads") or not hasattr(os, "sched_getaffinity") or not Path("/proc/stat").exists():
+    if model.threads is None or not hasattr(os, "sched_getaffinity") or not Path("/proc/stat").exists():
         return None
     cpus = os.sched_getaffinity(0)
     most = available_cpus(cgroup_root or CGROUP_ROOT)
     if most < len(cpus):  # a quota below the affinity set
         return None
-    most = min(most, getattr(model, "max_threads", most))  # numba's pool (NUMBA_NUM_THREADS) caps it
+    most = min(most, model.max_threads)  # numba's pool (NUMBA_NUM_THREADS) caps it
     if most <= model.threads:  # no core to add
         return None
     return KernelThreads(model.threads, most, cpus, loop_thread)

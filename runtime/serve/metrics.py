@@ -1,15 +1,21 @@
 """Prometheus metrics under vLLM's names with this project's prefix (``toolcall:`` for ``vllm:``).
 
-Gauges are read from the engine loop when scraped; counters and histograms are fed by the
+Gauges are read from the engine thread when scraped; counters and histograms are fed by the
 engine thread as requests finish and steps end (prometheus_client is thread-safe), and by
 the HTTP side for refusals made before a request reaches the engine.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for app.py)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for app.py)
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
-from common.errors import RequestError
+from toolcall.common.errors import RequestError
 
 PREFIX = "toolcall:"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -17,14 +23,14 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 
 
 class ServeMetrics:
-    """One registry per server; ``loop()`` returns the EngineLoop or None while loading."""
+    """One registry per server; ``engine_thread()`` returns the EngineThread or None while loading."""
 
-    def __init__(self, loop):
+    def __init__(self, engine_thread):
         self.registry = r = CollectorRegistry()
         p = PREFIX
 
         def read(attr, default=0.0):
-            return lambda: float(getattr(loop(), attr)) if loop() is not None else default
+            return lambda: float(getattr(engine_thread(), attr)) if engine_thread() is not None else default
 
         Gauge(p + "num_requests_running", "Requests running in the engine (admitted, holding KV pages).",
               registry=r).set_function(read("running"))
@@ -35,7 +41,7 @@ class ServeMetrics:
               registry=r).set_function(read("pages_in_use"))
 
         def usage():
-            lp = loop()
+            lp = engine_thread()
             if lp is None:
                 return 0.0
             kv = lp.generator.kv

@@ -17,9 +17,9 @@ import sys
 import prometheus_client
 import uvicorn
 
-from ..cpu import available_cpus, serving_threads
-from .app import create_app
-from .state import ServeConfig, ServeState
+from toolcall.runtime.bundle.machine import available_cpus, serving_threads
+from toolcall.runtime.serve.app import create_app
+from toolcall.runtime.serve.state import ServeConfig, ServeState
 
 BACKLOG = 4096
 
@@ -118,20 +118,20 @@ def serve_threads(threads: int | None) -> int:
 
 
 def main(path: str, host: str, port: int, config: ServeConfig, head: str = "sparse", threads: int | None = None,
-         noop: bool = False) -> None:
-    """`runtime serve`: prints one ready line on stdout once bound, errors as one line on stderr."""
-    from ..engine import Engine
-    from .noop import load_noop
+         load=None, label: str = "") -> None:
+    """`runtime serve`: prints one ready line on stdout once bound, errors as one line on stderr. ``load``:
+    another engine's loader in place of the bundle's (a benchmark's no-op engine), named ``label``."""
+    from toolcall.runtime.engine import Engine
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-
-    def load():
-        return load_noop(path) if noop else Engine.load(path, head=head, threads=serve_threads(threads))
+    if load is None:
+        def load():
+            return Engine.load(path, head=head, threads=serve_threads(threads))
 
     def announce(server: DrainingServer) -> None:
         e = server.state.engine
         print(f"ready: http://{host}:{server.port} serving {e.folder.name} ({e.contract.target.name}, "
-              f"{e.contract.precision.weights}{', no-op engine' if noop else ''}); loaded in {e.load_seconds:.2f} s",
+              f"{e.contract.precision.weights}{', ' + label if label else ''}); loaded in {e.load_seconds:.2f} s",
               flush=True)
 
     state = serve(load, host, port, config, announce)

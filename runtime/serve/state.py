@@ -13,16 +13,15 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from common.errors import CudaError, EngineError, RequestError
-from ..engine_loop import EngineLoop, Ticket
-from ..cpu import available_cpus
-from ..generator import Generator
-from ..lanes import Lanes
-from ..sampling import Sampling
-from .kernel_threads import KernelThreads, adaptive_kernel_threads
-from .metrics import ServeMetrics
+from toolcall.common.errors import EngineError, RequestError
+from toolcall.runtime.batching.lanes import Lanes
+from toolcall.runtime.batching.sampling import Sampling
+from toolcall.runtime.bundle.machine import available_cpus
+from toolcall.runtime.serve.engine_thread import EngineThread, Ticket
+from toolcall.runtime.serve.kernel_threads import KernelThreads, adaptive_kernel_threads
+from toolcall.runtime.serve.metrics import ServeMetrics
 
-log = logging.getLogger("runtime.serve")
+log = logging.getLogger("toolcall.runtime.serve")
 
 
 @dataclass(frozen=True)
@@ -35,7 +34,7 @@ class ServeConfig:
     max_body_bytes: int = 64 * 1024
     stale_s: float = 30.0  # engine heartbeat older than this: not ready
     adaptive_threads: bool = True  # the fast CPU engine's kernel threads follow the spare CPU (kernel_threads.py)
-    lanes: int | None = None  # step groups whose kernels overlap (runtime/lanes.py); None: ``serving_lanes``
+    lanes: int | None = None  # step groups whose kernels overlap (runtime/batching/lanes.py); None: ``serving_lanes``
 
 
 def queue_bounds(limits, config: ServeConfig) -> tuple[int, int]:
@@ -44,19 +43,6 @@ def queue_bounds(limits, config: ServeConfig) -> tuple[int, int]:
     requests = config.max_waiting_requests or 32 * limits.max_sequences
     tokens = config.max_waiting_tokens or max(limits.max_input_tokens, requests * limits.max_input_tokens // 4)
     return requests, tokens
-
-
-def bind_device_thread(engine) -> None:
-    """GPU engines: makes the device's primary context current on the calling (engine) thread;
-    the load ran on another thread. CPU engines: nothing to do."""
-    context = getattr(getattr(engine.model, "gpu", None), "context", None)
-    if context is None:
-        return
-    from cuda.bindings import driver
-
-    (err,) = driver.cuCtxSetCurrent(context)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise CudaError("cuda_error", f"cuCtxSetCurrent on the engine thread failed: {err}", call="cuCtxSetCurrent")
 
 
 async def _disconnected(receive) -> None:
@@ -82,11 +68,11 @@ def freeze_long_lived_objects() -> None:
 
 
 def serving_lanes(model, config: ServeConfig, cpus: int) -> tuple[int, int]:
-    """(lanes, kernel threads per lane) for this engine's model on ``cpus`` CPUs: ``config.lanes`` if
+    """(lanes, kernel threads per lane) for this engine's backend on ``cpus`` CPUs: ``config.lanes`` if
     given, else 2 on 2 or more CPUs unless ``--threads`` fixed the threads (then 1, as given). The CPUs
-    (or the given threads) are split between the lanes. Models that cannot ``twin`` (CUDA, the numpy
+    (or the given threads) are split between the lanes. Backends without lanes (CUDA, the numpy
     reference) step as one lane."""
-    if model is None or not hasattr(model, "twin"):
+    if not model.lanes_supported:
         return 1, 0
     fixed = not config.adaptive_threads  # --threads given: model.threads is that
     lanes = config.lanes if config.lanes is not None else (1 if fixed or cpus < 2 else 2)
@@ -100,10 +86,10 @@ class ServeState:
     def __init__(self, load: Callable[[], object], config: ServeConfig = ServeConfig()):
         self.load_fn, self.config = load, config
         self.engine = None
-        self.loop: EngineLoop | None = None
+        self.engine_thread: EngineThread | None = None
         self.phase = "loading"
         self.failure: EngineError | None = None
-        self.metrics = ServeMetrics(lambda: self.loop)
+        self.metrics = ServeMetrics(lambda: self.engine_thread)
         self.kernel_threads: KernelThreads | None = None
         self.loop_thread = threading.main_thread().native_id  # the event loop's; the app's lifespan sets it
         self._lock = threading.Lock()
@@ -120,8 +106,7 @@ class ServeState:
         requests, tokens = queue_bounds(engine.contract.limits, self.config)
         self.engine = engine
         generator = engine.generator
-        model = getattr(generator, "model", None) if isinstance(generator, Generator) else None  # else as given
-        lanes, threads = serving_lanes(model, self.config, available_cpus())
+        lanes, threads = serving_lanes(engine.model, self.config, available_cpus())
         if lanes > 1:  # each lane's forward on its own thread, the CPUs split between them
             generator = Lanes.of(engine.generator, lanes)
             for lane in generator.lanes:
@@ -134,15 +119,15 @@ class ServeState:
                 self.failure, self.phase = e, "failed"
                 return
         elif self.config.adaptive_threads:
-            self.kernel_threads = adaptive_kernel_threads(getattr(generator, "model", None), self.loop_thread)
+            self.kernel_threads = adaptive_kernel_threads(engine.model, self.loop_thread)
 
         def stop() -> None:
             if lanes > 1:
                 generator.close()
             engine.close()
 
-        self.loop = EngineLoop(generator, max_waiting_requests=requests, max_waiting_tokens=tokens,
-                               on_step=self._on_step, on_start=lambda: bind_device_thread(engine),
+        self.engine_thread = EngineThread(generator, max_waiting_requests=requests, max_waiting_tokens=tokens,
+                               on_step=self._on_step, on_start=engine.model.bind_thread,
                                on_stop=stop).start()
         with self._lock:
             if self.phase == "loading":
@@ -157,20 +142,21 @@ class ServeState:
         """Stops admitting (503 on /health and on new requests); admitted requests finish."""
         with self._lock:
             self.phase = "draining"
-        if self.loop is not None:
-            self.loop.stop_admitting()
+        if self.engine_thread is not None:
+            self.engine_thread.stop_admitting()
 
     @property
     def drained(self) -> bool:
-        return self.loop is None or self.loop.in_flight == 0
+        return self.engine_thread is None or self.engine_thread.in_flight == 0
 
     def ready(self) -> bool:
-        return self.phase == "ready" and self.loop is not None and self.loop.alive(self.config.stale_s)
+        thread = self.engine_thread
+        return self.phase == "ready" and thread is not None and thread.alive(self.config.stale_s)
 
     def close(self) -> None:
         """Ends the engine thread (which closes the engine on its way out)."""
-        if self.loop is not None:
-            self.loop.close(timeout=30)
+        if self.engine_thread is not None:
+            self.engine_thread.close(timeout=30)
 
     def not_admitting(self) -> RequestError:
         what = {"loading": "is still loading the bundle", "draining": "is shutting down",
@@ -181,7 +167,7 @@ class ServeState:
     async def answer(self, http_request, text: str, sampling: Sampling, tools: list[str] | None,
                      timeout_s: float | None) -> tuple[Ticket, object]:
         """(ticket, Result) for one request, or raises its RequestError."""
-        if self.phase != "ready" or self.loop is None:
+        if self.phase != "ready" or self.engine_thread is None:
             raise self.not_admitting()
         timeout = timeout_s if timeout_s is not None else self.config.request_timeout_s
         try:
@@ -193,7 +179,7 @@ class ServeState:
                 self.metrics.finished(t)
                 aio.call_soon_threadsafe(_resolve, future, t)
 
-            ticket = self.loop.submit(request, done, timeout)
+            ticket = self.engine_thread.submit(request, done, timeout)
         except RequestError as e:
             self.metrics.rejected.labels(e.code).inc()
             raise
@@ -204,7 +190,7 @@ class ServeState:
         finally:
             gone.cancel()
         if not future.done():
-            self.loop.abort(ticket, None if gone.done() else RequestError(
+            self.engine_thread.abort(ticket, None if gone.done() else RequestError(
                 "deadline_exceeded", f"no answer within {timeout:.3g} s", timeout_s=timeout))
             if not gone.done():
                 await asyncio.wait({future}, timeout=5)

@@ -1,0 +1,110 @@
+"""The picks of a step's sampled rows on the host, for backends whose forward returns hidden rows.
+
+For each row: its grammar state's allowed candidates (runtime/grammar/stepper.py), the head's logits
+over them (sparse: those rows of the head only; dense: every row, then gathered; check: sparse picks,
+dense must agree), a finite-numbers check, the greedy or sampled pick (runtime/batching/sampling.py),
+then the grammar edge taken and the run of tokens the grammar forces after it (name chains, single
+allowed edges), up to the row's room. A sampled row takes one draw a forced token, as ``sample_row``
+does for a forced pick. A row keeping its logits takes only its pick (a step, and its logits, a token).
+"""
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import numpy as np
+
+from toolcall.common.errors import EngineError
+from toolcall.runtime.batching.sampling import greedy, margins, sample_row, sample_rows
+from toolcall.runtime.batching.step import PickRows, StepPlan, StepRecord
+from toolcall.runtime.grammar.stepper import GrammarStepper
+
+HEAD_MODES = ("sparse", "dense", "check")  # check: sparse picks, dense must agree
+
+
+class Heads(Protocol):
+    """The head over hidden rows (B, hidden) float32: every vocabulary row, or the given candidates."""
+
+    def dense_logits(self, hidden: np.ndarray) -> np.ndarray: ...
+
+    def sparse_logits(self, hidden: np.ndarray, candidates: np.ndarray) -> np.ndarray: ...
+
+
+class HostPicker:
+    """Picks for the sampled rows of a step from their hidden states, with one head mode."""
+
+    def __init__(self, stepper: GrammarStepper, head: str = "sparse"):
+        if head not in HEAD_MODES:
+            raise ValueError(f"head mode {head!r}: expected one of {', '.join(HEAD_MODES)}")
+        self.stepper, self.head = stepper, head
+
+    def pick(self, rows: PickRows, hidden: np.ndarray, heads: Heads) -> StepRecord:
+        """The record of rows (B,) from their normed hidden states (B, hidden) float32; EngineError
+        ("numerics_invalid") on NaN or Inf, ("internal") where check mode's heads disagree."""
+        if len(rows) == 0:  # a step of prefill chunks that complete no prompt
+            return StepRecord(rows.states, [], [], [], [], [], [], time.perf_counter())
+        cand, edges, allowed = self.stepper.allowed_mask_batch(rows.states)  # (B, M) token / edge ids, -1 padded
+        safe = np.maximum(cand, 0)
+        if self.head == "dense":
+            logits = np.take_along_axis(heads.dense_logits(hidden), safe, axis=1)
+        else:
+            logits = heads.sparse_logits(hidden, safe)
+        if not (np.isfinite(hidden).all() and np.isfinite(logits[allowed]).all()):  # never a silent argmax
+            raise EngineError("numerics_invalid", "NaN or Inf in the hidden states or logits of this step; the "
+                              "weights or the backend are broken: do not serve from this engine",
+                              nonfinite_hidden=int((~np.isfinite(hidden)).sum()),
+                              nonfinite_logits=int((~np.isfinite(logits[allowed])).sum()))
+        gaps = margins(logits, allowed).tolist()
+        now = time.perf_counter()
+        picks = greedy(logits, allowed)  # (B,) the greedy rows' picks, one vectorized argmax
+        drawn = [b for b, s in enumerate(rows.sampling) if s.temperature > 0]
+        if drawn:  # the sampled rows in one compiled call, each with one draw of its sequence's own rng
+            picks[drawn] = sample_rows(logits[drawn], allowed[drawn], [rows.sampling[b] for b in drawn],
+                                       [rows.rngs[b] for b in drawn])
+        picks = picks.tolist()
+        if self.head == "check":
+            self._check_dense(rows, hidden, heads, cand, safe, allowed, picks)
+        index = np.arange(len(rows))
+        assert allowed[index, picks].all(), "a pick outside the allowed candidates"
+        record = self._advance(rows, edges[index, picks], gaps, now)
+        for b, keep in enumerate(rows.keep_logits):
+            if keep:
+                record.logits[b], record.candidates[b] = logits[b].copy(), cand[b].copy()
+        return record
+
+    def _check_dense(self, rows: PickRows, hidden, heads: Heads, cand, safe, allowed, picks: list[int]) -> None:
+        dense = np.take_along_axis(heads.dense_logits(hidden), safe, axis=1)
+        dense_picks = [sample_row(dense[b], allowed[b], s, np.random.default_rng(0)) if s.temperature <= 0
+                       else picks[b] for b, s in enumerate(rows.sampling)]
+        if picks != dense_picks:
+            raise EngineError("internal", f"sparse and dense heads disagree: {picks} vs {dense_picks}",
+                              sparse=[int(cand[b, p]) for b, p in enumerate(picks)],
+                              dense=[int(cand[b, p]) for b, p in enumerate(dense_picks)])
+
+    def _advance(self, rows: PickRows, taken: np.ndarray, gaps: list[float], now: float) -> StepRecord:
+        force = [not keep for keep in rows.keep_logits]
+        new, tokens, n_tokens, closed, n_closed = self.stepper.take_and_force(rows.states, taken, rows.room, force)
+        done = self.stepper.done_batch(new).tolist()
+        emitted = [row[:n] for row, n in zip(tokens.tolist(), n_tokens.tolist())]
+        tools = [row[:n] for row, n in zip(closed.tolist(), n_closed.tolist())]
+        for b, n in enumerate(n_tokens.tolist()):
+            if n > 1 and rows.sampling[b].temperature > 0:
+                rows.rngs[b].random(n - 1)  # the same stream as n - 1 single draws
+        blank = [None] * len(rows)
+        return StepRecord(new, done, emitted, tools, gaps, list(blank), list(blank), now)
+
+
+class HostStep:
+    """Backend mixin (runtime/backends.py): the step's sampled rows' hidden states come back to the host,
+    where ``HostPicker`` picks. A backend that lays a step out apart from computing it overrides
+    ``step_call`` (runtime/cpu/fast_model.py)."""
+
+    def step(self, plan: StepPlan, kv, picker: HostPicker) -> StepRecord:
+        hidden = self.forward(plan.tokens, plan.slots, plan.positions, kv, outputs=plan.outputs)
+        return picker.pick(plan.picks, hidden, self)
+
+    def step_call(self, plan: StepPlan, kv):
+        return lambda: self.forward(plan.tokens, plan.slots, plan.positions, kv, outputs=plan.outputs)
+
+    def step_record(self, plan: StepPlan, computed: np.ndarray, picker: HostPicker) -> StepRecord:
+        return picker.pick(plan.picks, computed, self)  # computed: the sampled rows' hidden states

@@ -1,0 +1,64 @@
+"""One engine step across the backend boundary: the plan the step batcher lays out (``StepPlan``, with the
+per-row controls of its sampled rows in ``PickRows``) and what the backend gives back for those rows
+(``StepRecord``: each row's emitted tokens and grammar state).
+
+A backend whose forward returns hidden rows to the host picks with ``HostPicker`` (runtime/batching/
+picks.py); one that keeps the grammar and sampling on the device fills the same record there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from toolcall.runtime.batching.sampling import Sampling
+
+
+@dataclass
+class PickRows:
+    """The sampled rows of a step (B of them, in row order) and what their picks need."""
+
+    states: np.ndarray  # (B,) grammar states (structured, runtime/grammar/stepper.py state_dtype)
+    sampling: list[Sampling]
+    rngs: list  # np.random.Generator per row (None for greedy rows: they never draw)
+    room: list[int]  # output tokens each row may still emit (max_output_tokens minus those emitted)
+    keep_logits: list[bool]  # a row that keeps its logits takes one token a step (no forced run)
+
+    def __len__(self) -> int:
+        return len(self.sampling)
+
+
+@dataclass
+class StepPlan:
+    """One step's rows, laid out before the forward runs: tokens, slots and positions (T,) int64, the rows
+    whose hidden state is sampled ``outputs`` (R,) with their controls ``picks``, and the bookkeeping the
+    batcher lands afterwards (``refused`` requests, the ``running`` sequences, ``samplers``: the sequences
+    of the sampled rows in row order, ``prefilled``: prompts complete once the forward ran)."""
+
+    refused: list
+    running: list
+    tokens: np.ndarray
+    slots: np.ndarray
+    positions: np.ndarray
+    samplers: list
+    outputs: np.ndarray
+    prefilled: list
+    picks: PickRows
+
+
+@dataclass
+class StepRecord:
+    """Each sampled row's outcome (B rows, the plan's ``picks`` order): its new grammar ``states`` (B,) and
+    ``done`` flags, the ``tokens`` it emitted (the pick, then any the grammar forced), the tool indices
+    it ``closed``, the ``margins`` (top-1 minus top-2 allowed logit), and for rows that keep their logits
+    the head's float32 ``logits`` over the step's ``candidates`` (token ids, -1 padded); ``picked_at``:
+    perf_counter time of the picks."""
+
+    states: np.ndarray
+    done: list[bool]
+    tokens: list[list[int]]
+    closed: list[list[int]]
+    margins: list[float]
+    logits: list[np.ndarray | None]
+    candidates: list[np.ndarray | None]
+    picked_at: float
