@@ -1,17 +1,31 @@
 """CPU side by side: this project (fp8, nvfp4, bf16 bundles, fast backend) vs transformers (bf16)
-vs llama.cpp (GGUF Q8_0, Q4_0), on the same synthetic checkpoint, same threads, one run.
+vs llama.cpp (GGUF Q8_0, Q4_0), on the same synthetic checkpoint, same threads.
 
-    python bench/cpu_compare.py --checkpoint CKPT --bundles DIR --gguf DIR [--threads N]
+    python bench/cpu_compare.py --checkpoint CKPT --bundles DIR --gguf DIR [--threads N] [--runs 3]
         [--prefill-tokens 256] [--decode-tokens 32] [--llama-python PY] [--json OUT]
     python bench/cpu_compare.py --kernels [--threads N]     # our linear kernels alone, ns/weight
 
 DIR holds bundles named fp8_e4m3 / nvfp4 / bf16 (``builder compile CKPT --precision P``); the
 GGUF folder holds q8_0.gguf and q4_0.gguf (made by --make-gguf bench/llama_convert.py, with
-LLAMA_CPP_SRC set: llama.cpp's own convert_hf_to_gguf.py to bf16, then llama_model_quantize). Each engine runs in its own child process
-(so its peak RSS is its own, VmHWM), interleaved ours/theirs: load, a prefill of
---prefill-tokens tokens in one batch, then --decode-tokens batch-1 greedy steps over the full
+LLAMA_CPP_SRC set: llama.cpp's own convert_hf_to_gguf.py to bf16, run by this python, which has the
+torch and transformers it imports; then llama_model_quantize in --llama-python). Each engine runs in
+its own child process (so its peak RSS is its own, VmHWM), interleaved ours/theirs: load, a prefill
+of --prefill-tokens tokens in one batch, then --decode-tokens batch-1 greedy steps over the full
 vocabulary head (the same work every engine does; our grammar-bounded sparse head would be
-cheaper). Prints one summary line, writes JSON with the machine recorded. Not part of CI.
+cheaper). --runs N repeats the whole interleaved sequence N times; each figure is the median of the
+runs, with the runs listed. Prints one summary line, writes JSON with the machine recorded. Not part
+of CI.
+
+llama.cpp runs with its defaults, its extra CPU buffer types (weight repacking; AMX tiles in a build
+that has them) included; the JSON records llama-cpp-python's version, whether the extra buffer
+types were on, llama.cpp's system info and the buffers the weights went to.
+--no-llama-extra-bufts turns them off, which is not llama.cpp's default and is slower (no repacking).
+Where an AMX build faults (SIGILL at its first tile instruction: the Xeon VM of bench/RESULTS.md),
+build llama-cpp-python without AMX instead of turning them off. Its default build is -march=native
+(GGML_NATIVE=ON), which does not read GGML_AMX_TILE/INT8/BF16, so take AMX out of the compiler flags:
+    A="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; CFLAGS="$A" CXXFLAGS="$A" pip install --no-cache-dir llama-cpp-python
+(or ``CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON ..."``, where the GGML_AMX_*
+options apply and default to OFF). REPACK stays on; the system info in the JSON then lacks AMX_INT8.
 """
 from __future__ import annotations
 
@@ -19,6 +33,8 @@ import argparse
 import json
 import os
 import platform
+import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -99,21 +115,34 @@ def child_transformers(checkpoint: str, threads: int, prefill: int, decode: int)
     return {"load_s": load_s, "prefill_s": prefill_s, "decode_step_s": times}
 
 
-def child_llama(gguf: str, threads: int, prefill: int, decode: int, extra_bufts: bool = False) -> dict:
-    """``extra_bufts`` False: llama.cpp's extra CPU buffer types (AMX tiles, weight repacking) off. On this
-    VM a native build's AMX path dies with SIGILL at the first tilezero (the hypervisor does not give
-    the process AMX state), so the measured llama.cpp runs its plain AVX-512/VNNI kernels."""
+_llama_log = None
+
+
+def child_llama(gguf: str, threads: int, prefill: int, decode: int, extra_bufts: bool = True) -> dict:
+    """``extra_bufts`` True: llama.cpp's defaults (``use_extra_bufts`` left as llama.cpp sets it: weight
+    repacking, AMX tiles in an AMX build). False turns the extra buffer types off, which is not its
+    default; where an AMX build faults, use a build without AMX instead (the module's docstring)."""
+    import ctypes
+
     import llama_cpp
     import llama_cpp.llama_cpp as lc
     import numpy as np
 
-    default = lc.llama_model_default_params
+    log: list[str] = []
 
-    def params():
-        p = default()
-        p.use_extra_bufts = extra_bufts
-        return p
-    lc.llama_model_default_params = params
+    @lc.llama_log_callback
+    def keep_log(level, text, user_data):  # llama.cpp's log, kept for the buffers the weights went to
+        log.append(text.decode("utf-8", "replace"))
+    global _llama_log  # llama.cpp logs until the process ends: the callback must outlive this function
+    _llama_log = keep_log
+    lc.llama_log_set(keep_log, ctypes.c_void_p(0))
+    default = lc.llama_model_default_params
+    if not extra_bufts:
+        def params():
+            p = default()
+            p.use_extra_bufts = False
+            return p
+        lc.llama_model_default_params = params
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model_path=gguf, n_ctx=prefill + decode + 8, n_batch=prefill, n_ubatch=prefill,
                           n_threads=threads, n_threads_batch=threads, verbose=False)
@@ -132,17 +161,22 @@ def child_llama(gguf: str, threads: int, prefill: int, decode: int, extra_bufts:
         llm.eval([token])
         token = int(np.argmax(last_logits()))
         times.append(time.perf_counter() - t0)
+    buffers = [" ".join(line.split()) for line in "".join(log).splitlines() if "model buffer size" in line]
     return {"load_s": load_s, "prefill_s": prefill_s, "decode_step_s": times,
-            "llama_cpp_version": llama_cpp.__version__, "extra_bufts": extra_bufts}
+            "llama_cpp_version": llama_cpp.__version__,
+            "extra_bufts": bool(lc.llama_model_default_params().use_extra_bufts),
+            "llama_system_info": llama_cpp.llama_print_system_info().decode().strip(),
+            "llama_model_buffers": buffers}
 
 
 def make_gguf(checkpoint: Path, out: Path, llama_python: str, converter: Path) -> None:
-    """bf16 GGUF by llama.cpp's converter (``converter`` wraps convert_hf_to_gguf.py), then Q8_0 and
-    Q4_0 by llama_model_quantize (llama-cpp-python's binding of llama-quantize)."""
+    """bf16 GGUF by llama.cpp's converter (``converter`` wraps convert_hf_to_gguf.py; run by this python,
+    which has the torch and transformers the converter imports), then Q8_0 and Q4_0 by
+    llama_model_quantize (llama-cpp-python's binding of llama-quantize) in ``llama_python``."""
     out.mkdir(parents=True, exist_ok=True)
     bf16 = out / "bf16.gguf"
     if not bf16.exists():
-        subprocess.run([llama_python, str(converter), str(checkpoint), "--outtype", "bf16", "--outfile", str(bf16)],
+        subprocess.run([sys.executable, str(converter), str(checkpoint), "--outtype", "bf16", "--outfile", str(bf16)],
                        check=True)
     code = ("import llama_cpp, sys\n"
             "p = llama_cpp.llama_model_quantize_default_params()\n"
@@ -236,8 +270,13 @@ def machine() -> dict:
 def run_child(kind: str, target: str, args, python: str) -> dict:
     cmd = [python, __file__, "--child", kind, target, "--threads", str(args.threads),
            "--prefill-tokens", str(args.prefill_tokens), "--decode-tokens", str(args.decode_tokens)]
+    if kind == "llama" and not args.llama_extra_bufts:
+        cmd.append("--no-llama-extra-bufts")
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.timeout,
                           env={**os.environ, "PYTHONPATH": str(checkout.import_folder(ROOT))})
+    if proc.returncode < 0:  # killed by a signal: SIGILL from llama.cpp is an AMX build on a VM without AMX state
+        hint = " (an AMX build where AMX faults: build without AMX, see the docstring)" if proc.returncode == -4 else ""
+        return {"error": f"killed by {signal.Signals(-proc.returncode).name}{hint}"}
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -252,6 +291,23 @@ def summarize(r: dict, prefill: int) -> dict:
             "load_s": r["load_s"], **{k: v for k, v in r.items() if k not in ("decode_step_s",)}}
 
 
+def combine(runs: list[dict]) -> dict:
+    """One engine over the runs: the median of each figure, the runs listed; the largest peak RSS."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    out = {k: v for k, v in ok[-1].items() if k not in ("decode_tok_s", "prefill_tok_s", "load_s", "prefill_s",
+                                                          "peak_rss", "peak_rss_bytes")}
+    for key in ("decode_tok_s", "prefill_tok_s", "load_s"):
+        out[key] = statistics.median(r[key] for r in ok)
+        out[key + "_runs"] = [r[key] for r in ok]
+    out["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in ok)
+    out["peak_rss_bytes_runs"] = [r["peak_rss_bytes"] for r in ok]
+    if len(ok) < len(runs):
+        out["failed_runs"] = [r["error"] for r in runs if "error" in r]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", type=Path)
@@ -260,7 +316,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--prefill-tokens", type=int, default=256)
     ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--runs", type=int, default=1, help="Repeat the whole interleaved sequence; figures are medians.")
     ap.add_argument("--llama-python", default=sys.executable, help="A python with llama-cpp-python installed.")
+    ap.add_argument("--llama-extra-bufts", action=argparse.BooleanOptionalAction, default=True,
+                    help="llama.cpp's extra CPU buffer types (weight repacking, AMX), on by default as in "
+                         "llama.cpp; where an AMX build faults, use a build without AMX (see above).")
     ap.add_argument("--make-gguf", type=Path, default=None, metavar="CONVERTER",
                     help="Make the GGUFs first with this wrapper of llama.cpp's convert_hf_to_gguf.py.")
     ap.add_argument("--only", default=",".join(ORDER),
@@ -285,7 +345,8 @@ def main() -> None:
 
     if args.child:
         kind, target = args.child
-        run = {"ours": child_ours, "transformers": child_transformers, "llama": child_llama,
+        run = {"ours": child_ours, "transformers": child_transformers,
+               "llama": lambda *a: child_llama(*a, extra_bufts=args.llama_extra_bufts),
                "reference": lambda *a: child_ours(*a, backend="reference")}[kind]
         result = run(target, args.threads, args.prefill_tokens, args.decode_tokens)
         print(json.dumps({**result, "peak_rss": _peak_rss()}))
@@ -293,19 +354,25 @@ def main() -> None:
 
     if args.make_gguf is not None:
         make_gguf(args.checkpoint, args.gguf, args.llama_python, args.make_gguf)
+    engines = args.only.split(",")
     info = {"machine": machine(), "threads": args.threads, "prefill_tokens": args.prefill_tokens,
-            "decode_tokens": args.decode_tokens, "checkpoint": str(args.checkpoint), "engines": {}}
-    for engine in args.only.split(","):
-        kind, name = engine.split(":")
-        if kind in ("ours", "reference"):  # reference: the numpy float32 backend on the same bundle
-            r = run_child(kind, str(args.bundles / name), args, sys.executable)
-        elif kind == "llama":
-            r = run_child("llama", str(args.gguf / f"{name}.gguf"), args, args.llama_python)
-        else:
-            r = run_child("transformers", str(args.checkpoint), args, sys.executable)
-        info["engines"][engine] = summarize(r, args.prefill_tokens)
-        print(f"{engine}: {json.dumps(info['engines'][engine])}", file=sys.stderr)
+            "decode_tokens": args.decode_tokens, "checkpoint": str(args.checkpoint), "runs": [], "engines": {}}
+    for run in range(args.runs):  # each run: every engine once, in order (ours/theirs interleaved)
+        results = {}
+        for engine in engines:
+            kind, name = engine.split(":")
+            if kind in ("ours", "reference"):  # reference: the numpy float32 backend on the same bundle
+                r = run_child(kind, str(args.bundles / name), args, sys.executable)
+            elif kind == "llama":
+                r = run_child("llama", str(args.gguf / f"{name}.gguf"), args, args.llama_python)
+            else:
+                r = run_child("transformers", str(args.checkpoint), args, sys.executable)
+            results[engine] = summarize(r, args.prefill_tokens)
+            print(f"run {run + 1} {engine}: {json.dumps(results[engine])}", file=sys.stderr)
+        info["runs"].append(results)
     info["machine"]["loadavg_end"] = os.getloadavg()
+    for engine in engines:
+        info["engines"][engine] = combine([results[engine] for results in info["runs"]])
     e = info["engines"]
 
     def tok(name, key="decode_tok_s"):
@@ -318,16 +385,20 @@ def main() -> None:
                       "nvfp4_vs_q4_0": ratio("ours:nvfp4", "llama:q4_0"),
                       "fp8_vs_transformers": ratio("ours:fp8_e4m3", "transformers:bf16"),
                       "nvfp4_vs_transformers": ratio("ours:nvfp4", "transformers:bf16")}
+
+    def figure(name, key):
+        runs = " / ".join(f"{v:.1f}" for v in e[name][key + "_runs"])
+        return f"{tok(name, key):.2f} ({runs})" if len(e[name][key + "_runs"]) > 1 else f"{tok(name, key):.1f}"
     parts = []
     for name in e:
         if "error" in e[name]:
-            parts.append(f"{name} failed")
+            parts.append(f"{name} failed: {e[name]['error']}")
         else:
-            parts.append(f"{name} {tok(name):.1f} tok/s decode, {tok(name, 'prefill_tok_s'):.1f} prefill, "
-                         f"{e[name]['peak_rss_bytes'] / 2**30:.2f} GiB")
+            parts.append(f"{name} {figure(name, 'decode_tok_s')} tok/s decode, "
+                         f"{figure(name, 'prefill_tok_s')} prefill, {e[name]['peak_rss_bytes'] / 2**30:.2f} GiB")
     r = info["ratios"]
     fmt = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
-    print(f"cpu_compare ({args.threads} threads): " + "; ".join(parts) +
+    print(f"cpu_compare ({args.threads} threads, median of {args.runs} runs): " + "; ".join(parts) +
           f" | fp8/Q8_0 {fmt(r['fp8_vs_q8_0'])}, nvfp4/Q4_0 {fmt(r['nvfp4_vs_q4_0'])}, "
           f"fp8/transformers {fmt(r['fp8_vs_transformers'])}")
     if args.json_out:

@@ -3,7 +3,8 @@
     LLAMA_CPP_SRC=DIR python bench/llama_convert.py CKPT --outtype bf16 --outfile OUT.gguf
 
 DIR: a llama.cpp source tree (the llama-cpp-python sdist's vendor/llama.cpp: convert_hf_to_gguf.py,
-conversion/, gguf-py/). The synthetic BPE tokenizer (builder/synth_tokenizer.py) has no entry in the
+conversion/, gguf-py/). The converter imports torch and transformers, so run it with the project's
+python (its test extra has both); llama-cpp-python's own venv needs neither. The synthetic BPE tokenizer (builder/synth_tokenizer.py) has no entry in the
 converter's pre-tokenizer hash table and no sentencepiece model, so the pre-tokenizer is declared
 as qwen2's and the vocabulary read from tokenizer.json (gpt2-style). Only the benchmark's token
 ids pass through it; the weights are converted untouched.

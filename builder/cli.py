@@ -88,6 +88,10 @@ def synth(shape, family, seed, shards, out_dir, force, as_json):
 
 # the bundle weight formats by name, and their older spellings (fp8 for fp8_e4m3)
 PRECISIONS = sorted(n for f in WEIGHT_FORMATS if f.in_bundles for n in (f.name, *f.aliases))
+# every count option's range, checked before anything is read or allocated (a value outside: a usage error)
+SEQUENCES = click.IntRange(1, 1 << 16)
+TOKENS = click.IntRange(1, 1 << 20)  # a prompt, an answer, a step or a chunk
+PAGE = click.IntRange(1, 1 << 12)
 
 
 @main.command(name="compile")
@@ -97,14 +101,14 @@ PRECISIONS = sorted(n for f in WEIGHT_FORMATS if f.in_bundles for n in (f.name, 
               help="Weights of the decoder's linear layers; embeddings, norms and head stay bf16.")
 @click.option("--target", default="cpu", show_default=True,
               help="cpu (numpy reference), a GPU (h100, h200, b200, rtx5090) or an architecture (sm_90).")
-@click.option("--max-sequences", type=int, default=8, show_default=True, help="Concurrent sequences.")
-@click.option("--max-input-tokens", type=int, default=512, show_default=True, help="Prompt tokens per sequence.")
-@click.option("--max-output-tokens", type=int, default=None,
+@click.option("--max-sequences", type=SEQUENCES, default=8, show_default=True, help="Concurrent sequences.")
+@click.option("--max-input-tokens", type=TOKENS, default=512, show_default=True, help="Prompt tokens per sequence.")
+@click.option("--max-output-tokens", type=TOKENS, default=None,
               help="Answer tokens per sequence, END included  [default: the catalog's longest answer]")
-@click.option("--page-size", type=int, default=32, show_default=True, help="Tokens per KV-cache page.")
-@click.option("--max-tokens-per-step", type=int, default=256, show_default=True,
+@click.option("--page-size", type=PAGE, default=32, show_default=True, help="Tokens per KV-cache page.")
+@click.option("--max-tokens-per-step", type=TOKENS, default=256, show_default=True,
               help="Rows in one forward step (decode rows plus prefill chunks).")
-@click.option("--prefill-chunk", type=int, default=128, show_default=True,
+@click.option("--prefill-chunk", type=TOKENS, default=128, show_default=True,
               help="Most prompt tokens of one sequence per step.")
 @click.option("--memory-budget", default=None, help="Size the KV pool to fit this much memory (e.g. 6GiB); "
               "refuses when not even one full-length sequence fits.")
@@ -201,15 +205,16 @@ def verify(bundle, as_json):
 
 @main.command()
 @click.argument("checkpoint", type=click.Path())
-@click.option("--gpu-memory", required=True,
-              help="Device memory the bundle may take, e.g. 24GiB: what the large model leaves free.")
+@click.option("--gpu-memory", default=None,
+              help="Device memory the bundle may take, e.g. 24GiB: what the large model leaves free  [required for "
+                   "a GPU target; cpu: the host's available memory]")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp8_e4m3", show_default=True,
               help="Weights of the decoder's linear layers.")
 @click.option("--target", default="h200", show_default=True, help="A GPU (h100, h200, b200, rtx5090), sm_XY or cpu.")
-@click.option("--page-size", type=int, default=32, show_default=True, help="Tokens per KV-cache page.")
-@click.option("--max-input-tokens", type=int, default=None,
+@click.option("--page-size", type=PAGE, default=32, show_default=True, help="Tokens per KV-cache page.")
+@click.option("--max-input-tokens", type=TOKENS, default=None,
               help="Prompt tokens per sequence in the batch tiers  [default: 1024]")
-@click.option("--max-output-tokens", type=int, default=None,
+@click.option("--max-output-tokens", type=TOKENS, default=None,
               help="Answer tokens per sequence, END included  [default: 64]")
 @click.option("--context-reserve", default=None, help="CUDA context reserve (e.g. 512MiB)  [default: per target]")
 @click.option("--json", "as_json", is_flag=True, help="Print the tiers (limits, memory in bytes, compile options).")
@@ -235,6 +240,7 @@ def plan(checkpoint, gpu_memory, precision, target, page_size, max_input_tokens,
         tier_rows,
     )
     from toolcall.kernels.targets import resolve_target
+    from toolcall.runtime.bundle.machine import cpu_facts
 
     try:
         max_in = DEFAULT_MAX_INPUT_TOKENS if max_input_tokens is None else max_input_tokens
@@ -242,7 +248,11 @@ def plan(checkpoint, gpu_memory, precision, target, page_size, max_input_tokens,
         for name, value in (("page-size", page_size), ("max-input-tokens", max_in), ("max-output-tokens", max_out)):
             if value < 1:
                 raise EngineError("usage", f"--{name} must be at least 1, got {value}", option=name, found=value)
-        budget, t = parse_size(gpu_memory), resolve_target(target)
+        t = resolve_target(target)
+        if gpu_memory is None and t.sm_arch is not None:
+            raise EngineError("usage", f"--gpu-memory is needed for the GPU target {t.name}: the device memory the "
+                              "bundle may take, e.g. 24GiB", option="gpu-memory")
+        budget = parse_size(gpu_memory) if gpu_memory is not None else cpu_facts().free_bytes
         reserve = parse_size(context_reserve) if context_reserve else None
         if not Path(checkpoint).is_dir():
             raise EngineError("checkpoint_invalid", f"{checkpoint}: not a folder; expected a Hugging Face checkpoint "
@@ -322,10 +332,16 @@ def wrap_command(words: list[str], width: int = 100) -> str:
               help="Time SIGTERM's drain of admitted requests may take before the pod is killed.")
 @click.option("--allow-shared-gpu", is_flag=True,
               help="Also place on time-sliced GPUs (GFD product '...-SHARED'); memory is then checked only at load.")
+@click.option("--autoscale", default=None, metavar="MIN:MAX",
+              help="Add a HorizontalPodAutoscaler between MIN and MAX replicas on the pods' waiting requests "
+                   "(the Prometheus adapter rule it needs: README, \"Scaling out\"); the Deployment starts at MIN.")
+@click.option("--waiting-per-pod", type=click.IntRange(1, 1 << 20), default=None,
+              help="With --autoscale: the average of waiting requests a pod to hold  [default: the contract's "
+                   "max_sequences]")
 @click.option("--json", "as_json", is_flag=True, help="Print a typed error as JSON (the manifests stay YAML).")
 def manifest(bundle, kubernetes, image, replicas, name, namespace, out_file, bundle_pvc, bundle_subpath,
              bundle_host_path, bundle_in_image, cpu_request, host_overhead, startup_seconds, drain_seconds,
-             allow_shared_gpu, as_json):
+             allow_shared_gpu, autoscale, waiting_per_pod, as_json):
     """Write a Deployment and a Service (multi-document YAML) that run BUNDLE only where its contract holds.
 
     \b
@@ -352,6 +368,7 @@ def manifest(bundle, kubernetes, image, replicas, name, namespace, out_file, bun
         --bundle-pvc toolcall-bundles --bundle-subpath q06-nvfp4-h200 --replicas 4 --out deploy.yaml
       kubectl apply -f deploy.yaml
     """
+    from toolcall.builder.autoscale import parse_range
     from toolcall.builder.manifest import BundleSource, ManifestOptions, bundle_manifests, to_yaml
     from toolcall.builder.memory_plan import parse_size
 
@@ -369,7 +386,10 @@ def manifest(bundle, kubernetes, image, replicas, name, namespace, out_file, bun
             image=image, source=BundleSource(kind, value, bundle_subpath), name=name, namespace=namespace,
             replicas=replicas, cpu_request=cpu_request,
             host_overhead_bytes=parse_size(host_overhead) if host_overhead is not None else None,
-            startup_seconds=startup_seconds, drain_seconds=drain_seconds, allow_shared_gpu=allow_shared_gpu)
+            startup_seconds=startup_seconds, drain_seconds=drain_seconds, allow_shared_gpu=allow_shared_gpu,
+            autoscale=parse_range(autoscale) if autoscale is not None else None, waiting_per_pod=waiting_per_pod)
+        if waiting_per_pod is not None and autoscale is None:
+            raise EngineError("usage", "--waiting-per-pod goes with --autoscale", option="waiting_per_pod")
         contract, docs = bundle_manifests(bundle, options)
         text = to_yaml(contract, docs)
     except EngineError as e:
@@ -384,5 +404,6 @@ def manifest(bundle, kubernetes, image, replicas, name, namespace, out_file, bun
         except OSError as e:
             fail(EngineError("usage", f"cannot write {out_file}: {e.strerror}; choose a writable --out",
                              path=str(out_file)), as_json)
-        click.echo(f"wrote {out_file}: Deployment and Service {docs[0]['metadata']['name']} "
+        kinds = " and ".join(", ".join(d["kind"] for d in docs).rsplit(", ", 1))
+        click.echo(f"wrote {out_file}: {kinds} {docs[0]['metadata']['name']} "
                    f"({contract.target.name}, {contract.precision.weights}, {replicas} replicas)", err=True)

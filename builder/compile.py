@@ -50,6 +50,7 @@ from toolcall.runtime.bundle.files import (
 )
 from toolcall.runtime.console import done as stage_done
 from toolcall.runtime.console import stage
+from toolcall.runtime.cpu.backend import COLD_CACHE_NOTE, kernels_cached
 
 
 @dataclass
@@ -177,7 +178,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
             stage(f"compiling kernels for {target.sm_arch}")
         kernels = compile_kernels(target, tmp / KERNELS_DIR)
         lap("kernels")
-        stage("recording the canary")
+        stage("recording the canary" if kernels_cached() else f"recording the canary ({COLD_CACHE_NOTE})")
         # Engine.encode's encoder (runtime/batching/prompt.py): the load re-encodes each canary request with it.
         canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits,
                                PromptEncoder.create(tokenizer, grammar.prompt_template).encode)

@@ -1,5 +1,6 @@
 """Kubernetes manifests from a bundle's contract: a Deployment placed only on nodes that can honour
-the contract (node affinity on GPU Feature Discovery labels, builder/gpu_labels.py) and a Service.
+the contract (node affinity on GPU Feature Discovery labels, builder/gpu_labels.py), a Service, and on
+request a HorizontalPodAutoscaler on the queue (builder/autoscale.py).
 
 Reads only ``contract.json`` (schema-checked), as a provisioner would; ``builder verify`` checks
 the files. Every number below is either the contract's or a stated constant a flag overrides.
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from toolcall.builder.autoscale import autoscaler
 from toolcall.builder.gpu_labels import GPU_RESOURCE, MIB, PRODUCT, node_selector_terms
 from toolcall.common.errors import EngineError
 from toolcall.runtime.bundle.contract import CONTRACT_FILE, Contract
@@ -70,6 +72,8 @@ class ManifestOptions:
     startup_seconds: int | None = None  # default startup_seconds(contract)
     drain_seconds: int = DRAIN_S
     allow_shared_gpu: bool = False  # also place on time-sliced GPUs (product label "...-SHARED")
+    autoscale: tuple[int, int] | None = None  # (MIN, MAX) replicas: a HorizontalPodAutoscaler (builder/autoscale.py)
+    waiting_per_pod: int | None = None  # the autoscaler's target; default: the contract's max_sequences
 
 
 def engine_threads(cpu_request: str) -> int:
@@ -229,7 +233,11 @@ def kubernetes_manifests(contract: Contract, contract_sha256: str, o: ManifestOp
         "spec": {"type": "ClusterIP", "selector": selector,
                  "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]},
     }
-    return [deployment, service]
+    if o.autoscale is None:
+        return [deployment, service]
+    deployment["spec"]["replicas"] = o.autoscale[0]
+    waiting = o.waiting_per_pod if o.waiting_per_pod is not None else contract.limits.max_sequences
+    return [deployment, service, autoscaler(deployment, o.autoscale, waiting)]
 
 
 def bundle_manifests(folder: str | Path, o: ManifestOptions) -> tuple[Contract, list[dict]]:

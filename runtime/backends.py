@@ -84,16 +84,24 @@ class LoadOptions:
 @dataclass(frozen=True)
 class BackendKind:
     """One kind of target: ``load(folder, contract, grammar, options)`` gives its Backend (freeing what it
-    took if it fails); ``decode_graph(backend)`` the single-request decode graph, where the kind has one."""
+    took if it fails); ``decode_graph(backend)`` the single-request decode graph, where the kind has one;
+    ``first_use_note()`` what a first step on this machine will do beside stepping, to say on screen (None:
+    nothing)."""
 
     name: str
     load: Callable[[Path, Contract, Grammar, LoadOptions], Backend]
     decode_graph: Callable[[Backend], object] | None = None
+    first_use_note: Callable[[], str | None] = lambda: None
 
 
 def _load_cpu(folder: Path, contract: Contract, grammar: Grammar, options: LoadOptions) -> Backend:
     from toolcall.runtime.cpu.backend import load_cpu_backend
     return load_cpu_backend(folder, contract, options)
+
+
+def _cpu_first_use_note() -> str | None:
+    from toolcall.runtime.cpu.backend import COLD_CACHE_NOTE, kernels_cached
+    return None if kernels_cached() else COLD_CACHE_NOTE
 
 
 def _load_cuda(folder: Path, contract: Contract, grammar: Grammar, options: LoadOptions) -> Backend:
@@ -112,7 +120,7 @@ def _cuda_decode_graph(backend: Backend) -> object:
     return DecodeGraph(backend)
 
 
-BACKENDS = {kind.name: kind for kind in (BackendKind("cpu", _load_cpu),
+BACKENDS = {kind.name: kind for kind in (BackendKind("cpu", _load_cpu, first_use_note=_cpu_first_use_note),
                                          BackendKind("cuda", _load_cuda, _cuda_decode_graph))}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -214,8 +215,14 @@ def _use_system_allocator() -> None:
 @click.option("--lanes", type=int, default=None,
               help="Groups of sequences whose steps overlap, each stepping on its own thread (fast CPU backend) "
                    "[default: 2 on 2+ CPUs; 1 with --threads; with one lane the threads follow the spare CPU].")
+@click.option("--served-model-name", "served_model_names", multiple=True, metavar="NAME",
+              help="A name clients may use for the model (repeatable; vLLM's flag) [default: the bundle folder's "
+                   "name]; the bundle id is always accepted.")
+@click.option("--drain-grace", type=float, default=1.0, show_default=True,
+              help="After SIGTERM: seconds (at least 1) of no new arrival before the listener closes; arrivals "
+                   "meanwhile are answered 503.")
 def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes, head, threads,
-          lanes):
+          lanes, served_model_names, drain_grace):
     """Serve the bundle over HTTP (discover, OpenAI chat completions, health, metrics) until SIGTERM.
 
     Loads and canary-gates the bundle while /health answers 503, then prints one `ready:` line.
@@ -236,7 +243,12 @@ def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeou
             raise click.BadParameter(f"needs a positive number, got {value}", param_hint=name)
     if request_timeout <= 0:
         raise click.BadParameter(f"needs seconds > 0, got {request_timeout}", param_hint="--request-timeout")
+    if not drain_grace >= 1.0:
+        raise click.BadParameter(f"needs seconds >= 1, got {drain_grace}", param_hint="--drain-grace")
+    if any(not name.strip() for name in served_model_names):
+        raise click.BadParameter("needs a non-blank name", param_hint="--served-model-name")
     _use_system_allocator()
     config = ServeConfig(max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes,
-                         adaptive_threads=threads is None, lanes=lanes)
+                         adaptive_threads=threads is None, lanes=lanes,
+                         served_model_names=tuple(served_model_names) or (Path(path).name,), drain_grace_s=drain_grace)
     serve_main(path, host, port, config, head=head, threads=threads)

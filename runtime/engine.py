@@ -85,7 +85,8 @@ class Engine:
             if kind.decode_graph is not None:
                 engine.decode_graph = kind.decode_graph(model)
             engine.share_prefix(prefix_cache)
-            console.stage("canary")
+            note = kind.first_use_note()
+            console.stage(f"canary ({note})" if note else "canary")
             engine.check_canary()
             console.done()
         except CudaError as e:
@@ -175,9 +176,12 @@ class Engine:
         suffix); RequestError("request_invalid") for empty, blank or malformed text."""
         return self.prompt.encode(text)
 
-    def request(self, text: str, sampling: Sampling = Sampling(), tools: list[str] | None = None) -> Request:
+    def request(self, text: str, sampling: Sampling = Sampling(), tools: list[str] | None = None, *,
+                max_tools: int | None = None, require_tool: bool = False,
+                max_output_tokens: int | None = None) -> Request:
         """The Request for a text (wrapped in the prompt template); ``tools``, catalog names, restricts
-        the answer to those (RequestError("unknown_tool") naming any name outside the catalog)."""
+        the answer to those (RequestError("unknown_tool") naming any name outside the catalog);
+        ``max_tools``, ``require_tool`` and ``max_output_tokens`` as runtime/batching/scheduler.py Request."""
         subset = None
         if tools is not None:
             index = {name: i for i, name in enumerate(self.grammar.tool_names)}
@@ -188,7 +192,8 @@ class Engine:
                                    "the tools subset is empty; name at least one catalog tool or leave it out",
                                    unknown=unknown[:8], num_tools=len(index))
             subset = tuple(sorted({index[t] for t in tools}))
-        return Request(self.encode(text), sampling, tools=subset)
+        return Request(self.encode(text), sampling, tools=subset, max_tools=max_tools, require_tool=require_tool,
+                       max_output_tokens=max_output_tokens)
 
     def submit(self, text: str, sampling: Sampling = Sampling(), tools: list[str] | None = None) -> int:
         """Enqueues one request text on the generator (the caller owns the step loop); its handle."""

@@ -56,3 +56,18 @@ def dev():
     gpu = Gpu()
     yield KernelRunner(gpu)
     gpu.close()
+
+
+@pytest.fixture(scope="session")
+def shipped_bundle(tmp_path_factory):
+    """A CPU FP8 bundle of the project's own trained tool model (models/toolcall-qwen3-tiny) and its catalog:
+    it names several tools for multi-intent requests and none for chit-chat, as a real model does."""
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.bundle.contract import BuildOptions
+
+    out = tmp_path_factory.mktemp("bundles") / "toolcall-fp8-cpu"
+    options = BuildOptions(precision="fp8_e4m3", target="cpu", max_sequences=8, max_input_tokens=128,
+                           max_output_tokens=None, page_size=32, max_tokens_per_step=128, prefill_chunk=64,
+                           memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
+    compile_bundle("models/toolcall-qwen3-tiny", "builder/data/tools-64.json", options, out)
+    return out

@@ -51,3 +51,15 @@ def test_the_registry_is_keyed_by_the_target_kind(tiny_bundle):
     contract = read_contract(tiny_bundle)
     assert target_kind(contract) is BACKENDS["cpu"] and BACKENDS["cpu"].decode_graph is None
     assert BACKENDS["cuda"].decode_graph is not None and set(BACKENDS) == {"cpu", "cuda"}
+
+
+def test_a_first_use_that_compiles_the_cpu_kernels_says_so(monkeypatch, tmp_path):
+    """A fresh install's first load or build compiles the CPU kernels (most of its first minute): the progress
+    line says so, once; with the kernels in numba's cache it says nothing more."""
+    import numba
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    note = BACKENDS["cpu"].first_use_note()
+    assert note and "compiling the CPU kernels" in note and "once" in note
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "panel_kernels.linear_panels-163.py311.nbi").write_bytes(b"")
+    assert BACKENDS["cpu"].first_use_note() is None and BACKENDS["cuda"].first_use_note() is None

@@ -300,8 +300,29 @@ PLAN_REFUSALS = [  # plan's arguments after the checkpoint ("nope": a missing ch
     (["--gpu-memory", "1GiB", "--target", "tpu9"], "usage", "known"),
     (["--gpu-memory", "lots"], "usage", "found"),
     (["--gpu-memory", "1GiB", "--max-input-tokens", "100000"], "usage", "limit"),
-    (["--page-size", "16"], "usage", "option"),  # --gpu-memory missing: click's own error
+    (["--page-size", "16"], "usage", "option"),  # --gpu-memory missing for the default (GPU) target
+    (["--gpu-memory", "1GiB", "--page-size", "2147483648"], "usage", "option"),  # bounded before any allocation
 ]
+
+
+def test_plan_for_the_cpu_fills_the_hosts_memory(tiny_checkpoint):
+    result = cli("plan", tiny_checkpoint, "--target", "cpu", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["target"] == "cpu" and 0 < out["gpu_memory_bytes"] and out["tiers"]
+
+
+@pytest.mark.parametrize("option,value", [("--page-size", "2147483648"), ("--page-size", "9223372036854775808"),
+                                          ("--page-size", "0"), ("--max-sequences", "-3"),
+                                          ("--max-input-tokens", "99999999999"), ("--prefill-chunk", "0"),
+                                          ("--max-tokens-per-step", "1e9"), ("--max-output-tokens", "0")])
+def test_compile_bounds_every_count_before_any_work(tmp_path, tiny_checkpoint, option, value):
+    result = cli("compile", tiny_checkpoint, "--catalog", "builder/data/tools-64.json", "--out", tmp_path / "b",
+                 option, value, "--json")
+    assert result.exit_code == EXIT_CODES["usage"], result.output
+    err = json.loads(result.stdout)
+    assert err["error"] == "usage" and option.lstrip("-").replace("-", "_") == err["details"]["option"]
+    assert not (tmp_path / "b").exists()
 
 
 @pytest.mark.parametrize("args,code,detail", PLAN_REFUSALS, ids=[" ".join(a) for a, _, _ in PLAN_REFUSALS])

@@ -10,6 +10,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -73,6 +74,31 @@ def test_manifests_validate_strictly(tiny_bundle, gpu_bundle, kind, source, vers
     assert [d["kind"] for d in docs] == ["Deployment", "Service"]
     for d in docs:
         assert kubernetes_validate.validate(d, version, strict=True) == version.rsplit(".", 1)[0]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_the_autoscaler_scales_the_deployment_on_waiting_requests(gpu_bundle, version):
+    from toolcall.builder.autoscale import ADAPTER_RULE, WAITING_METRIC
+    from toolcall.runtime.bundle.files import read_contract
+
+    docs = docs_of(gpu_bundle, "--namespace", "inference", "--autoscale", "2:9")
+    assert [d["kind"] for d in docs] == ["Deployment", "Service", "HorizontalPodAutoscaler"]
+    for d in docs:
+        assert kubernetes_validate.validate(d, version, strict=True) == version.rsplit(".", 1)[0]
+    deployment, _, hpa = docs
+    spec = hpa["spec"]
+    assert (spec["minReplicas"], spec["maxReplicas"], deployment["spec"]["replicas"]) == (2, 9, 2)
+    assert spec["scaleTargetRef"]["name"] == deployment["metadata"]["name"] == hpa["metadata"]["name"]
+    assert hpa["metadata"]["namespace"] == "inference"
+    (metric,) = spec["metrics"]
+    assert metric["pods"]["metric"]["name"] == WAITING_METRIC and WAITING_METRIC.replace("toolcall_", "") in \
+        ADAPTER_RULE and "toolcall:num_requests_waiting" in ADAPTER_RULE
+    limits = read_contract(gpu_bundle).limits
+    assert metric["pods"]["target"]["averageValue"] == str(limits.max_sequences)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert ADAPTER_RULE.strip() in readme  # the README shows the rule the autoscaler needs
+    custom = docs_of(gpu_bundle, "--autoscale", "1:3", "--waiting-per-pod", "40")[2]
+    assert custom["spec"]["metrics"][0]["pods"]["target"]["averageValue"] == "40"
 
 
 def test_strict_validation_catches_a_stray_field(tiny_bundle):
@@ -189,6 +215,10 @@ def test_output_is_deterministic(gpu_bundle):
     (("--kubernetes", "--image", "", "--bundle-pvc", "b"), 2, "image reference"),
     (("--kubernetes", "--image", IMAGE, "--bundle-pvc", "b", "--cpu", "two"), 2, "CPU quantity"),
     (("--kubernetes", "--image", IMAGE, "--bundle-pvc", "b", "--host-overhead", "lots"), 2, "lots"),
+    (("--kubernetes", "--image", IMAGE, "--bundle-pvc", "b", "--autoscale", "8:2"), 2, "MIN:MAX"),
+    (("--kubernetes", "--image", IMAGE, "--bundle-pvc", "b", "--autoscale", "0:2"), 2, "MIN:MAX"),
+    (("--kubernetes", "--image", IMAGE, "--bundle-pvc", "b", "--autoscale", "two"), 2, "MIN:MAX"),
+    (("--kubernetes", "--image", IMAGE, "--bundle-pvc", "b", "--waiting-per-pod", "4"), 2, "--autoscale"),
 ])
 def test_bad_options_are_usage_errors(tiny_bundle, args, code, problem):
     result = CliRunner().invoke(main, ["manifest", str(tiny_bundle), *args, "--json"])

@@ -7,6 +7,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -28,7 +29,17 @@ TEXTS = ["Book a flight to Paris", "What's the weather in Oslo tomorrow?", "Send
 METRICS = ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prompt_tokens_total",
            "generation_tokens_total", "request_success_total", "time_to_first_token_seconds",
            "e2e_request_latency_seconds", "request_queue_time_seconds", "requests_rejected_total", "kv_pages_free",
-           "kv_pages_in_use", "engine_step_seconds", "prefix_cache_queries", "prefix_cache_hits"]
+           "kv_pages_in_use", "engine_step_seconds", "prefix_cache_queries_total", "prefix_cache_hits_total"]
+
+
+def metric(text: str, name: str, **labels) -> float:
+    """The sum of series ``toolcall:<name>`` whose labels include ``labels``, from /metrics' text."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"toolcall:{re.escape(name)}(?:{{(.*)}})? (\S+)$", line)
+        if m and all(f'{k}="{v}"' in (m.group(1) or "").split(",") for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
 
 
 def wait_for(cond, timeout=20.0, what="condition"):
@@ -151,7 +162,8 @@ def test_a_tools_subset_restricts_the_answer(engine, solo):
         assert_error(status, body, 400, "unknown_tool")
         assert "no_such_tool" in body["error"]["message"] and body["error"]["details"]["unknown"] == ["no_such_tool"]
         status, _, body = srv.call("POST", "/v1/discover", {"request": text, "tools": []})
-        assert_error(status, body, 400, "unknown_tool")
+        assert_error(status, body, 400, "request_invalid")  # the schema states a subset is non-empty
+        assert body["error"]["details"]["problems"][0]["loc"] == ["tools"]
 
 
 def test_bad_requests_are_typed_4xx_never_500(engine, caplog):
@@ -178,13 +190,36 @@ def test_bad_requests_are_typed_4xx_never_500(engine, caplog):
         assert_error(got, reply, 400, "request_invalid")
         got, _, reply = srv.call("POST", "/v1/chat/completions", {"model": "x", "messages": []})
         assert_error(got, reply, 400, "request_invalid")
-        got, _, reply = srv.call("GET", "/v1/discover")
-        assert_error(got, reply, 405, "not_found")
+        got, headers, reply = srv.call("GET", "/v1/discover")
+        assert_error(got, reply, 405, "method_not_allowed")
+        assert headers["Allow"] == "POST" and reply["error"]["details"]["allowed"] == ["POST"]
         got, _, reply = srv.call("GET", "/no/such/path")
         assert_error(got, reply, 404, "not_found")
         status, _, body = srv.call("POST", "/v1/discover", {"request": TEXTS[0]})
         assert status == 200  # the bad ones disturbed nothing
     assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+
+
+def test_bodies_are_json_in_utf8_and_say_what_is_wrong_where(engine):
+    with serve(engine) as srv:
+        got, _, reply = srv.call("POST", "/v1/discover", b'{"request": "caf\xff"}')
+        assert_error(got, reply, 400, "request_invalid")
+        assert "not valid UTF-8" in reply["error"]["message"] and reply["error"]["details"]["byte"] == 16
+        got, _, reply = srv.call("POST", "/v1/discover", b'{"request": "a \\ud800 b"}')
+        assert_error(got, reply, 400, "request_invalid")
+        assert "lone surrogate" in reply["error"]["message"] and reply["error"]["details"]["field"] == "body.request"
+        got, _, reply = srv.call("POST", "/v1/discover", b'{"request": "x",}')
+        assert_error(got, reply, 400, "request_invalid")
+        assert "not valid JSON" in reply["error"]["message"] and reply["error"]["details"]["column"] == 17
+        for media in ("text/plain", "application/x-www-form-urlencoded", ""):
+            got, _, reply = srv.call("POST", "/v1/discover", {"request": "x"}, headers={"Content-Type": media})
+            assert_error(got, reply, 415, "unsupported_media_type")
+        got, _, reply = srv.call("POST", "/v1/discover", {"request": "x"},
+                                 headers={"Content-Type": "application/json; charset=utf-8"})
+        assert got == 200
+        metrics = srv.call("GET", "/metrics")[2]
+        assert metric(metrics, "requests_rejected_total", reason="unsupported_media_type") == 3
+        assert metric(metrics, "requests_rejected_total", reason="request_invalid") == 3
 
 
 def test_models_contract_health_metrics_and_openapi(engine, tiny_bundle):
@@ -205,9 +240,11 @@ def test_models_contract_health_metrics_and_openapi(engine, tiny_bundle):
         assert status == 200 and headers["content-type"].startswith("text/plain")
         for name in METRICS:
             assert f"toolcall:{name}" in text, name
-        assert 'toolcall:request_success_total{finished_reason="stop"} 1.0' in text
-        assert 'toolcall:requests_rejected_total{reason="unknown_tool"} 1.0' in text
-        (hits,) = [float(line.split()[1]) for line in text.splitlines() if line.startswith("toolcall:prefix_cache_hits ")]
+        assert metric(text, "request_success_total", finished_reason="stop", model_name=tiny_bundle.name) == 1
+        assert metric(text, "requests_rejected_total", reason="unknown_tool", model_name=tiny_bundle.name) == 1
+        series = [line for line in text.splitlines() if line.startswith("toolcall:")]
+        assert series and all('model_name="' in line for line in series)
+        hits = metric(text, "prefix_cache_hits_total")
         assert hits >= engine.contract.prompt.prefix_tokens  # the request reused the pinned prefix
         status, _, spec = srv.call("GET", "/openapi.json")
         paths = spec["paths"]
@@ -220,6 +257,15 @@ def test_models_contract_health_metrics_and_openapi(engine, tiny_bundle):
         assert {"DiscoverRequest", "ChatCompletionRequest", "ErrorBody"} <= set(spec["components"]["schemas"])
         status, _, html = srv.call("GET", "/docs")
         assert status == 200 and "swagger" in html.lower()
+        assert not re.findall(r"https?://", html), "the docs page loads something from the network"
+        assets = re.findall(r"""(?:src|href)=['"]([^'"]+)['"]""", html) + re.findall(r"url: ?'([^']+)'", html)
+        assert len(assets) >= 3  # Swagger UI's script and stylesheet, the favicon, the spec
+        for asset in assets:  # every one from this server itself
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+            conn.request("GET", asset)
+            resp = conn.getresponse()
+            assert resp.status == 200 and len(resp.read()) > 100, asset
+            conn.close()
 
 
 def test_the_openai_client_calls_chat_completions(engine, solo, tiny_bundle):
@@ -264,7 +310,7 @@ def test_a_full_queue_is_429_with_retry_after(engine, solo):
         for text, f in zip(TEXTS, held):
             status, _, body = f.result(30)
             assert status == 200 and body["token_ids"] == solo[text].token_ids
-        assert 'reason="queue_full"} 1.0' in srv.call("GET", "/metrics")[2]
+        assert metric(srv.call("GET", "/metrics")[2], "requests_rejected_total", reason="queue_full") == 1
 
 
 def test_a_client_that_disconnects_is_aborted_and_its_pages_freed(engine):
@@ -279,17 +325,18 @@ def test_a_client_that_disconnects_is_aborted_and_its_pages_freed(engine):
         assert kv.pages_in_use > 0
         sock.close()
         wait_for(lambda: srv.state.engine_thread.in_flight == 0 and kv.pages_in_use == 0, what="pages freed")
-        metrics = srv.call("GET", "/metrics")[2]
-        assert 'reason="request_aborted"} 1.0' in metrics and "request_success_total{" not in metrics
+        wait_for(lambda: metric(srv.call("GET", "/metrics")[2], "requests_rejected_total", reason="request_aborted")
+                 == 1, what="the abort counted")
+        assert metric(srv.call("GET", "/metrics")[2], "request_success_total") == 0
 
 
 def test_a_request_past_its_deadline_is_504_and_frees_its_pages(engine):
-    e = paced(engine, delay=0.1)
+    e = paced(engine, delay=0.25)
     kv = engine.generator.kv
     with serve(e, request_timeout_s=0.15) as srv:
         status, _, body = srv.call("POST", "/v1/discover", {"request": TEXTS[4]})
         assert_error(status, body, 504, "deadline_exceeded")
-        status, _, body = srv.call("POST", "/v1/discover", {"request": TEXTS[4], "timeout_s": 0.05})
+        status, _, body = srv.call("POST", "/v1/discover", {"request": TEXTS[4], "timeout_s": 0.1})  # the least
         assert_error(status, body, 504, "deadline_exceeded")
         wait_for(lambda: kv.pages_in_use == 0, what="pages freed")
         status, _, body = srv.call("POST", "/v1/discover", {"request": TEXTS[4], "timeout_s": 30})

@@ -99,13 +99,22 @@ class StepBatcher:
         if problem:
             raise RequestError("request_invalid", f"sampling: {problem}", temperature=repr(request.sampling.temperature),
                                top_p=repr(request.sampling.top_p), seed=request.sampling.seed)
+        self._check_controls(request)
+
+    def _check_controls(self, request: Request) -> None:
+        """The answer's limits lie within the contract's and the catalog's."""
+        for field, value, most in (("max_output_tokens", request.max_output_tokens, self.max_output_tokens),
+                                   ("max_tools", request.max_tools, self.grammar.max_tools)):
+            if value is not None and not (isinstance(value, int) and 1 <= value <= most):
+                raise RequestError("request_invalid", f"{field} must be a whole number from 1 to {most} (this "
+                                   f"bundle's limit); got {value!r}", field=field, got=repr(value), limit=most)
 
     def check(self, request: Request) -> None:
         """``validate`` plus the pool check: RequestError("kv_pages") for a request needing more
         pages than the pool has in all beside its pinned prefix pages (shared pages counted once).
         Reads only the limits and the pinned pages, fixed after load (safe from any thread)."""
         self.validate(request)
-        self.kv.check_fits(len(request.prompt_ids) + self.max_output_tokens, request.prompt_ids)
+        self.kv.check_fits(len(request.prompt_ids) + self.scheduler.answer_limit(request), request.prompt_ids)
 
     def submit(self, request: Request, queue: bool = True, checked: bool = False) -> int:
         """Validates and enqueues a request; returns its handle. Raises RequestError for a request
@@ -201,7 +210,7 @@ class StepBatcher:
         return results  # type: ignore[return-value]
 
     def _finished(self, seq: Sequence) -> bool:
-        return seq.done or len(seq.output) >= self.max_output_tokens
+        return seq.done or len(seq.output) >= seq.max_output
 
     def _rows(self, refused: list, active: list[Sequence]) -> "StepPlan":
         tokens, slots, positions, samplers = [], [], [], []  # samplers: (sequence, row) pairs picking a token
@@ -232,9 +241,10 @@ class StepBatcher:
                     samplers.append((seq, len(tokens) - 1))
                     prefilled.append(seq)
         seqs = [s for s, _ in samplers]
-        room = [self.max_output_tokens - len(s.output) for s in seqs]
-        picks = PickRows(self._states(seqs), [s.sampling for s in seqs], [s.rng for s in seqs], room,
-                         [s.step_logits is not None for s in seqs])
+        picks = PickRows(self._states(seqs), [s.sampling for s in seqs], [s.rng for s in seqs],
+                         [s.max_output - len(s.output) for s in seqs], [s.step_logits is not None for s in seqs],
+                         np.array([s.max_tools for s in seqs], np.int64),
+                         np.array([s.allow_empty for s in seqs], np.bool_))
         return StepPlan(refused, active, np.asarray(tokens, np.int64), np.asarray(slots, np.int64),
                         np.asarray(positions, np.int64), seqs, np.asarray([r for _, r in samplers], np.int64),
                         prefilled, picks)  # outputs: the sampled rows

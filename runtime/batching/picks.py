@@ -43,7 +43,8 @@ class HostPicker:
         ("numerics_invalid") on NaN or Inf, ("internal") where check mode's heads disagree."""
         if len(rows) == 0:  # a step of prefill chunks that complete no prompt
             return StepRecord(rows.states, [], [], [], [], [], [], time.perf_counter())
-        cand, edges, allowed = self.stepper.allowed_mask_batch(rows.states)  # (B, M) token / edge ids, -1 padded
+        cand, edges, allowed = self.stepper.allowed_mask_batch(rows.states, None, rows.max_tools, rows.allow_empty)
+        # (B, M) token ids / edge ids, -1 padded
         safe = np.maximum(cand, 0)
         if self.head == "dense":
             logits = np.take_along_axis(heads.dense_logits(hidden), safe, axis=1)
@@ -83,7 +84,8 @@ class HostPicker:
 
     def _advance(self, rows: PickRows, taken: np.ndarray, gaps: list[float], now: float) -> StepRecord:
         force = [not keep for keep in rows.keep_logits]
-        new, tokens, n_tokens, closed, n_closed = self.stepper.take_and_force(rows.states, taken, rows.room, force)
+        new, tokens, n_tokens, closed, n_closed = self.stepper.take_and_force(rows.states, taken, rows.room, force,
+                                                                              rows.max_tools, rows.allow_empty)
         done = self.stepper.done_batch(new).tolist()
         emitted = [row[:n] for row, n in zip(tokens.tolist(), n_tokens.tolist())]
         tools = [row[:n] for row, n in zip(closed.tolist(), n_closed.tolist())]

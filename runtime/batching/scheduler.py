@@ -24,10 +24,17 @@ SHORTAGE_CODES = ("too_many_sequences", "kv_pages")  # refusals a queueing reque
 
 @dataclass(frozen=True)
 class Request:
+    """One request's prompt and its answer's controls: ``tools`` the catalog indices the answer may name
+    (None: every tool), ``max_tools`` the most it may name (None: the catalog's), ``require_tool`` forbids
+    the empty answer, ``max_output_tokens`` caps the answer (None: the contract's)."""
+
     prompt_ids: tuple[int, ...]
     sampling: Sampling = Sampling()
     keep_logits: bool = False  # Result.step_logits/step_candidates filled (canary, parity and bit tests)
-    tools: tuple[int, ...] | None = None  # catalog indices the answer may name (None: every tool)
+    tools: tuple[int, ...] | None = None
+    max_tools: int | None = None
+    require_tool: bool = False
+    max_output_tokens: int | None = None
 
 
 @dataclass(eq=False)  # identity: running.remove(seq) compares no fields (and never a prompt array)
@@ -49,6 +56,9 @@ class Sequence:
     step_candidates: list[np.ndarray] | None = None
     cached: int = 0  # prompt tokens the KV pool shared or copied at admission (prefill starts there)
     done: bool = False  # the grammar state is terminal (END taken); set with ``state``
+    max_output: int = 0  # the answer's token limit (the request's, else the contract's)
+    max_tools: int = 0  # the answer's tool limit (the request's, else the catalog's)
+    allow_empty: bool = True  # the empty answer allowed (the catalog's rule, unless the request needs a tool)
 
 
 @dataclass
@@ -89,7 +99,7 @@ class Scheduler:
                 if self.max_running is not None and len(self.running) >= self.max_running:
                     raise RequestError("too_many_sequences", f"all {self.max_running} sequences of this lane are "
                                        "busy; retry when a sequence finishes", limit=self.max_running)
-                slot = self.kv.admit(len(w.request.prompt_ids) + self.max_output_tokens, w.request.prompt_ids)
+                slot = self.kv.admit(len(w.request.prompt_ids) + self.answer_limit(w.request), w.request.prompt_ids)
             except RequestError as e:
                 if w.queue and e.code in SHORTAGE_CODES:
                     continue
@@ -99,6 +109,10 @@ class Scheduler:
             self._unqueue(handle)
             self.running.append(self.start(handle, w.request, slot))
         return refused
+
+    def answer_limit(self, request: Request) -> int:
+        """The most tokens the request's answer may take (its own cap, else the contract's)."""
+        return self.max_output_tokens if request.max_output_tokens is None else request.max_output_tokens
 
     def _slot_free(self) -> bool:
         return bool(self.kv.free_slots) and (self.max_running is None or len(self.running) < self.max_running)
@@ -111,7 +125,10 @@ class Scheduler:
                         np.random.default_rng(request.sampling.seed) if request.sampling.temperature > 0 else None,
                         self.stepper.initial_state(request.tools),
                         prefilled=cached, start=time.perf_counter(), step_logits=keep,
-                        step_candidates=None if keep is None else [], cached=cached)
+                        step_candidates=None if keep is None else [], cached=cached,
+                        max_output=self.answer_limit(request),
+                        max_tools=self.stepper.grammar.max_tools if request.max_tools is None else request.max_tools,
+                        allow_empty=bool(self.stepper.grammar.allow_empty) and not request.require_tool)
 
     def retire(self, seq: Sequence, cache: bool = True) -> None:
         """Removes a running sequence and frees its slot and pages. ``cache``: its prompt's full pages

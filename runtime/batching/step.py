@@ -21,8 +21,10 @@ class PickRows:
     states: np.ndarray  # (B,) grammar states (structured, runtime/grammar/stepper.py state_dtype)
     sampling: list[Sampling]
     rngs: list  # np.random.Generator per row (None for greedy rows: they never draw)
-    room: list[int]  # output tokens each row may still emit (max_output_tokens minus those emitted)
+    room: list[int]  # output tokens each row may still emit (its answer's limit minus those emitted)
     keep_logits: list[bool]  # a row that keeps its logits takes one token a step (no forced run)
+    max_tools: np.ndarray  # (B,) int64: the most tools each row's answer may name
+    allow_empty: np.ndarray  # (B,) bool: the empty answer allowed
 
     def __len__(self) -> int:
         return len(self.sampling)

@@ -40,6 +40,21 @@ class CpuBackend(HostStep):
         pass
 
 
+COLD_CACHE_NOTE = ("compiling the CPU kernels for this machine first (about a minute, once: later loads and builds "
+                   "reuse them)")
+
+
+def kernels_cached() -> bool:
+    """Whether numba's on-disk cache already holds this machine's compiled CPU linear kernels (the first use of a
+    fresh install compiles them, which takes most of its first minute)."""
+    import numba
+
+    from toolcall.runtime.cpu import panel_kernels
+    here = Path(panel_kernels.__file__).resolve()
+    folder = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else here.parent / "__pycache__"
+    return any(folder.rglob(f"{here.stem}.linear_panels*.nbi"))
+
+
 def _stored(weights_path, cfg):
     from toolcall.runtime.cpu.stored_weights import load_stored
     return load_stored(weights_path, cfg)

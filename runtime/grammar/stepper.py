@@ -10,6 +10,8 @@ An edge out of the current node is allowed iff
   closing this tool another tool must still fit and be unused, so a separator never leads
   to a dead end;
 - kind 3 (END of an empty answer): ``count == 0`` and ``allow_empty``.
+``max_tools`` and ``allow_empty`` are the catalog's (the grammar file's), or per row a request's
+narrower ones (``rules``: at most one tool, at least one tool).
 Taking a kind 1/2 edge sets the closed tool's bit and adds 1 to ``count``. A fresh state has
 ``used`` empty (any tool may be named); a state restricted to a subset of the catalog starts
 with every other tool's bit set, so ``used`` holds ``count`` bits plus those.
@@ -73,10 +75,20 @@ class GrammarStepper:
         states["node"] = ROOT
         return states
 
-    def allowed_mask_batch(self, states: np.ndarray, max_edges: int | None = None
-                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def rules(self, batch: int, max_tools=None, allow_empty=None) -> tuple[np.ndarray, np.ndarray]:
+        """Per-row answer rules for ``batch`` rows: ``max_tools`` int64[B] and ``allow_empty`` bool[B], each the
+        given values (one a row) or the catalog's."""
+        tools = np.full(batch, self._max_tools, np.int64) if max_tools is None else np.asarray(max_tools, np.int64)
+        empty = (np.full(batch, bool(self.grammar.allow_empty)) if allow_empty is None
+                 else np.asarray(allow_empty, np.bool_))
+        assert tools.shape == empty.shape == (batch,), (tools.shape, empty.shape, batch)
+        return tools, empty
+
+    def allowed_mask_batch(self, states: np.ndarray, max_edges: int | None = None, max_tools=None,
+                           allow_empty=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Candidates of every state, in edge order, padded to M = ``max_edges`` columns
-        (default and minimum: the grammar's ``max_edges_per_node``).
+        (default and minimum: the grammar's ``max_edges_per_node``); ``max_tools``/``allow_empty``: each row's
+        rules (``rules``; default the catalog's).
 
         Returns ``tokens`` int32[B, M] (-1 past the node's edges), ``edges`` int32[B, M]
         (global edge index, -1 past the node's edges) and ``allowed`` bool[B, M].
@@ -90,17 +102,20 @@ class GrammarStepper:
         # the fields made C-contiguous (copied unless they already are): one compiled signature whatever the
         # batch (a field of a one-state batch is typed C-contiguous, of a larger one strided)
         node, count, used = (np.ascontiguousarray(states[f]) for f in ("node", "count", "used"))
-        allowed_edges(node, count, used, self._start, g.edge_token, g.edge_kind, g.edge_bits, self._max_tools,
-                      self._num_tools, bool(g.allow_empty), tokens, edges, allowed)
+        tools, empty = self.rules(batch, max_tools, allow_empty)
+        allowed_edges(node, count, used, self._start, g.edge_token, g.edge_kind, g.edge_bits, tools,
+                      self._num_tools, empty, tokens, edges, allowed)
         return tokens, edges, allowed
 
-    def take_and_force(self, states: np.ndarray, taken: np.ndarray, room: np.ndarray, force: np.ndarray
+    def take_and_force(self, states: np.ndarray, taken: np.ndarray, room: np.ndarray, force: np.ndarray,
+                       max_tools=None, allow_empty=None
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Each row takes its edge ``taken`` int[B] (allowed: not rechecked) and, where ``force`` bool[B],
         the tokens the grammar forces after it (name chains, single allowed edges) until it is done, has
-        appended ``room`` int[B] tokens (the taken one included; at least it), or has a choice. Returns the new states [B], the tokens appended
-        int32[B, L] (row b's first ``n_tokens[b]``), ``n_tokens`` int64[B], the tools closed int32[B, K]
-        (row b's first ``n_closed[b]``) and ``n_closed`` int64[B]."""
+        appended ``room`` int[B] tokens (the taken one included; at least it), or has a choice, under each
+        row's rules (``max_tools``/``allow_empty``, as ``allowed_mask_batch``). Returns the new states [B],
+        the tokens appended int32[B, L] (row b's first ``n_tokens[b]``), ``n_tokens`` int64[B], the tools
+        closed int32[B, K] (row b's first ``n_closed[b]``) and ``n_closed`` int64[B]."""
         g = self.grammar
         batch = len(states)
         room = np.asarray(room, np.int64)
@@ -108,9 +123,10 @@ class GrammarStepper:
         closed = np.empty((batch, self._max_tools + 1), np.int32)
         n_tokens, n_closed = np.empty(batch, np.int64), np.empty(batch, np.int64)
         node, count, used = (np.array(states[f]) for f in ("node", "count", "used"))  # copies: written in place
+        tools, empty = self.rules(batch, max_tools, allow_empty)
         take_and_force(node, count, used, np.asarray(taken, np.int64), room, np.asarray(force, np.bool_), self._start,
                        g.edge_token, g.edge_child, g.edge_kind, g.edge_tool, g.edge_bits, self._chain_start,
-                       self._chain_token, self._chain_node, self._max_tools, self._num_tools, bool(g.allow_empty),
+                       self._chain_token, self._chain_node, tools, self._num_tools, empty,
                        int(g.terminal), tokens, n_tokens, closed, n_closed)
         new = states.copy()
         new["node"], new["count"], new["used"] = node, count, used

@@ -10,7 +10,8 @@ each is one ``nogil`` call. Integer logic only: the answers are those of the num
 Layouts: states' ``node`` int32[B], ``count`` int32[B], ``used`` uint64[B, W] (C-contiguous copies of
 the state fields); the grammar's ``node_edge_start`` int64[N+1] (widened from the file's uint32),
 ``edge_token``/``edge_child``/``edge_tool`` int32[E], ``edge_kind`` uint8[E], ``edge_bits``
-uint64[E, W]; name chains (GrammarStepper.name_chains) as ``chain_start`` int64[N+1] into
+uint64[E, W]; each row's own answer rules ``max_tools`` int64[B] and ``allow_empty`` bool[B] (the
+catalog's, or a request's narrower ones); name chains (GrammarStepper.name_chains) as ``chain_start`` int64[N+1] into
 ``chain_token``/``chain_node`` int32[C]. Mask out: ``tokens``/``edges`` int32[B, M] (-1 past the
 node's edges), ``allowed`` bool[B, M], M >= the widest node's degree.
 """
@@ -37,7 +38,7 @@ def _edge_allowed(e, b, count, used, edge_kind, edge_bits, sep_ok, allow_empty):
     """The rule of GrammarStepper's docstring for edge e out of state b's node."""
     kind = edge_kind[e]
     if kind == EDGE_EMPTY_END:
-        return count[b] == 0 and allow_empty
+        return count[b] == 0 and allow_empty[b]
     for w in range(used.shape[1]):
         if edge_bits[e, w] & ~used[b, w]:
             return kind != EDGE_SEP or sep_ok
@@ -50,7 +51,7 @@ def _sep_ok(b, count, used, max_tools, num_tools):
     used_bits = 0
     for w in range(used.shape[1]):
         used_bits += _popcount(used[b, w])
-    return count[b] + 1 < max_tools and used_bits + 1 < num_tools
+    return count[b] + 1 < max_tools[b] and used_bits + 1 < num_tools
 
 
 @njit(nogil=True, cache=True)
@@ -139,8 +140,9 @@ def allowed_edges_reference(node, count, used, start, edge_token, edge_kind, edg
     row_used = used[rows]  # (R, W)
     has_unused = ((edge_bits[e] & ~row_used) != 0).any(axis=1)
     used_bits = np.bitwise_count(row_used).sum(axis=1, dtype=np.int64)
-    sep_ok = (row_count + 1 < max_tools) & (used_bits + 1 < num_tools)
-    ok = np.where(kind == EDGE_EMPTY_END, (row_count == 0) & allow_empty, has_unused & ((kind != EDGE_SEP) | sep_ok))
+    sep_ok = (row_count + 1 < np.asarray(max_tools)[rows]) & (used_bits + 1 < num_tools)
+    ok = np.where(kind == EDGE_EMPTY_END, (row_count == 0) & np.asarray(allow_empty)[rows],
+                  has_unused & ((kind != EDGE_SEP) | sep_ok))
     allowed = np.zeros(valid.shape, bool)
     allowed[rows, cols] = ok
     return tokens, edges.astype(np.int32), allowed

@@ -22,7 +22,8 @@ log = logging.getLogger("toolcall.runtime.serve")
 # code -> HTTP status (codes not listed: 400 if a request's fault, else 500; see status_for)
 STATUS = {"request_invalid": 400, "unknown_tool": 400, "usage": 400, "prompt_too_long": 413, "kv_pages": 413,
           "body_too_large": 413, "queue_full": 429, "too_many_sequences": 429, "draining": 503,
-          "deadline_exceeded": 504, "not_found": 404, "request_aborted": 499}
+          "deadline_exceeded": 504, "not_found": 404, "method_not_allowed": 405, "unsupported_media_type": 415,
+          "request_aborted": 499}
 JSON = "application/json"
 
 
@@ -51,11 +52,16 @@ def validation_response(err: ValidationError) -> Response:
 
 
 async def http_exception_handler(request: Request, exc: HTTPException) -> Response:
-    """Starlette's own 404/405/400s in the typed body."""
-    if exc.status_code in (404, 405):
-        what = "no such endpoint" if exc.status_code == 404 else f"method {request.method} not allowed here"
-        return error_response("not_found", f"{what}: {request.url.path}; see /docs", exc.status_code,
-                              path=request.url.path, method=request.method)
+    """Starlette's own 404/405/400s in the typed body (a 405 keeps its Allow header)."""
+    path = request.url.path
+    if exc.status_code == 404:
+        return error_response("not_found", f"no such endpoint: {path}; see /docs", 404, path=path,
+                              method=request.method)
+    if exc.status_code == 405:
+        allow = (exc.headers or {}).get("Allow", "")
+        return error_response("method_not_allowed", f"method {request.method} is not allowed on {path}; allowed: "
+                              f"{allow or 'none'}", 405, headers={"Allow": allow}, path=path, method=request.method,
+                              allowed=[m.strip() for m in allow.split(",") if m.strip()])
     code = "request_invalid" if exc.status_code < 500 else "internal"
     return error_response(code, str(exc.detail), exc.status_code)
 
@@ -67,8 +73,8 @@ class _BodyTooLarge(Exception):
 class GuardMiddleware:
     """Pure ASGI: a byte limit on request bodies, and no exception past this point."""
 
-    def __init__(self, app, max_body_bytes: int):
-        self.app, self.max_body_bytes = app, max_body_bytes
+    def __init__(self, app, max_body_bytes: int, refused=lambda code: None):
+        self.app, self.max_body_bytes, self.refused = app, max_body_bytes, refused  # refused(code): counts one
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -108,10 +114,12 @@ class GuardMiddleware:
         except Exception as e:  # a bug: typed 500, one line in the log, no traceback anywhere
             log.error("internal error on %s %s: %s: %s", scope.get("method"), scope.get("path"), type(e).__name__, e)
             if not started:
+                self.refused("internal")
                 await self._send(send, error_response("internal", f"internal error ({type(e).__name__}); "
                                                       "this is a bug, report it", 500, exception=type(e).__name__))
 
     def _too_large(self, got: int) -> Response:
+        self.refused("body_too_large")
         return error_response("body_too_large", f"the request body has {got} bytes or more; this server accepts "
                               f"at most {self.max_body_bytes}", 413, limit=self.max_body_bytes, got=got)
 

@@ -1,8 +1,16 @@
-"""Prometheus metrics under vLLM's names with this project's prefix (``toolcall:`` for ``vllm:``).
+"""Prometheus metrics: vLLM's names and types under this project's prefix (``toolcall:`` where vLLM says
+``vllm:``), every series labelled ``model_name`` (the first served name).
 
-Gauges are read from the engine thread when scraped; counters and histograms are fed by the
-engine thread as requests finish and steps end (prometheus_client is thread-safe), and by
-the HTTP side for refusals made before a request reaches the engine.
+As vLLM: ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_perc`` (gauges);
+``prefix_cache_queries_total``, ``prefix_cache_hits_total`` (prompt tokens), ``prompt_tokens_total``,
+``generation_tokens_total``, ``request_success_total{finished_reason}`` (counters);
+``time_to_first_token_seconds``, ``e2e_request_latency_seconds``, ``request_queue_time_seconds``
+(histograms). This project's own (README, "Metrics"): ``kv_pages_free``, ``kv_pages_in_use`` (gauges),
+``requests_rejected_total{reason}`` (every refusal, by its error code), ``engine_step_seconds``.
+
+Gauges and the prefix-cache counters are read from the engine thread when scraped; the other counters
+and histograms are fed by the engine thread as requests finish and steps end, and by the HTTP edge
+for every refusal (prometheus_client is thread-safe).
 """
 from __future__ import annotations
 
@@ -10,79 +18,97 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for app.py)
     CollectorRegistry,
     Counter,
-    Gauge,
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from toolcall.common.errors import RequestError
+from toolcall.runtime.batching.batcher import Result
 
 PREFIX = "toolcall:"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+LABEL = "model_name"
+
+# series read from the engine thread at scrape time: (name, kind, help, reader of an EngineThread)
+READ = (
+    ("num_requests_running", "gauge", "Requests running in the engine (admitted, holding KV pages).",
+     lambda t: t.running),
+    ("num_requests_waiting", "gauge", "Requests waiting for admission.", lambda t: t.waiting),
+    ("kv_cache_usage_perc", "gauge", "KV cache usage: 1 means every page beside the pinned prefix is reserved.",
+     lambda t: t.pages_in_use / max(1, t.generator.kv.num_pages - t.generator.kv.pinned_pages)),
+    ("kv_pages_free", "gauge", "KV cache pages free to admit into (idle cached pages included).",
+     lambda t: t.free_pages),
+    ("kv_pages_in_use", "gauge", "KV cache pages held by admitted sequences (the pinned prefix not counted).",
+     lambda t: t.pages_in_use),
+    ("prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache.",
+     lambda t: t.prefix_query_tokens),
+    ("prefix_cache_hits", "counter", "Prompt tokens served from pinned or cached pages.",
+     lambda t: t.prefix_hit_tokens),
+)
+
+
+class _EngineReadings:
+    """A collector of the READ series (0 while the engine loads)."""
+
+    def __init__(self, engine_thread, model_name):
+        self.engine_thread, self.model_name = engine_thread, model_name
+
+    def collect(self):
+        thread = self.engine_thread()
+        for name, kind, text, read in READ:
+            family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(PREFIX + name, text,
+                                                                                   labels=[LABEL])
+            family.add_metric([self.model_name()], float(read(thread)) if thread is not None else 0.0)
+            yield family
 
 
 class ServeMetrics:
-    """One registry per server; ``engine_thread()`` returns the EngineThread or None while loading."""
+    """One registry per server; ``engine_thread()`` returns the EngineThread or None while loading,
+    ``model_name()`` the label's value."""
 
-    def __init__(self, engine_thread):
+    def __init__(self, engine_thread, model_name):
         self.registry = r = CollectorRegistry()
-        p = PREFIX
-
-        def read(attr, default=0.0):
-            return lambda: float(getattr(engine_thread(), attr)) if engine_thread() is not None else default
-
-        Gauge(p + "num_requests_running", "Requests running in the engine (admitted, holding KV pages).",
-              registry=r).set_function(read("running"))
-        Gauge(p + "num_requests_waiting", "Requests waiting for admission.", registry=r).set_function(read("waiting"))
-        Gauge(p + "kv_pages_free", "KV cache pages free to admit into (idle cached pages included).",
-              registry=r).set_function(read("free_pages"))
-        Gauge(p + "kv_pages_in_use", "KV cache pages held by admitted sequences (the pinned prefix not counted).",
-              registry=r).set_function(read("pages_in_use"))
-
-        def usage():
-            lp = engine_thread()
-            if lp is None:
-                return 0.0
-            kv = lp.generator.kv
-            return lp.pages_in_use / max(1, kv.num_pages - kv.pinned_pages)
-
-        Gauge(p + "kv_cache_usage_perc", "KV cache usage: 1 means every page beside the pinned prefix is reserved.",
-              registry=r).set_function(usage)
-        # vLLM's prefix-cache counters, in tokens; read from the pool's running totals at scrape time.
-        Gauge(p + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache (running total).",
-              registry=r).set_function(read("prefix_query_tokens"))
-        Gauge(p + "prefix_cache_hits", "Prompt tokens served from pinned or cached pages (running total).",
-              registry=r).set_function(read("prefix_hit_tokens"))
-        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of finished requests.", registry=r)
-        self.generation_tokens = Counter(p + "generation_tokens", "Generated tokens of finished requests.", registry=r)
-        self.success = Counter(p + "request_success", "Finished requests by finish reason.", ["finished_reason"],
-                               registry=r)
-        self.rejected = Counter(p + "requests_rejected", "Requests refused or dropped, by error code.", ["reason"],
-                                registry=r)
-        self.ttft = Histogram(p + "time_to_first_token_seconds", "Arrival to first output token.",
+        self._name, p = model_name, PREFIX
+        r.register(_EngineReadings(engine_thread, model_name))
+        labels = [LABEL]
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of finished requests.", labels, registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "Generated tokens of finished requests.", labels,
+                                         registry=r)
+        self.success = Counter(p + "request_success", "Finished requests by finish reason.",
+                               labels + ["finished_reason"], registry=r)
+        self.rejected = Counter(p + "requests_rejected", "Requests refused or dropped, by error code.",
+                                labels + ["reason"], registry=r)
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "Arrival to first output token.", labels,
                               buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram(p + "e2e_request_latency_seconds", "Arrival to answer.", buckets=LATENCY_BUCKETS,
+        self.e2e = Histogram(p + "e2e_request_latency_seconds", "Arrival to answer.", labels, buckets=LATENCY_BUCKETS,
                              registry=r)
-        self.queue = Histogram(p + "request_queue_time_seconds", "Arrival to admission.", buckets=LATENCY_BUCKETS,
-                               registry=r)
-        self.step = Histogram(p + "engine_step_seconds", "Wall time of one engine step.", buckets=STEP_BUCKETS,
-                              registry=r)
+        self.queue = Histogram(p + "request_queue_time_seconds", "Arrival to admission.", labels,
+                               buckets=LATENCY_BUCKETS, registry=r)
+        self.step = Histogram(p + "engine_step_seconds", "Wall time of one engine step.", labels,
+                              buckets=STEP_BUCKETS, registry=r)
+
+    def refused(self, code: str) -> None:
+        """A refusal answered at the HTTP edge (every one passes there once)."""
+        self.rejected.labels(self._name(), code).inc()
+
+    def step_took(self, seconds: float) -> None:
+        self.step.labels(self._name()).observe(seconds)
 
     def finished(self, ticket) -> None:
-        """A ticket answered (engine thread): a Result, or the error that ended it."""
+        """A ticket answered with a Result (engine thread); its refusals are counted at the edge."""
         res = ticket.result
-        if isinstance(res, RequestError):
-            self.rejected.labels(res.code).inc()
+        if not isinstance(res, Result):
             return
+        m = self._name()
         e2e = ticket.finished - ticket.submitted
         queued = max(0.0, e2e - res.total_s)
-        self.prompt_tokens.inc(len(ticket.request.prompt_ids))
-        self.generation_tokens.inc(len(res.token_ids))
-        self.success.labels("stop" if res.finish == "done" else "length").inc()
-        self.queue.observe(queued)
-        self.ttft.observe(queued + res.ttft_s)
-        self.e2e.observe(e2e)
+        self.prompt_tokens.labels(m).inc(len(ticket.request.prompt_ids))
+        self.generation_tokens.labels(m).inc(len(res.token_ids))
+        self.success.labels(m, "stop" if res.finish == "done" else "length").inc()
+        self.queue.labels(m).observe(queued)
+        self.ttft.labels(m).observe(queued + res.ttft_s)
+        self.e2e.labels(m).observe(e2e)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

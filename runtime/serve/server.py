@@ -1,8 +1,11 @@
-"""The uvicorn server: open-files limit raised, a deep listen backlog, and a SIGTERM drain.
+"""The uvicorn server: open-files limit raised, a deep listen backlog, and a SIGTERM drain that resets nothing.
 
-SIGTERM: stop admitting (/health and new requests answer 503), let every admitted request
-finish and its response go out, then exit 0. A second SIGTERM, or SIGINT, stops at once
-the uvicorn way. A bundle that fails to load ends the process with its refusal's exit code.
+SIGTERM: stop admitting (/health and new requests answer 503 with Retry-After) while the listener stays
+open and keeps accepting, so every connection, in flight or arriving, gets an HTTP answer; once every
+admitted request is answered, nothing has arrived for the grace (``ServeConfig.drain_grace_s``, at
+least 1 s) and the kernel's accept queue is empty, the listener closes and the process exits 0. A second
+SIGTERM, or SIGINT, stops at once the uvicorn way. A bundle that fails to load ends the process with its
+refusal's exit code.
 """
 from __future__ import annotations
 
@@ -12,7 +15,10 @@ import gc
 import logging
 import resource
 import signal
+import socket
+import struct
 import sys
+import time
 
 import prometheus_client
 import uvicorn
@@ -47,22 +53,46 @@ def raise_open_files() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
+def accept_queue(sock: socket.socket) -> int | None:
+    """Connections waiting in a listening socket's accept queue (Linux: tcp_info's tcpi_unacked of a listener,
+    the u32 after 8 bytes of flags and four u32); None where the kernel does not say."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 32)
+    except (AttributeError, OSError):
+        return None
+    return struct.unpack_from("I", info, 24)[0] if len(info) >= 28 else None
+
+
 class DrainingServer(uvicorn.Server):
-    """uvicorn.Server whose first SIGTERM drains the engine before the usual graceful shutdown."""
+    """uvicorn.Server whose first SIGTERM drains the engine, answering arrivals, before the graceful shutdown."""
 
     def __init__(self, config: uvicorn.Config, state: ServeState, announce=None):
         super().__init__(config)
         self.state, self.announce, self._announced = state, announce, False
         self._trimmed_at = 0
+        self._activity = (0, 0)  # (requests seen, connections open) at the last change
+        self._quiet_since = 0.0  # monotonic time of the last arrival, SIGTERM or change of connections
 
     def handle_exit(self, sig, frame) -> None:
         if sig == signal.SIGTERM and self.state.phase in ("ready", "loading") and not self.should_exit:
             if self.state.phase == "loading":
                 self.should_exit = True  # nothing admitted yet: leave now, still exit 0
                 return
+            self._quiet_since = time.monotonic()
             self.state.begin_drain()
             return
         super().handle_exit(sig, frame)
+
+    def _drain_done(self) -> bool:
+        """Every admitted request answered, nothing arrived for the grace, no connection waiting to be accepted."""
+        now = time.monotonic()
+        activity = (self.server_state.total_requests, len(self.server_state.connections))
+        if activity != self._activity:
+            self._activity, self._quiet_since = activity, now
+        if not self.state.drained or now - self._quiet_since < self.state.config.drain_grace_s:
+            return False
+        waiting = [accept_queue(s) for server in self.servers for s in server.sockets]
+        return not any(waiting)
 
     def _trim_when_idle(self) -> None:
         """Once idle after traffic, hands freed heap memory back to the OS (glibc keeps it otherwise:
@@ -84,7 +114,7 @@ class DrainingServer(uvicorn.Server):
             self._trim_when_idle()
         if state.phase == "failed":
             self.should_exit = True
-        elif state.phase == "draining" and state.drained:
+        elif state.phase == "draining" and self._drain_done():
             self.should_exit = True
         elif state.phase == "ready" and not self._announced and self.started:
             self._announced = True

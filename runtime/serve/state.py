@@ -35,6 +35,8 @@ class ServeConfig:
     stale_s: float = 30.0  # engine heartbeat older than this: not ready
     adaptive_threads: bool = True  # the fast CPU engine's kernel threads follow the spare CPU (kernel_threads.py)
     lanes: int | None = None  # step groups whose kernels overlap (runtime/batching/lanes.py); None: ``serving_lanes``
+    served_model_names: tuple[str, ...] = ()  # the names clients use (vLLM's --served-model-name); (): the folder's
+    drain_grace_s: float = 1.0  # after SIGTERM: answer (503) what keeps arriving this long after the last answer
 
 
 def queue_bounds(limits, config: ServeConfig) -> tuple[int, int]:
@@ -89,7 +91,7 @@ class ServeState:
         self.engine_thread: EngineThread | None = None
         self.phase = "loading"
         self.failure: EngineError | None = None
-        self.metrics = ServeMetrics(lambda: self.engine_thread)
+        self.metrics = ServeMetrics(lambda: self.engine_thread, lambda: self.model_names[0])
         self.kernel_threads: KernelThreads | None = None
         self.loop_thread = threading.main_thread().native_id  # the event loop's; the app's lifespan sets it
         self._lock = threading.Lock()
@@ -134,7 +136,7 @@ class ServeState:
                 self.phase = "ready"
 
     def _on_step(self, seconds: float, finished: list[Ticket]) -> None:
-        self.metrics.step.observe(seconds)
+        self.metrics.step_took(seconds)
         if self.kernel_threads is not None:  # the engine thread, between steps
             self.engine.generator.model.threads = self.kernel_threads.update()
 
@@ -158,6 +160,14 @@ class ServeState:
         if self.engine_thread is not None:
             self.engine_thread.close(timeout=30)
 
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """The names this server answers to (the first is the metrics' model_name), the bundle id aside:
+        the configured ones, else the bundle folder's name (before the load: "loading")."""
+        if self.config.served_model_names:
+            return self.config.served_model_names
+        return (self.engine.folder.name,) if self.engine is not None else ("loading",)
+
     def not_admitting(self) -> RequestError:
         what = {"loading": "is still loading the bundle", "draining": "is shutting down",
                 "failed": "failed to load its bundle"}.get(self.phase, "is not ready")
@@ -165,24 +175,21 @@ class ServeState:
                             "another replica", phase=self.phase, retry_after_s=1)
 
     async def answer(self, http_request, text: str, sampling: Sampling, tools: list[str] | None,
-                     timeout_s: float | None) -> tuple[Ticket, object]:
-        """(ticket, Result) for one request, or raises its RequestError."""
+                     timeout_s: float | None, **controls) -> tuple[Ticket, object]:
+        """(ticket, Result) for one request, or raises its RequestError (the HTTP edge counts it).
+        ``controls``: the answer's rules (Engine.request's max_tools, require_tool, max_output_tokens)."""
         if self.phase != "ready" or self.engine_thread is None:
             raise self.not_admitting()
         timeout = timeout_s if timeout_s is not None else self.config.request_timeout_s
-        try:
-            request = self.engine.request(text, sampling, tools)
-            aio = asyncio.get_running_loop()
-            future = aio.create_future()
-            
-            def done(t: Ticket) -> None:  # engine thread
-                self.metrics.finished(t)
-                aio.call_soon_threadsafe(_resolve, future, t)
+        request = self.engine.request(text, sampling, tools, **controls)
+        aio = asyncio.get_running_loop()
+        future = aio.create_future()
 
-            ticket = self.engine_thread.submit(request, done, timeout)
-        except RequestError as e:
-            self.metrics.rejected.labels(e.code).inc()
-            raise
+        def done(t: Ticket) -> None:  # engine thread
+            self.metrics.finished(t)
+            aio.call_soon_threadsafe(_resolve, future, t)
+
+        ticket = self.engine_thread.submit(request, done, timeout)
         gone = asyncio.ensure_future(_disconnected(http_request.receive))
         try:
             # the engine answers every ticket (deadline included); the extra seconds only guard its thread
