@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,8 +46,10 @@ def metric(port, name) -> float:
     return sum(float(v) for v in re.findall(rf"^toolcall:{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
 
 
-def start_server(bundle, *args) -> tuple[subprocess.Popen, int]:
-    """`runtime serve BUNDLE --port 0 ARGS` and its port, once it printed its ready line."""
+@contextmanager
+def running_server(bundle, *args):
+    """(process, port) of `runtime serve BUNDLE --port 0 ARGS` once it printed its ready line; killed on the
+    way out if still running."""
     proc = subprocess.Popen([sys.executable, "-c", "from toolcall.runtime.cli import main; main()", "serve",
                              str(bundle), "--port", "0", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -54,16 +57,20 @@ def start_server(bundle, *args) -> tuple[subprocess.Popen, int]:
     reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
     reader.start()
     reader.join(120)
-    assert lines and lines[0].startswith("ready: "), (lines, proc.poll())
-    return proc, int(re.search(r"127\.0\.0\.1:(\d+)", lines[0]).group(1))
+    try:
+        assert lines and lines[0].startswith("ready: "), (lines, proc.poll())
+        yield proc, int(re.search(r"127\.0\.0\.1:(\d+)", lines[0]).group(1))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def test_sigterm_finishes_every_admitted_request_then_exits_0(tiny_bundle):
     from toolcall.runtime.engine import Engine
 
     solo = {t: r.token_ids for t, r in zip(TEXTS, Engine.load(tiny_bundle).run(TEXTS))}
-    proc, port = start_server(tiny_bundle)
-    try:
+    with running_server(tiny_bundle) as (proc, port):
         environ = Path(f"/proc/{proc.pid}/environ")
         if environ.exists():  # re-executed on the C allocator, same pid (see runtime/cli.py _use_system_allocator)
             assert f"PYTHONMALLOC={os.environ.get('PYTHONMALLOC') or 'malloc'}".encode() in environ.read_bytes().split(b"\0")
@@ -88,10 +95,6 @@ def test_sigterm_finishes_every_admitted_request_then_exits_0(tiny_bundle):
             assert status == 200 and body["token_ids"] == solo[text], (status, body)
         print(f"{in_flight:.0f} of {n} requests were in flight at SIGTERM")
         assert "Traceback" not in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
 
 
 def test_a_bundle_that_fails_to_load_ends_serve_with_its_refusal_code(tmp_path):
@@ -134,8 +137,7 @@ def test_a_burst_at_the_instant_of_sigterm_gets_an_http_answer_each(tiny_bundle)
     503 with Retry-After, none reset or refused, and the server exits 0 once they are done and the grace
     (3 s here, for a loaded machine) has passed."""
     n = 300
-    proc, port = start_server(tiny_bundle, "--drain-grace", "3")
-    try:
+    with running_server(tiny_bundle, "--drain-grace", "3") as (proc, port):
         connected = threading.Barrier(n + 1)
         body = json.dumps({"request": TEXTS[0]}).encode()
         with ThreadPoolExecutor(n) as pool:
@@ -148,7 +150,3 @@ def test_a_burst_at_the_instant_of_sigterm_gets_an_http_answer_each(tiny_bundle)
         assert set(outcomes) <= {"200", "503 Retry-After"}, outcomes
         print(f"burst at SIGTERM: {outcomes}")
         assert "Traceback" not in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
