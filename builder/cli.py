@@ -113,14 +113,28 @@ PAGE = click.IntRange(1, 1 << 12)
 @click.option("--memory-budget", default=None, help="Size the KV pool to fit this much memory (e.g. 6GiB); "
               "refuses when not even one full-length sequence fits.")
 @click.option("--context-reserve", default=None, help="CUDA context reserve (e.g. 512MiB)  [default: per target]")
+@click.option("--max-request-tools", type=click.IntRange(1, 4096), default=None,
+              help="Most tools one request may bring itself (names outside the catalog, with descriptions); needs a "
+                   "catalog prompt_template holding {tools}  [default: 64 with {tools}]")
+@click.option("--max-description-tokens", type=click.IntRange(0, 65536), default=None,
+              help="Most tokens of one request-supplied tool's description  [default: 256 with {tools}]")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Bundle folder  [default: artifacts/<checkpoint>-<precision>-<target>]")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
+@click.option("--min-probe-recall", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Refuse (probe_failed, no bundle written) when the catalog probe's recall, the share of tools "
+                   "the model picks for a request made from their own description, is below this (0-1)  "
+                   "[default: warn only]")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (for programs).")
 def compile_cmd(checkpoint, catalog, precision, target, max_sequences, max_input_tokens, max_output_tokens,
-                page_size, max_tokens_per_step, prefill_chunk, memory_budget, context_reserve, out_dir, force,
-                as_json):
-    """Compile CHECKPOINT (a Hugging Face folder) and a tool catalog into a bundle with its contract.json."""
+                page_size, max_tokens_per_step, prefill_chunk, memory_budget, context_reserve, max_request_tools,
+                max_description_tokens, out_dir, force, min_probe_recall, as_json):
+    """Compile CHECKPOINT (a Hugging Face folder) and a tool catalog into a bundle with its contract.json.
+
+    After the canary the catalog probe asks the model one request per tool (its description) and a
+    few that need no tool; each finding (a recall under 0.5, answers nearly all the same) is printed
+    on stderr as a line starting "warning:" and recorded in build-report.json's "probe".
+    """
     from pathlib import Path
 
     from toolcall.builder.compile import compile_bundle
@@ -133,10 +147,12 @@ def compile_cmd(checkpoint, catalog, precision, target, max_sequences, max_input
             max_input_tokens=max_input_tokens, max_output_tokens=max_output_tokens, page_size=page_size,
             max_tokens_per_step=max_tokens_per_step, prefill_chunk=prefill_chunk,
             memory_budget_bytes=parse_size(memory_budget) if memory_budget else None,
-            context_reserve_bytes=parse_size(context_reserve) if context_reserve else None, seed=0)
+            context_reserve_bytes=parse_size(context_reserve) if context_reserve else None, seed=0,
+            max_request_tools=max_request_tools, max_description_tokens=max_description_tokens)
         out = Path(out_dir) if out_dir else Path("artifacts") / f"{Path(checkpoint).name}-{precision}-{target.lower()}"
         result = compile_bundle(checkpoint, catalog, options, out, force=force,
-                                progress=None if as_json else progress_printer("quantize"))
+                                progress=None if as_json else progress_printer("quantize"),
+                                min_probe_recall=min_probe_recall)
     except EngineError as e:
         fail(e, as_json)
     c = result.contract
@@ -144,25 +160,36 @@ def compile_cmd(checkpoint, catalog, precision, target, max_sequences, max_input
         click.echo(json_text({"bundle": str(result.out_dir), "bundle_id": c.engine.bundle_id,
                                "target": c.target.name, "precision": c.precision.weights,
                                "limits": c.to_dict()["limits"], "memory": c.to_dict()["memory"],
-                               "canary_min_margin": c.canary.min_margin, "timings_s": result.timings,
+                               "canary_min_margin": c.canary.min_margin, "probe": result.probe.to_dict(),
+                               "warnings": list(result.probe.warnings), "timings_s": result.timings,
                                "source_bytes": result.source_bytes,
                                "source_gb_per_s": result.source_bytes / 1e9 / max(result.timings["quantize"], 1e-9),
                                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+        print_warnings(result.probe.warnings)
         return
     from toolcall.builder.inspect_bundle import format_inspection, inspect_bundle
 
-    click.echo(format_inspection(inspect_bundle(result.out_dir)))
+    click.echo(format_inspection(inspect_bundle(result.out_dir), show_warnings=False))  # on stderr, below
     click.echo(f"\nbuilt in {sum(result.timings.values()):.1f} s ("
                + ", ".join(f"{k} {v:.1f}" for k, v in result.timings.items()) + ")")
+    print_warnings(result.probe.warnings)
+
+
+def print_warnings(warnings) -> None:
+    """One stderr line per warning, starting "warning:" (last, so a terminal shows them below the tables)."""
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @main.command()
 @click.argument("bundle", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the contract's sections and the file list as JSON.")
 def inspect(bundle, as_json):
-    """Show what BUNDLE's contract.json promises: target, precision, limits, memory, grammar, canary, files.
+    """Show what BUNDLE's contract.json promises: target, precision, limits, memory, grammar, canary, files,
+    and the catalog probe build-report.json records.
 
-    Reads only contract.json (schema-checked); `builder verify` checks the files against it.
+    Reads contract.json (schema-checked) and build-report.json's probe; `builder verify` checks the files
+    against the contract.
     """
     from toolcall.builder.inspect_bundle import format_inspection, inspect_bundle
 

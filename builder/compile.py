@@ -1,7 +1,7 @@
 """``builder compile``: checkpoint + catalog → a bundle folder, written atomically and reproducibly.
 
-read → grammar → limits and memory plan → quantize (streamed) → kernels → canary → report →
-contract → rename into place. Nothing hashed holds a timestamp or a path, so the same inputs
+read → grammar → limits and memory plan → quantize (streamed) → kernels → canary → catalog probe →
+report → contract → rename into place. Nothing hashed holds a timestamp or a path, so the same inputs
 and options give a byte-identical bundle; timings are returned to the caller instead.
 """
 from __future__ import annotations
@@ -17,10 +17,11 @@ from importlib import metadata
 from pathlib import Path
 
 from toolcall.builder.canary import record_canary
-from toolcall.builder.catalog import load_catalog
+from toolcall.builder.catalog import TOOLS_PLACEHOLDER, load_catalog
 from toolcall.builder.checkpoint import open_checkpoint
 from toolcall.builder.kernel_build import check_kernel_shapes, compile_kernels, contract_target
 from toolcall.builder.memory_plan import default_context_reserve, plan_memory, prefix_pages, size_pool_for_budget
+from toolcall.builder.probe import Probe, probe_refusal, run_probe
 from toolcall.builder.quantize import quantize_checkpoint
 from toolcall.builder.trie import build_grammar
 from toolcall.common.errors import BuildError, CatalogError
@@ -37,6 +38,7 @@ from toolcall.runtime.bundle.contract import (
     Limits,
     Precision,
     PromptSection,
+    RequestToolsSection,
     compute_bundle_id,
 )
 from toolcall.runtime.bundle.file_kind import require_file
@@ -52,6 +54,11 @@ from toolcall.runtime.console import done as stage_done
 from toolcall.runtime.console import stage
 from toolcall.runtime.cpu.backend import COLD_CACHE_NOTE, kernels_cached
 
+# Request-supplied tools (a template holding {tools}): most tools a request may bring (its grammar's root then
+# has up to 65 edges: the sparse head's buffers widen to that) and most tokens of one description.
+DEFAULT_MAX_REQUEST_TOOLS = 64
+DEFAULT_MAX_DESCRIPTION_TOKENS = 256
+
 
 @dataclass
 class CompileResult:
@@ -59,6 +66,7 @@ class CompileResult:
     out_dir: Path
     timings: dict[str, float]  # seconds per stage (not in the bundle: it would break byte identity)
     source_bytes: int
+    probe: Probe | None = None  # the catalog probe, as build-report.json's "probe" records it
 
 
 def builder_version() -> str:
@@ -68,9 +76,20 @@ def builder_version() -> str:
         return "0+unknown"
 
 
-def resolve_defaults(options: BuildOptions, grammar) -> BuildOptions:
-    """Fills the options left None: max_output_tokens (the grammar's longest answer) and the context reserve."""
+def resolve_defaults(options: BuildOptions, grammar, catalog=None) -> BuildOptions:
+    """Fills the options left None: max_output_tokens (the grammar's longest answer), the context reserve, and
+    for a ``catalog`` whose template holds {tools} the request-supplied tools' limits (BuildError("usage") for
+    such limits given with a template that has no {tools})."""
     changes = {}
+    takes_tools = catalog is not None and TOOLS_PLACEHOLDER in catalog.template
+    for name, default in (("max_request_tools", DEFAULT_MAX_REQUEST_TOOLS),
+                          ("max_description_tokens", DEFAULT_MAX_DESCRIPTION_TOKENS)):
+        if takes_tools and getattr(options, name) is None:
+            changes[name] = default
+        elif catalog is not None and not takes_tools and getattr(options, name) is not None:
+            raise BuildError("usage", f"--{name.replace('_', '-')} limits tools that requests bring, which needs a "
+                             f"catalog prompt_template holding {TOOLS_PLACEHOLDER}; the catalog's has none: add it "
+                             "or drop the option", option=name)
     if options.max_output_tokens is None:
         changes["max_output_tokens"] = grammar.max_answer_tokens
     if options.context_reserve_bytes is None:
@@ -78,7 +97,20 @@ def resolve_defaults(options: BuildOptions, grammar) -> BuildOptions:
     return dataclasses.replace(options, **changes)
 
 
-def plan_limits(options: BuildOptions, cfg, grammar, pinned_pages: int = 0) -> Limits:
+def request_tools_section(catalog, options: BuildOptions) -> RequestToolsSection | None:
+    """The contract's request_tools section: present when the catalog's template holds {tools}."""
+    if TOOLS_PLACEHOLDER not in catalog.template:
+        return None
+    return RequestToolsSection(prompt_template=catalog.template, tool_format=catalog.tool_format,
+                               max_tools=options.max_request_tools, max_description_tokens=options.max_description_tokens)
+
+
+def candidate_columns(grammar, request_tools: RequestToolsSection | None) -> int:
+    """The sparse head's width: Contract.candidate_columns before there is a contract."""
+    return max(grammar.max_edges_per_node, 0 if request_tools is None else request_tools.candidate_columns)
+
+
+def plan_limits(options: BuildOptions, cfg, grammar, pinned_pages: int = 0, columns: int | None = None) -> Limits:
     """Limits from the options, the KV pool sized for max_sequences (plus the prompt prefix's
     ``pinned_pages``) or fitted to the memory budget."""
     for name in ("max_sequences", "max_input_tokens", "max_output_tokens", "page_size", "max_tokens_per_step",
@@ -102,7 +134,8 @@ def plan_limits(options: BuildOptions, cfg, grammar, pinned_pages: int = 0) -> L
         pages = options.max_sequences * limits.pages_per_sequence + pinned_pages
     else:
         pages = size_pool_for_budget(cfg, options.precision, limits, options.memory_budget_bytes, options.target,
-                                     options.context_reserve_bytes, grammar.max_edges_per_node, pinned_pages)
+                                     options.context_reserve_bytes,
+                                     grammar.max_edges_per_node if columns is None else columns, pinned_pages)
     return dataclasses.replace(limits, num_pages=pages)
 
 
@@ -121,8 +154,10 @@ def prompt_section(tokenizer, template: str, options: BuildOptions) -> PromptSec
 
 
 def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: BuildOptions, out_dir: str | Path,
-                   force: bool = False, progress=None) -> CompileResult:
-    """Builds the bundle into ``out_dir``; BuildError/CheckpointError/CatalogError on bad input."""
+                   force: bool = False, progress=None, min_probe_recall: float | None = None) -> CompileResult:
+    """Builds the bundle into ``out_dir``; BuildError/CheckpointError/CatalogError on bad input;
+    BuildError("probe_failed"), with no bundle written, when the catalog probe's recall is below
+    ``min_probe_recall``."""
     out = Path(out_dir)
     check_out_path(out, {"checkpoint": Path(checkpoint), "catalog": Path(catalog_path)})
     if out.exists() and not force:
@@ -141,14 +176,16 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
     cfg = ckpt.config
     tokenizer = ckpt.tokenizer()
     require_file(catalog_path, lambda msg, **d: CatalogError("catalog_invalid", msg, **d), "a tool catalog JSON file")
-    grammar = build_grammar(load_catalog(catalog_path), tokenizer, cfg.eos_token_ids[0])
+    catalog = load_catalog(catalog_path)
+    grammar = build_grammar(catalog, tokenizer, cfg.eos_token_ids[0])
     target = contract_target(options.target)
     check_kernel_shapes(target, cfg, options.precision)
-    options = resolve_defaults(options, grammar)
+    options = resolve_defaults(options, grammar, catalog)
+    request_tools = request_tools_section(catalog, options)
+    columns = candidate_columns(grammar, request_tools)
     prompt = prompt_section(tokenizer, grammar.prompt_template, options)
-    limits = plan_limits(options, cfg, grammar, prompt.prefix_pages)
-    memory = plan_memory(cfg, options.precision, limits, options.target, options.context_reserve_bytes,
-                         grammar.max_edges_per_node)
+    limits = plan_limits(options, cfg, grammar, prompt.prefix_pages, columns)
+    memory = plan_memory(cfg, options.precision, limits, options.target, options.context_reserve_bytes, columns)
     lap("plan")
 
     claimed = False
@@ -184,13 +221,21 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
                                PromptEncoder.create(tokenizer, grammar.prompt_template).encode)
         stage_done()
         lap("canary")
+        stage("probing the catalog")
+        probe = run_probe(tmp / WEIGHTS_FILE, cfg, grammar, limits, tuple(t.description for t in catalog.tools),
+                          PromptEncoder.create(tokenizer, grammar.prompt_template))
+        stage_done()
+        lap("probe")
+        if min_probe_recall is not None and probe.recall < min_probe_recall:
+            raise probe_refusal(probe, min_probe_recall)
         quant_report = quant.to_dict()
         quant_report.pop("timings")  # hashed content holds no timings: they go to the caller
         # The options and limits make a bundle that differs only in them (same weights, same
         # kernels) a different bundle, with its own bundle_id.
         report = {"quantization": quant_report, "kernels": kernels, "grammar": grammar.summary(),
                   "build_options": dataclasses.asdict(options), "target": dataclasses.asdict(target),
-                  "limits": dataclasses.asdict(limits), "memory": dataclasses.asdict(memory)}
+                  "limits": dataclasses.asdict(limits), "memory": dataclasses.asdict(memory),
+                  "probe": probe.to_dict()}
         (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n")
         files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         s = grammar.summary()
@@ -202,7 +247,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
                                    edges=s["num_edges"], max_edges_per_node=s["max_edges_per_node"],
                                    sep_token_id=s["sep_token_id"], end_token_id=s["end_token_id"],
                                    max_tools=s["max_tools"], allow_empty=s["allow_empty"]),
-            canary=canary, prompt=prompt, files=files)
+            canary=canary, prompt=prompt, files=files, request_tools=request_tools)
         contract = dataclasses.replace(contract, engine=dataclasses.replace(
             contract.engine, bundle_id=compute_bundle_id(contract)))
         (tmp / CONTRACT_FILE).write_text(contract.to_json())
@@ -218,7 +263,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         if isinstance(e, OSError):
             raise _unwritable(out, e) from None
         raise
-    return CompileResult(contract, out, timings, ckpt.source_bytes())
+    return CompileResult(contract, out, timings, ckpt.source_bytes(), probe)
 
 
 def check_out_path(out: Path, inputs: dict[str, Path]) -> None:

@@ -1,5 +1,5 @@
-"""Looking inside a built bundle: ``builder inspect`` (what the contract says) and ``builder
-verify`` (whether the files say the same).
+"""Looking inside a built bundle: ``builder inspect`` (what the contract says, and the build
+report's catalog probe) and ``builder verify`` (whether the files say the same).
 
 verify runs the runtime's own checks (contract present, schema, format version, required files
 listed, sizes and hashes, bundle_id over the contract; ``runtime/bundle/files.py``; then the contract
@@ -9,6 +9,7 @@ Each failure is code ``bundle_invalid`` naming the file, the expected and the fo
 """
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -25,7 +26,14 @@ from toolcall.runtime.bundle.checks import (
     check_weights,
 )
 from toolcall.runtime.bundle.contract import CONTRACT_FILE, CPU_TARGET, Contract
-from toolcall.runtime.bundle.files import GRAMMAR_FILE, KERNELS_DIR, TOKENIZER_FILE, check_files, read_contract
+from toolcall.runtime.bundle.files import (
+    GRAMMAR_FILE,
+    KERNELS_DIR,
+    REPORT_FILE,
+    TOKENIZER_FILE,
+    check_files,
+    read_contract,
+)
 from toolcall.runtime.grammar.trie import Grammar
 
 SHA_PREFIX = 12  # hex digits of a file's sha256 shown in the table
@@ -49,11 +57,41 @@ class InconsistentBundle(EngineError):
 
 def inspect_bundle(folder: str | Path) -> dict:
     """contract.json's sections as they are (``files`` as a list, name order) plus the bundle
-    path, its id and the files' total bytes; reads only contract.json (schema-checked)."""
+    path, its id, the files' total bytes and ``probe``: build-report.json's catalog probe (None
+    where the report holds none: a bundle built before the probe). Reads contract.json
+    (schema-checked) and build-report.json (informative: its hash is ``builder verify``'s check)."""
     d = read_contract(folder).to_dict()
     files = [{"name": name, **entry} for name, entry in sorted(d.pop("files").items())]
     return {"bundle": str(folder), "bundle_id": d["engine"]["bundle_id"], **d, "files": files,
-            "files_bytes": sum(f["bytes"] for f in files)}
+            "files_bytes": sum(f["bytes"] for f in files), "probe": read_probe(Path(folder))}
+
+
+def read_probe(folder: Path) -> dict | None:
+    """build-report.json's ``probe`` object, or None when the file or the object is absent or unreadable."""
+    try:
+        report = json.loads((folder / REPORT_FILE).read_text())
+    except (OSError, ValueError):  # ValueError: not UTF-8 or not JSON
+        return None
+    probe = report.get("probe") if isinstance(report, dict) else None
+    return probe if isinstance(probe, dict) else None
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n or 'no'} {noun}{'' if n == 1 else 's'}"
+
+
+def _probe(probe: dict | None) -> str:
+    if probe is None:
+        return "not recorded (build-report.json holds no probe: built before the catalog probe)"
+    try:
+        none = (f"none rate {probe['none_rate']:.2f} of {probe['no_tool_requests']} no-tool requests"
+                if probe["empty_allowed"] else "no empty answer in this catalog")
+        text = (f"recall {probe['recall']:.2f} over {probe['tools']} tools, {probe['distinct_answers']} distinct "
+                f"answers, same answer for {probe['same_answer_share']:.2f} of tool requests, {none}; "
+                f"{_count(len(probe['warnings']), 'warning')}")
+    except (KeyError, TypeError, ValueError):
+        return "unreadable (build-report.json's probe is not what this builder writes)"
+    return text
 
 
 def _margin(prompts: list[dict]) -> str:
@@ -61,8 +99,9 @@ def _margin(prompts: list[dict]) -> str:
     return f"{min(found):.4g}" if found else "none (every step forced)"
 
 
-def format_inspection(info: dict) -> str:
-    """``inspect_bundle``'s dict as aligned text tables."""
+def format_inspection(info: dict, show_warnings: bool = True) -> str:
+    """``inspect_bundle``'s dict as aligned text tables; ``show_warnings``: the probe's warnings as
+    rows below its line (``builder compile`` prints them on stderr instead)."""
     t, p, lim, g, c = info["target"], info["precision"], info["limits"], info["grammar"], info["canary"]
     m = info["model"]
     target = t["name"] if t["sm_arch"] is None else (
@@ -85,6 +124,13 @@ def format_inspection(info: dict) -> str:
             ("canary", f"{len(c['prompts'])} prompts, first {len(c['prompts'][0]['prompt_token_ids'])} tokens -> "
                        f"{c['prompts'][0]['expected_token_ids']}; min margin "
                        f"{_margin(c['prompts'])}; logits within {c['logit_tolerance']} (top {c['top_k']})")]
+    rt = info.get("request_tools")
+    rows.append(("request tools", "none (the template has no {tools}: catalog names only)" if rt is None else
+                 f"up to {rt['max_tools']} a request, descriptions <= {rt['max_description_tokens']} tokens"))
+    probe = info.get("probe")
+    rows.append(("probe", _probe(probe)))
+    found = probe.get("warnings") if isinstance(probe, dict) and show_warnings else None
+    rows += [("", f"warning: {w}") for w in found if isinstance(w, str)] if isinstance(found, list) else []
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     mem = info["memory"]

@@ -20,6 +20,7 @@ EXIT_CODES: dict[str, int] = {
     "kernel_compile_failed": 15,
     "budget_too_small": 16,
     "output_exists": 17,
+    "probe_failed": 18,  # builder compile --min-probe-recall: the model rarely picks a tool for its own description
     # runtime load refusals, in load order
     "missing_contract": 20,
     "schema_invalid": 21,
@@ -54,9 +55,10 @@ EXIT_CODES: dict[str, int] = {
     "deadline_exceeded": 81,  # 504: the request's timeout_s passed before it finished
     "request_aborted": 82,  # the client went away; its sequence was dropped
     "draining": 83,  # 503: the server is loading or shutting down and admits nothing
-    "unknown_tool": 84,  # 400: a tools subset names a tool outside the catalog
+    "unknown_tool": 84,  # 400: a tool outside the catalog, and the bundle takes no tools of a request
     "body_too_large": 85,  # 413: the request body is over the server's byte limit
     "not_found": 86,  # 404/405: no such endpoint or method
+    "request_tools_too_large": 88,  # 400: more tools, or a longer description, than the contract's request_tools
     # placement (builder manifest)
     "unplaceable": 100,
 }

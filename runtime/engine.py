@@ -13,11 +13,13 @@ from toolcall.runtime.backends import CPU_BACKENDS, Backend, LoadOptions, target
 from toolcall.runtime.batching.batcher import Request, Result, StepBatcher
 from toolcall.runtime.batching.prefix_cache import prefill_prefix
 from toolcall.runtime.batching.prompt import PromptEncoder
+from toolcall.runtime.batching.request_tools import RequestTools
 from toolcall.runtime.batching.sampling import Sampling
 from toolcall.runtime.bundle.checks import canary_mismatch, check_consistency
 from toolcall.runtime.bundle.contract import Contract
 from toolcall.runtime.bundle.files import GRAMMAR_FILE, TOKENIZER_FILE, check_files, read_contract
 from toolcall.runtime.bundle.machine import MachineFacts, check_target, facts_for
+from toolcall.runtime.grammar.tool_text import Tool
 from toolcall.runtime.grammar.trie import Grammar
 
 
@@ -52,6 +54,7 @@ class Engine:
         self.folder, self.contract, self.generator, self.tokenizer = folder, contract, generator, tokenizer
         self.grammar = generator.grammar
         self.prompt = PromptEncoder.create(tokenizer, self.grammar.prompt_template)
+        self.request_tools = RequestTools(contract.request_tools, self.grammar, self.prompt)
         self.load_seconds = load_seconds
         self.model: Backend = generator.model
         self.decode_graph = None
@@ -176,24 +179,46 @@ class Engine:
         suffix); RequestError("request_invalid") for empty, blank or malformed text."""
         return self.prompt.encode(text)
 
-    def request(self, text: str, sampling: Sampling = Sampling(), tools: list[str] | None = None, *,
-                max_tools: int | None = None, require_tool: bool = False,
+    def request(self, text: str, sampling: Sampling = Sampling(), tools: list[str | Tool] | None = None, *,
+                only: list[str] | None = None, max_tools: int | None = None, require_tool: bool = False,
                 max_output_tokens: int | None = None) -> Request:
-        """The Request for a text (wrapped in the prompt template); ``tools``, catalog names, restricts
-        the answer to those (RequestError("unknown_tool") naming any name outside the catalog);
+        """The Request for a text (wrapped in the prompt template).
+
+        ``tools`` (names, or ``Tool`` with descriptions): all catalog names restrict the answer to those; any
+        name outside the catalog makes them the request's own tools (runtime/batching/request_tools.py: the
+        prompt rendered with them, a grammar built for them; RequestError where the bundle takes none or a
+        limit is passed). ``only``: names among those tools (or the catalog's) the answer may name.
         ``max_tools``, ``require_tool`` and ``max_output_tokens`` as runtime/batching/scheduler.py Request."""
-        subset = None
-        if tools is not None:
-            index = {name: i for i, name in enumerate(self.grammar.tool_names)}
-            unknown = [t for t in tools if t not in index]
-            if unknown or not tools:
-                raise RequestError("unknown_tool", f"tools {unknown[:8]} are not in the bundle's catalog of "
-                                   f"{len(index)} tools; name tools from GET /v1/models" if unknown else
-                                   "the tools subset is empty; name at least one catalog tool or leave it out",
-                                   unknown=unknown[:8], num_tools=len(index))
-            subset = tuple(sorted({index[t] for t in tools}))
+        tools = None if tools is None else [t if isinstance(t, Tool) else Tool(t) for t in tools]
+        catalog = {name: i for i, name in enumerate(self.grammar.tool_names)}
+        if tools is not None and self.request_tools.takes_tools and any(t.name not in catalog for t in tools):
+            own = self.request_tools.tool_set(tools)
+            subset = None if only is None else self._subset(only, {n: i for i, n in enumerate(own.names)},
+                                                            "request's")
+            return Request(own.prompt.encode(text), sampling, tools=subset, max_tools=max_tools,
+                           require_tool=require_tool, max_output_tokens=max_output_tokens, grammar=own.stepper)
+        names = None if tools is None else [t.name for t in tools]
+        if only is not None:
+            names = [n for n in only if names is None or n in names] if only else []
+            if not names:
+                raise RequestError("request_invalid", f"the answer may name only {only[:8]}, none of which is among "
+                                   "the request's tools; name one of them", field="tool_choice", only=only[:8])
+        note = "" if self.request_tools.takes_tools else (
+            " (its prompt template has no {tools}: it takes no tools of a request)")
+        subset = None if names is None else self._subset(names, catalog, "bundle's catalog of", note)
         return Request(self.encode(text), sampling, tools=subset, max_tools=max_tools, require_tool=require_tool,
                        max_output_tokens=max_output_tokens)
+
+    @staticmethod
+    def _subset(names: list[str], index: dict[str, int], where: str, note: str = "") -> tuple[int, ...]:
+        """The tool indices of ``names`` (RequestError("unknown_tool") naming any outside ``index``)."""
+        unknown = [n for n in names if n not in index]
+        if unknown or not names:
+            raise RequestError("unknown_tool", f"tools {unknown[:8]} are not in the {where} {len(index)} "
+                               f"tools{note}; name tools from GET /v1/models" if unknown else
+                               "the tools subset is empty; name at least one tool or leave it out",
+                               unknown=unknown[:8], num_tools=len(index))
+        return tuple(sorted({index[n] for n in names}))
 
     def submit(self, text: str, sampling: Sampling = Sampling(), tools: list[str] | None = None) -> int:
         """Enqueues one request text on the generator (the caller owns the step loop); its handle."""

@@ -94,7 +94,7 @@ class StepBatcher:
             raise RequestError("request_invalid", f"prompt token ids {bad[:8]} are outside the vocabulary "
                                f"[0, {vocab})", vocab_size=vocab, bad_ids=bad[:8])
         if request.tools is not None:
-            self.stepper.check_subset(request.tools)
+            (self.stepper if request.grammar is None else request.grammar).check_subset(request.tools)
         problem = sampling_problem(request.sampling.temperature, request.sampling.top_p, request.sampling.seed)
         if problem:
             raise RequestError("request_invalid", f"sampling: {problem}", temperature=repr(request.sampling.temperature),
@@ -241,16 +241,19 @@ class StepBatcher:
                     samplers.append((seq, len(tokens) - 1))
                     prefilled.append(seq)
         seqs = [s for s, _ in samplers]
-        picks = PickRows(self._states(seqs), [s.sampling for s in seqs], [s.rng for s in seqs],
+        steppers = None if all(s.stepper is self.stepper for s in seqs) else [s.stepper for s in seqs]  # own tools
+        states = self._states(seqs) if steppers is None else [s.state for s in seqs]
+        picks = PickRows(states, [s.sampling for s in seqs], [s.rng for s in seqs],
                          [s.max_output - len(s.output) for s in seqs], [s.step_logits is not None for s in seqs],
                          np.array([s.max_tools for s in seqs], np.int64),
-                         np.array([s.allow_empty for s in seqs], np.bool_))
+                         np.array([s.allow_empty for s in seqs], np.bool_),
+                         steppers)
         return StepPlan(refused, active, np.asarray(tokens, np.int64), np.asarray(slots, np.int64),
                         np.asarray(positions, np.int64), seqs, np.asarray([r for _, r in samplers], np.int64),
                         prefilled, picks)  # outputs: the sampled rows
 
     def _states(self, seqs: list[Sequence]) -> np.ndarray:
-        states = np.empty(len(seqs), self.stepper.dtype)  # (B,) grammar states (np.stack of 0-d records is 10x slower)
+        states = np.empty(len(seqs), self.stepper.dtype)  # (np.stack of 0-d records is 10x slower)
         for b, seq in enumerate(seqs):
             states[b] = seq.state
         return states
@@ -258,14 +261,13 @@ class StepBatcher:
     def _apply(self, seqs: list[Sequence], record: StepRecord) -> None:
         """Each sampled sequence takes its row of the record: state, emitted tokens (the pick and the run the
         grammar forced after it: they ride in its next step's rows), closed tools, margin, kept logits."""
-        names = self.grammar.tool_names
         for b, seq in enumerate(seqs):
             if not seq.output:
                 seq.first_token_at = record.picked_at
             seq.state = record.states[b]
             seq.done = record.done[b]
             seq.output.extend(record.tokens[b])
-            seq.tools.extend(names[t] for t in record.closed[b])
+            seq.tools.extend(seq.stepper.grammar.tool_names[t] for t in record.closed[b])
             seq.min_margin = min(seq.min_margin, record.margins[b])
             if seq.step_logits is not None:
                 seq.step_logits.append(record.logits[b])

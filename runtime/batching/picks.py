@@ -43,8 +43,8 @@ class HostPicker:
         ("numerics_invalid") on NaN or Inf, ("internal") where check mode's heads disagree."""
         if len(rows) == 0:  # a step of prefill chunks that complete no prompt
             return StepRecord(rows.states, [], [], [], [], [], [], time.perf_counter())
-        cand, edges, allowed = self.stepper.allowed_mask_batch(rows.states, None, rows.max_tools, rows.allow_empty)
-        # (B, M) token ids / edge ids, -1 padded
+        groups = rows.groups(self.stepper)
+        cand, edges, allowed = self._allowed(rows, groups)  # (B, M) token ids / edge ids, -1 padded
         safe = np.maximum(cand, 0)
         if self.head == "dense":
             logits = np.take_along_axis(heads.dense_logits(hidden), safe, axis=1)
@@ -67,11 +67,28 @@ class HostPicker:
             self._check_dense(rows, hidden, heads, cand, safe, allowed, picks)
         index = np.arange(len(rows))
         assert allowed[index, picks].all(), "a pick outside the allowed candidates"
-        record = self._advance(rows, edges[index, picks], gaps, now)
+        record = self._advance(rows, groups, edges[index, picks], gaps, now)
         for b, keep in enumerate(rows.keep_logits):
             if keep:
                 record.logits[b], record.candidates[b] = logits[b].copy(), cand[b].copy()
         return record
+
+    @staticmethod
+    def _allowed(rows: PickRows, groups) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Candidates, edges and the allowed mask (B, M) of every row, each group by its own grammar; M: the
+        widest group's columns (narrower groups padded with -1 and not allowed)."""
+        if len(groups) == 1:
+            stepper, _, states = groups[0]
+            return stepper.allowed_mask_batch(states, None, rows.max_tools, rows.allow_empty)
+        parts = [(index, stepper.allowed_mask_batch(states, None, rows.max_tools[index], rows.allow_empty[index]))
+                 for stepper, index, states in groups]
+        width = max(tokens.shape[1] for _, (tokens, _, _) in parts)
+        cand, edges = np.full((len(rows), width), -1, np.int32), np.full((len(rows), width), -1, np.int32)
+        allowed = np.zeros((len(rows), width), np.bool_)
+        for index, (tokens, edge, mask) in parts:
+            m = tokens.shape[1]
+            cand[index, :m], edges[index, :m], allowed[index, :m] = tokens, edge, mask
+        return cand, edges, allowed
 
     def _check_dense(self, rows: PickRows, hidden, heads: Heads, cand, safe, allowed, picks: list[int]) -> None:
         dense = np.take_along_axis(heads.dense_logits(hidden), safe, axis=1)
@@ -82,18 +99,35 @@ class HostPicker:
                               sparse=[int(cand[b, p]) for b, p in enumerate(picks)],
                               dense=[int(cand[b, p]) for b, p in enumerate(dense_picks)])
 
-    def _advance(self, rows: PickRows, taken: np.ndarray, gaps: list[float], now: float) -> StepRecord:
-        force = [not keep for keep in rows.keep_logits]
-        new, tokens, n_tokens, closed, n_closed = self.stepper.take_and_force(rows.states, taken, rows.room, force,
-                                                                              rows.max_tools, rows.allow_empty)
-        done = self.stepper.done_batch(new).tolist()
-        emitted = [row[:n] for row, n in zip(tokens.tolist(), n_tokens.tolist())]
-        tools = [row[:n] for row, n in zip(closed.tolist(), n_closed.tolist())]
-        for b, n in enumerate(n_tokens.tolist()):
-            if n > 1 and rows.sampling[b].temperature > 0:
-                rows.rngs[b].random(n - 1)  # the same stream as n - 1 single draws
+    def _advance(self, rows: PickRows, groups, taken: np.ndarray, gaps: list[float], now: float) -> StepRecord:
+        force = np.array([not keep for keep in rows.keep_logits], np.bool_)
+        room = np.asarray(rows.room, np.int64)
+        if len(groups) == 1:
+            states, done, emitted, tools = _take(groups[0][0], groups[0][2], taken, room, force, rows.max_tools,
+                                                 rows.allow_empty)
+        else:  # each grammar's rows apart, scattered back to row order
+            states, done, emitted, tools = ([None] * len(rows) for _ in range(4))
+            for stepper, index, group_states in groups:
+                parts = _take(stepper, group_states, taken[index], room[index], force[index], rows.max_tools[index],
+                              rows.allow_empty[index])
+                for out, part in zip((states, done, emitted, tools), parts):
+                    for j, b in enumerate(index.tolist()):
+                        out[b] = part[j]
+        for b, row in enumerate(emitted):
+            if len(row) > 1 and rows.sampling[b].temperature > 0:
+                rows.rngs[b].random(len(row) - 1)  # the same stream as n - 1 single draws
         blank = [None] * len(rows)
-        return StepRecord(new, done, emitted, tools, gaps, list(blank), list(blank), now)
+        return StepRecord(states, done, emitted, tools, gaps, list(blank), list(blank), now)
+
+
+def _take(stepper: GrammarStepper, states: np.ndarray, taken, room, force, max_tools, allow_empty):
+    """One grammar's rows take their edges and forced runs: (new states, done flags, emitted tokens and closed
+    tools per row)."""
+    new, tokens, n_tokens, closed, n_closed = stepper.take_and_force(states, taken, room, force, max_tools,
+                                                                     allow_empty)
+    emitted = [row[:n] for row, n in zip(tokens.tolist(), n_tokens.tolist())]
+    tools = [row[:n] for row, n in zip(closed.tolist(), n_closed.tolist())]
+    return new, stepper.done_batch(new).tolist(), emitted, tools
 
 
 class HostStep:

@@ -15,6 +15,10 @@ request is the concatenation of three token sequences, each encoded on its own w
 
 Tokenizing the parts apart means no BPE merge crosses a boundary: the prefix's ids never
 depend on the request. ``TOKENIZATION`` names this scheme in the contract's ``prompt`` section.
+
+A request that brings its own tools (runtime/grammar/request_tools.py) gets an encoder of the template as
+written (``with_tools``): its ``{tools}`` text is a part of its own, plain text like the request (tool names
+and descriptions come from the caller), between the template's text before and after it.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from tokenizers import Tokenizer
 from toolcall.common.errors import Refusal, RequestError
 
 REQUEST_PLACEHOLDER = "{request}"
+TOOLS_PLACEHOLDER = "{tools}"
 TOKENIZATION = "parts-apart/v1"  # prefix, request (plain text), suffix: each encoded alone, ids concatenated
 
 
@@ -91,10 +96,32 @@ class PromptEncoder:
         enc = lambda s: tuple(tokenizer.encode(s, add_special_tokens=False).ids) if s else ()  # noqa: E731
         return cls(enc(prefix), enc(suffix), tokenizer, text_tok)
 
+    def with_tools(self, template: str, tools_text: str) -> "PromptEncoder":
+        """The encoder of ``template`` (as written: ``{request}`` once, ``{tools}`` once) whose ``{tools}`` is
+        ``tools_text``, encoded as plain text apart from the template's parts; same tokenizers as this one."""
+        def part(text: str) -> tuple[int, ...]:
+            if TOOLS_PLACEHOLDER not in text:
+                return self._template_ids(text)
+            before, after = text.split(TOOLS_PLACEHOLDER)
+            return self._template_ids(before) + self.plain_ids(tools_text) + self._template_ids(after)
+        prefix, suffix = split_template(template)
+        return PromptEncoder(part(prefix), part(suffix), self._template_tok, self._text_tok)
+
+    @property
+    def plain_tokenizer(self) -> Tokenizer:
+        """The tokenizer that reads caller text as plain text (matches no added token)."""
+        return self._text_tok
+
+    def _template_ids(self, text: str) -> tuple[int, ...]:
+        return tuple(self._template_tok.encode(text, add_special_tokens=False).ids) if text else ()
+
+    def plain_ids(self, text: str) -> tuple[int, ...]:
+        """Ids of caller text as plain text (special-token strings split into ordinary tokens)."""
+        return tuple(self._text_tok.encode(text, add_special_tokens=False).ids) if text else ()
+
     def request_ids(self, text: object) -> tuple[int, ...]:
         """The request's own ids (plain text); RequestError for text check_request_text refuses."""
-        text = check_request_text(text)
-        return tuple(self._text_tok.encode(text, add_special_tokens=False).ids)
+        return self.plain_ids(check_request_text(text))
 
     def encode(self, text: object) -> tuple[int, ...]:
         """The whole prompt of a request: prefix + request (plain text) + suffix ids."""

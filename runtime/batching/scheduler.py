@@ -24,9 +24,10 @@ SHORTAGE_CODES = ("too_many_sequences", "kv_pages")  # refusals a queueing reque
 
 @dataclass(frozen=True)
 class Request:
-    """One request's prompt and its answer's controls: ``tools`` the catalog indices the answer may name
-    (None: every tool), ``max_tools`` the most it may name (None: the catalog's), ``require_tool`` forbids
-    the empty answer, ``max_output_tokens`` caps the answer (None: the contract's)."""
+    """One request's prompt and its answer's controls: ``grammar`` the GrammarStepper of the tools the request
+    brought (runtime/grammar/request_tools.py; None: the bundle's catalog), ``tools`` the indices (in that
+    grammar) the answer may name (None: every tool), ``max_tools`` the most it may name (None: the grammar's),
+    ``require_tool`` forbids the empty answer, ``max_output_tokens`` caps the answer (None: the contract's)."""
 
     prompt_ids: tuple[int, ...]
     sampling: Sampling = Sampling()
@@ -35,6 +36,7 @@ class Request:
     max_tools: int | None = None
     require_tool: bool = False
     max_output_tokens: int | None = None
+    grammar: GrammarStepper | None = None
 
 
 @dataclass(eq=False)  # identity: running.remove(seq) compares no fields (and never a prompt array)
@@ -59,6 +61,7 @@ class Sequence:
     max_output: int = 0  # the answer's token limit (the request's, else the contract's)
     max_tools: int = 0  # the answer's tool limit (the request's, else the catalog's)
     allow_empty: bool = True  # the empty answer allowed (the catalog's rule, unless the request needs a tool)
+    stepper: GrammarStepper | None = None  # the grammar the answer walks: the request's own tools', else the bundle's
 
 
 @dataclass
@@ -121,14 +124,15 @@ class Scheduler:
         """The running sequence of an admitted request, its prompt not yet prefilled."""
         keep = [] if request.keep_logits else None
         cached = int(self.kv.cached_tokens[slot])  # shared or copied prefix: no prefill needed
+        stepper = self.stepper if request.grammar is None else request.grammar
         return Sequence(handle, slot, np.asarray(request.prompt_ids, np.int64), request.sampling,
                         np.random.default_rng(request.sampling.seed) if request.sampling.temperature > 0 else None,
-                        self.stepper.initial_state(request.tools),
+                        stepper.initial_state(request.tools),
                         prefilled=cached, start=time.perf_counter(), step_logits=keep,
                         step_candidates=None if keep is None else [], cached=cached,
                         max_output=self.answer_limit(request),
-                        max_tools=self.stepper.grammar.max_tools if request.max_tools is None else request.max_tools,
-                        allow_empty=bool(self.stepper.grammar.allow_empty) and not request.require_tool)
+                        max_tools=stepper.grammar.max_tools if request.max_tools is None else request.max_tools,
+                        allow_empty=bool(stepper.grammar.allow_empty) and not request.require_tool, stepper=stepper)
 
     def retire(self, seq: Sequence, cache: bool = True) -> None:
         """Removes a running sequence and frees its slot and pages. ``cache``: its prompt's full pages

@@ -120,8 +120,7 @@ def check_memory(contract: Contract) -> None:
     if kv != mem.kv_pool_bytes:
         raise bundle_invalid(CONTRACT_FILE, f"memory.kv_pool_bytes {mem.kv_pool_bytes}, but {lim.num_pages} pages "
                              f"of {lim.page_size} tokens take {kv} bytes", expected=kv, found=mem.kv_pool_bytes)
-    ws = sum(workspace_breakdown(contract.model, lim, contract.grammar.max_edges_per_node,
-                                 contract.target.name).values())
+    ws = sum(workspace_breakdown(contract.model, lim, contract.candidate_columns, contract.target.name).values())
     if ws != mem.workspace_bytes:
         raise bundle_invalid(CONTRACT_FILE, f"memory.workspace_bytes {mem.workspace_bytes}, but steps of "
                              f"{lim.max_tokens_per_step} rows take {ws} bytes", expected=ws, found=mem.workspace_bytes)

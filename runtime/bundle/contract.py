@@ -33,6 +33,7 @@ SUPPORTED_FORMAT_VERSIONS = range(2, FORMAT_VERSION + 1)
 
 CPU_TARGET = "cpu"
 CONTRACT_FILE = "contract.json"
+OPTIONAL = {"optional": True}  # field metadata: omitted from JSON when None (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class BuildOptions:
     memory_budget_bytes: int | None  # None: pool sized from max_sequences alone
     context_reserve_bytes: int
     seed: int
+    max_request_tools: int | None = dataclasses.field(default=None, metadata=OPTIONAL)
+    max_description_tokens: int | None = dataclasses.field(default=None, metadata=OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,24 @@ class PromptSection:
 
 
 @dataclass(frozen=True)
+class RequestToolsSection:
+    """Tools a request may bring itself (names outside the catalog, with descriptions): its prompt is
+    ``prompt_template`` with ``{tools}`` rendered from them (one ``tool_format`` line a tool,
+    runtime/grammar/tool_text.py) and its answer's grammar is built for them, under the catalog's answer
+    format. Present only when the catalog's template holds ``{tools}``."""
+
+    prompt_template: str  # as the catalog wrote it: {tools} and {request} each once
+    tool_format: str
+    max_tools: int  # most tools one request may bring
+    max_description_tokens: int  # most tokens one tool's description may take
+
+    @property
+    def candidate_columns(self) -> int:
+        """Most allowed edges at one node of a request's grammar: T + 1 for T tools (runtime/grammar/build.py)."""
+        return self.max_tools + 1
+
+
+@dataclass(frozen=True)
 class FileEntry:
     bytes: int
     sha256: str  # lower-case hex
@@ -212,6 +233,14 @@ class Contract:
     canary: Canary
     prompt: PromptSection
     files: dict[str, FileEntry]  # bundle-relative path -> entry; never contract.json itself
+    request_tools: RequestToolsSection | None = dataclasses.field(default=None, metadata=OPTIONAL)
+
+    @property
+    def candidate_columns(self) -> int:
+        """Columns of the sparse head's buffers: the most allowed edges at one node of any grammar a request
+        may bring (the catalog's, or one built for a request's own tools)."""
+        extra = 0 if self.request_tools is None else self.request_tools.candidate_columns
+        return max(self.grammar.max_edges_per_node, extra)
 
     def to_dict(self) -> dict:
         """JSON-ready dict: tuples become lists, nested dataclasses dicts."""
@@ -300,7 +329,8 @@ def parse_contract(d: object) -> Contract:
 
 def _encode(value):
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not (f.metadata.get("optional") and getattr(value, f.name) is None)}
     if isinstance(value, (tuple, list)):
         return [_encode(v) for v in value]
     if isinstance(value, Mapping):
@@ -325,7 +355,8 @@ def _decode(tp, value):
         return {k: _decode(item, v) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
-        return tp(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(tp)})
+        return tp(**{f.name: _decode(hints[f.name], value[f.name]) for f in dataclasses.fields(tp)
+                     if f.name in value or not f.metadata.get("optional")})
     if tp is float:
         return float(value)  # JSON may write 1000000.0 as 1000000
     if tp is int and isinstance(value, float):

@@ -67,13 +67,14 @@ class CudaModel(HostStep):
     cubins that fail to load instead of failing (diagnostics: their kernels then raise)."""
 
     def __init__(self, cfg: ModelConfig, limits: Limits, grammar: Grammar, precision: str, tensors,
-                 cubins: dict[str, bytes], gpu=None, strict: bool = True):
+                 cubins: dict[str, bytes], gpu=None, strict: bool = True, candidate_columns: int | None = None):
         problems = shape_problems(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                                   cfg.head_dim, WEIGHT_FORMATS.get(precision))
         if problems:
             raise Refusal("bundle_invalid", f"the CUDA kernels cannot run this model: {'; '.join(problems)}",
                           problems=problems)
         self.cfg, self.limits, self.grammar, self.precision = cfg, limits, grammar, precision
+        self.columns = candidate_columns  # the sparse head's width (None: the grammar's; set in _load)
         self.gpu = gpu if gpu is not None else Gpu()
         self.dry = isinstance(self.gpu, DryRunGpu)
         self.stream, self.kv, self.closers, self._programs = 0, None, [], {}
@@ -104,7 +105,9 @@ class CudaModel(HostStep):
                 self.module_errors[file] = e.message
         self._kernels = {}
         self.splits = attention_splits(lim)
-        self.plan = workspace_plan(cfg, lim, g.max_edges_per_node, g.bitset_words)
+        # the sparse head's buffer width (Contract.candidate_columns): any grammar a request may bring
+        self.columns = g.max_edges_per_node if self.columns is None else self.columns
+        self.plan = workspace_plan(cfg, lim, self.columns, g.bitset_words)
         self.ws = DeviceArena(arena_sizes(self.plan)).allocate(self.gpu)
         self.weights = DeviceWeights(cfg, self.precision, tensors, g)
         self.weights.upload(self.gpu)
@@ -195,7 +198,7 @@ class CudaModel(HostStep):
         from toolcall.runtime.cuda.launches import Launch
         cfg, w = self.cfg, self.weights
         K = candidates.shape[1]
-        M = self.grammar.max_edges_per_node
+        M = self.columns
         assert K <= M, f"{K} candidates; the buffers hold {M}"
         out = []
         for b0 in range(0, len(hidden), self.rows_cap):
@@ -282,4 +285,4 @@ def load_cuda_model(folder: str | Path, contract: Contract, grammar: Grammar, gp
     folder = Path(folder)
     with SafetensorsFile(folder / WEIGHTS_FILE) as st:
         return CudaModel(contract.model, contract.limits, grammar, contract.precision.weights, st,
-                         read_cubins(folder), gpu, strict)
+                         read_cubins(folder), gpu, strict, contract.candidate_columns)

@@ -104,15 +104,19 @@ def create_app(state: ServeState) -> FastAPI:
         return {"id": name, "object": "model", "created": 0, "owned_by": "toolcall", "bundle_id": c.engine.bundle_id,
                 "target": c.target.name, "precision": c.precision.weights,
                 "tools": list(state.engine.grammar.tool_names), "max_input_tokens": c.limits.max_input_tokens,
-                "max_output_tokens": c.limits.max_output_tokens}
+                "max_output_tokens": c.limits.max_output_tokens,
+                "request_tools": None if c.request_tools is None else {
+                    "max_tools": c.request_tools.max_tools,
+                    "max_description_tokens": c.request_tools.max_description_tokens}}
 
     @app.post("/v1/discover", response_model=None, responses={200: {"model": S.DiscoverResponse}, **REQUEST_ERRORS},
               openapi_extra=_body_schema("DiscoverRequest"))
     async def discover(request: Request):
-        """Names the catalog tools a request needs, in the model's order."""
+        """Names the tools a request needs (the catalog's, or those it brings), in the model's order."""
         body = parse_body(S.DiscoverRequest, request, await request.body())
+        tools = None if body.tools is None else [chat.tool_of(t) for t in body.tools]
         ticket, res = await state.answer(request, body.request, Sampling(body.temperature, body.top_p, body.seed),
-                                         body.tools, body.timeout_s, max_tools=body.max_tools,
+                                         tools, body.timeout_s, max_tools=body.max_tools,
                                          require_tool=body.require_tool, max_output_tokens=body.max_output_tokens)
         total = ticket.finished - ticket.submitted
         return _json({"tools": res.tools, "token_ids": res.token_ids,
@@ -133,7 +137,7 @@ def create_app(state: ServeState) -> FastAPI:
         p = chat.plan(body, state.engine.contract.limits.max_output_tokens)
         result, prompt_tokens = None, 0
         if p.text is not None:
-            ticket, result = await state.answer(request, p.text, p.sampling, p.tools, body.timeout_s,
+            ticket, result = await state.answer(request, p.text, p.sampling, p.tools, body.timeout_s, only=p.only,
                                                 max_tools=p.max_tools, require_tool=p.require_tool,
                                                 max_output_tokens=p.max_output_tokens)
             prompt_tokens = len(ticket.request.prompt_ids)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from toolcall.common.errors import RequestError
 from toolcall.runtime.batching.batcher import Result
 from toolcall.runtime.batching.sampling import Sampling
-from toolcall.runtime.serve.schemas import ChatCompletionRequest, ChatMessage, NamedToolChoice
+from toolcall.runtime.grammar.tool_text import Tool
+from toolcall.runtime.serve.schemas import ChatCompletionRequest, ChatMessage, ChatTool, NamedToolChoice
 
 ANSWERED_ROLES = ("tool", "function", "assistant")  # a conversation ending here needs no further tool call
 
@@ -30,7 +31,8 @@ class ChatPlan:
 
     text: str | None
     sampling: Sampling
-    tools: list[str] | None = None
+    tools: list[Tool] | None = None  # the request's tools (catalog names, or its own with descriptions)
+    only: list[str] | None = None  # a named tool_choice: the one tool the answer names
     max_tools: int | None = None
     require_tool: bool = False
     max_output_tokens: int | None = None
@@ -41,17 +43,24 @@ def plan(body: ChatCompletionRequest, max_output_tokens: int) -> ChatPlan:
     sampling = Sampling(body.temperature or 0.0, body.top_p if body.top_p is not None else 1.0, body.seed or 0)
     if body.tool_choice == "none" or body.messages[-1].role in ANSWERED_ROLES:
         return ChatPlan(None, sampling)
-    tools = None if body.tools is None else [t.function.name for t in body.tools]
-    require = body.tool_choice == "required"
+    tools = None if body.tools is None else [tool_of(t) for t in body.tools]
+    require, only = body.tool_choice == "required", None
     if isinstance(body.tool_choice, NamedToolChoice):
         name = body.tool_choice.function.name
-        if tools is not None and name not in tools:
+        if tools is not None and name not in [t.name for t in tools]:
             raise RequestError("request_invalid", f"tool_choice names {name!r}, which is not among the request's "
                                "tools; name one of them or leave tools out", field="tool_choice", name=name)
-        tools, require = [name], True
+        only, require = [name], True
     cap = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return ChatPlan(last_user_text(body.messages), sampling, tools, 1 if body.parallel_tool_calls is False else None,
-                    require, None if cap is None else min(cap, max_output_tokens))
+    return ChatPlan(last_user_text(body.messages), sampling, tools, only,
+                    1 if body.parallel_tool_calls is False else None, require,
+                    None if cap is None else min(cap, max_output_tokens))
+
+
+def tool_of(tool: ChatTool | str) -> Tool:
+    """A request's tool: a catalog name, or an OpenAI function tool (its parameters are not read: answers call
+    a tool by name, with no arguments)."""
+    return Tool(tool) if isinstance(tool, str) else Tool(tool.function.name, tool.function.description)
 
 
 def last_user_text(messages: list[ChatMessage]) -> str:

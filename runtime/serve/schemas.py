@@ -27,11 +27,26 @@ class SamplingFields(BaseModel):
                                     "server's); past it the request is dropped and answered 504.")
 
 
+class ChatFunction(BaseModel):
+    model_config = _OPEN
+    name: str = ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ChatTool(BaseModel):
+    model_config = _OPEN
+    type: Literal["function"] = "function"
+    function: ChatFunction
+
+
 class DiscoverRequest(SamplingFields):
     model_config = _STRICT
     request: str = Field(..., min_length=1, pattern=r"\S", description="The caller's request text (not blank).")
-    tools: list[str] | None = Field(None, min_length=1, description="Catalog names the answer may name "
-                                    "(default: all).")
+    tools: list[str | ChatTool] | None = Field(
+        None, min_length=1, description="The tools the answer may name (default: the catalog's): catalog names, or "
+        "OpenAI function tools with descriptions; a name outside the catalog makes the list the request's own tools "
+        "(the prompt lists them; bundles whose template holds {tools}, GET /v1/models request_tools).")
     max_tools: int | None = Field(None, ge=1, description="The most tools the answer may name (default: the "
                                   "catalog's).")
     require_tool: bool = Field(False, description="The answer names at least one tool.")
@@ -64,19 +79,6 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatFunction(BaseModel):
-    model_config = _OPEN
-    name: str = ToolName
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class ChatTool(BaseModel):
-    model_config = _OPEN
-    type: Literal["function"] = "function"
-    function: ChatFunction
-
-
 class NamedFunction(BaseModel):
     model_config = _STRICT
     name: str = ToolName
@@ -106,8 +108,10 @@ class ChatCompletionRequest(BaseModel):
     messages: list[ChatMessage] = Field(..., min_length=1, description="The last user message is the request; a "
                                         "conversation ending in a tool result or an assistant message is answered "
                                         "without tool calls.")
-    tools: list[ChatTool] | None = Field(None, min_length=1, description="Restricts the answer to these catalog "
-                                         "function names.")
+    tools: list[ChatTool] | None = Field(
+        None, min_length=1, description="The functions the answer may call: catalog names restrict the answer to "
+        "them; a name outside the catalog makes the list the request's own tools, named and described in the prompt "
+        "(bundles whose template holds {tools}: GET /v1/models request_tools gives the limits).")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="none: no tool calls; auto (default): any; required: at least one; a named function: "
         "exactly that one.")
@@ -174,6 +178,11 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class RequestToolLimits(BaseModel):
+    max_tools: int = Field(..., description="Most tools one request may bring.")
+    max_description_tokens: int = Field(..., description="Most tokens of one tool's description.")
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -185,6 +194,8 @@ class ModelCard(BaseModel):
     tools: list[str]
     max_input_tokens: int
     max_output_tokens: int
+    request_tools: RequestToolLimits | None = Field(..., description="Limits on tools a request brings itself; "
+                                                    "null: the bundle answers from its catalog only.")
 
 
 class ModelList(BaseModel):

@@ -174,10 +174,11 @@ class ServeState:
         return RequestError("draining", f"the server {what} and admits no requests; retry shortly or on "
                             "another replica", phase=self.phase, retry_after_s=1)
 
-    async def answer(self, http_request, text: str, sampling: Sampling, tools: list[str] | None,
+    async def answer(self, http_request, text: str, sampling: Sampling, tools: list | None,
                      timeout_s: float | None, **controls) -> tuple[Ticket, object]:
-        """(ticket, Result) for one request, or raises its RequestError (the HTTP edge counts it).
-        ``controls``: the answer's rules (Engine.request's max_tools, require_tool, max_output_tokens)."""
+        """(ticket, Result) for one request, or raises its RequestError (the HTTP edge counts it). ``tools``:
+        names or Tools (Engine.request); ``controls``: the answer's rules (Engine.request's only, max_tools,
+        require_tool, max_output_tokens)."""
         if self.phase != "ready" or self.engine_thread is None:
             raise self.not_admitting()
         timeout = timeout_s if timeout_s is not None else self.config.request_timeout_s
