@@ -16,9 +16,10 @@ request is the concatenation of three token sequences, each encoded on its own w
 Tokenizing the parts apart means no BPE merge crosses a boundary: the prefix's ids never
 depend on the request. ``TOKENIZATION`` names this scheme in the contract's ``prompt`` section.
 
-A request that brings its own tools (runtime/grammar/request_tools.py) gets an encoder of the template as
-written (``with_tools``): its ``{tools}`` text is a part of its own, plain text like the request (tool names
-and descriptions come from the caller), between the template's text before and after it.
+A request that brings its own tools (runtime/grammar/request_tools.py) gets the encoder of the template
+rendered with them (``with_template``), exactly as a catalog of those tools would: the same tools give the same
+prompt ids either way. Their text comes from the caller, so a tool text that would add a special token is
+refused there.
 """
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ from tokenizers import Tokenizer
 from toolcall.common.errors import Refusal, RequestError
 
 REQUEST_PLACEHOLDER = "{request}"
-TOOLS_PLACEHOLDER = "{tools}"
 TOKENIZATION = "parts-apart/v1"  # prefix, request (plain text), suffix: each encoded alone, ids concatenated
 
 
@@ -93,27 +93,28 @@ class PromptEncoder:
             raise Refusal("bundle_invalid", f"the tokenizer cannot be copied for plain-text requests: "
                           f"{type(e).__name__}: {e}", reason=type(e).__name__) from None
         text_tok.encode_special_tokens = True  # belt and braces: the copy has no added tokens left to match
-        enc = lambda s: tuple(tokenizer.encode(s, add_special_tokens=False).ids) if s else ()  # noqa: E731
-        return cls(enc(prefix), enc(suffix), tokenizer, text_tok)
+        encoder = cls((), (), tokenizer, text_tok)
+        return cls(encoder.template_ids(prefix), encoder.template_ids(suffix), tokenizer, text_tok)
 
-    def with_tools(self, template: str, tools_text: str) -> "PromptEncoder":
-        """The encoder of ``template`` (as written: ``{request}`` once, ``{tools}`` once) whose ``{tools}`` is
-        ``tools_text``, encoded as plain text apart from the template's parts; same tokenizers as this one."""
-        def part(text: str) -> tuple[int, ...]:
-            if TOOLS_PLACEHOLDER not in text:
-                return self._template_ids(text)
-            before, after = text.split(TOOLS_PLACEHOLDER)
-            return self._template_ids(before) + self.plain_ids(tools_text) + self._template_ids(after)
+    def with_template(self, template: str) -> "PromptEncoder":
+        """The encoder of another template (``{request}`` once, special tokens parsed), with this one's tokenizers
+        (no tokenizer copied: cheap)."""
         prefix, suffix = split_template(template)
-        return PromptEncoder(part(prefix), part(suffix), self._template_tok, self._text_tok)
+        return PromptEncoder(self.template_ids(prefix), self.template_ids(suffix), self._template_tok, self._text_tok)
+
+    def template_ids(self, text: str) -> tuple[int, ...]:
+        """Ids of template text: special-token strings parsed as special tokens."""
+        return tuple(self._template_tok.encode(text, add_special_tokens=False).ids) if text else ()
+
+    @property
+    def template_tokenizer(self) -> Tokenizer:
+        """The bundle's tokenizer as the template reads (special tokens parsed)."""
+        return self._template_tok
 
     @property
     def plain_tokenizer(self) -> Tokenizer:
         """The tokenizer that reads caller text as plain text (matches no added token)."""
         return self._text_tok
-
-    def _template_ids(self, text: str) -> tuple[int, ...]:
-        return tuple(self._template_tok.encode(text, add_special_tokens=False).ids) if text else ()
 
     def plain_ids(self, text: str) -> tuple[int, ...]:
         """Ids of caller text as plain text (special-token strings split into ordinary tokens)."""

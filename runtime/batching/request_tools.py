@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,7 +21,7 @@ from toolcall.runtime.batching.prompt import PromptEncoder
 from toolcall.runtime.bundle.contract import RequestToolsSection
 from toolcall.runtime.grammar.build import check_names, tool_paths, trie_grammar
 from toolcall.runtime.grammar.stepper import GrammarStepper
-from toolcall.runtime.grammar.tool_text import Tool, render_template, render_tools
+from toolcall.runtime.grammar.tool_text import Tool, render_template
 from toolcall.runtime.grammar.trie import Grammar
 
 CACHED_TOOL_SETS = 256  # distinct tool lists kept (a set of 64 tools holds well under 1 MB)
@@ -47,6 +47,7 @@ class RequestTools:
     def __init__(self, section: RequestToolsSection | None, grammar: Grammar, prompt: PromptEncoder):
         self.section, self.grammar, self.prompt = section, grammar, prompt
         self._sets: OrderedDict[str, ToolSet] = OrderedDict()
+        self._added: dict[int, str] | None = None  # the tokenizer's added tokens by id
         self._lock = threading.Lock()  # HTTP handlers and the engine thread ask at once
 
     @property
@@ -89,12 +90,36 @@ class RequestTools:
                                    tokens=n, limit=section.max_description_tokens)
         try:
             check_names(tools, g.separator)
-            render_template(section.prompt_template, tools, section.tool_format)  # no {request} in a tool's text
+            rendered = render_template(section.prompt_template, tools, section.tool_format)  # refuses {request}
             paths = tool_paths(tools, self.prompt.plain_tokenizer, g.sep_token_id, g.end_token_id)
         except CatalogError as e:
             raise RequestError("request_invalid", f"request tools: {e.message}", **{"field": "tools", **e.details}) from None
+        encoder = self.prompt.with_template(rendered)  # as a catalog of these tools: the same ids
+        self._check_no_special_tokens(tools, section, encoder)
         grammar = trie_grammar([t.name for t in tools], paths, sep_token_id=g.sep_token_id,
                                end_token_id=g.end_token_id, max_tools=g.max_tools, allow_empty=g.allow_empty,
-                               separator=g.separator, prompt_template=section.prompt_template)
-        encoder = self.prompt.with_tools(section.prompt_template, render_tools(tools, section.tool_format))
+                               separator=g.separator, prompt_template=rendered)
         return ToolSet(key, GrammarStepper(grammar), encoder)
+
+    def _check_no_special_tokens(self, tools: tuple[Tool, ...], section: RequestToolsSection,
+                                 encoder: PromptEncoder) -> None:
+        """RequestError("request_invalid") where the tools' text adds an added token (``<|im_end|>``, ``<think>``)
+        to the prompt: caller text never steers the chat format."""
+        bare = self.prompt.with_template(render_template(section.prompt_template, (), section.tool_format))
+        added = self._added_ids()
+        found = Counter(t for t in encoder.prefix_ids + encoder.suffix_ids if t in added)
+        found.subtract(t for t in bare.prefix_ids + bare.suffix_ids if t in added)
+        extra = sorted(t for t, n in found.items() if n > 0)
+        if extra:
+            tokens = [added[t] for t in extra]
+            where = next((i for i, t in enumerate(tools)
+                          if any(s in f"{t.name} {t.description or ''}" for s in tokens)), None)
+            who = "the tool list" if where is None else f"tool {where} {tools[where].name!r}"
+            raise RequestError("request_invalid", f"request tools: {who} holds the model's special token(s) {tokens}; "
+                               "remove them: caller text never steers the chat format", field="tools", index=where,
+                               tokens=tokens)
+
+    def _added_ids(self) -> dict[int, str]:
+        if self._added is None:
+            self._added = {i: t.content for i, t in self.prompt.template_tokenizer.get_added_tokens_decoder().items()}
+        return self._added
