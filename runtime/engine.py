@@ -205,19 +205,20 @@ class Engine:
                                    "the request's tools; name one of them", field="tool_choice", only=only[:8])
         note = "" if self.request_tools.takes_tools else (
             " (its prompt template has no {tools}: it takes no tools of a request)")
-        subset = None if names is None else self._subset(names, catalog, "bundle's catalog of", note)
+        subset = None if names is None else self._subset(names, catalog, "bundle's catalog of", note,
+                                                         takes_request_tools=self.request_tools.takes_tools)
         return Request(self.encode(text), sampling, tools=subset, max_tools=max_tools, require_tool=require_tool,
                        max_output_tokens=max_output_tokens)
 
     @staticmethod
-    def _subset(names: list[str], index: dict[str, int], where: str, note: str = "") -> tuple[int, ...]:
+    def _subset(names: list[str], index: dict[str, int], where: str, note: str = "", **details) -> tuple[int, ...]:
         """The tool indices of ``names`` (RequestError("unknown_tool") naming any outside ``index``)."""
         unknown = [n for n in names if n not in index]
         if unknown or not names:
             raise RequestError("unknown_tool", f"tools {unknown[:8]} are not in the {where} {len(index)} "
                                f"tools{note}; name tools from GET /v1/models" if unknown else
                                "the tools subset is empty; name at least one tool or leave it out",
-                               unknown=unknown[:8], num_tools=len(index))
+                               unknown=unknown[:8], num_tools=len(index), **details)
         return tuple(sorted({index[n] for n in names}))
 
     def submit(self, text: str, sampling: Sampling = Sampling(), tools: list[str] | None = None) -> int:

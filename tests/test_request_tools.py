@@ -167,6 +167,7 @@ def test_a_bundle_without_tools_in_its_template_refuses_them(tiny_bundle):
         with pytest.raises(RequestError) as err:
             e.request("hi", Sampling(), [Tool("crm_lookup_contact", "Finds a contact.")])
         assert err.value.code == "unknown_tool" and "{tools}" in err.value.message
+        assert err.value.details["takes_request_tools"] is False
     finally:
         e.close()
 
