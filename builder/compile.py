@@ -102,7 +102,8 @@ def request_tools_section(catalog, options: BuildOptions) -> RequestToolsSection
     if TOOLS_PLACEHOLDER not in catalog.template:
         return None
     return RequestToolsSection(prompt_template=catalog.template, tool_format=catalog.tool_format,
-                               max_tools=options.max_request_tools, max_description_tokens=options.max_description_tokens)
+                               max_tools=options.max_request_tools,
+                               max_description_tokens=options.max_description_tokens)
 
 
 def candidate_columns(grammar, request_tools: RequestToolsSection | None) -> int:

@@ -153,7 +153,8 @@ def test_a_prompt_past_the_input_limit_is_refused(engine):
 
 
 def test_a_named_choice_among_own_tools(engine):
-    r = engine.generator.generate([engine.request("anything", Sampling(), list(TOOLS[:5]), only=["billing_send_reminder"],
+    only = ["billing_send_reminder"]
+    r = engine.generator.generate([engine.request("anything", Sampling(), list(TOOLS[:5]), only=only,
                                                   require_tool=True)])[0]
     assert r.tools == ["billing_send_reminder"]
     with pytest.raises(RequestError) as e:

@@ -42,7 +42,8 @@ class ToolSet:
 
 class RequestTools:
     """The tool sets of one bundle: ``section`` (the contract's request_tools; None: the bundle takes no tools
-    of a request, and ``takes_tools`` is False), the bundle's ``grammar`` (answer format, SEP and END) and its catalog ``prompt`` encoder (the tokenizers)."""
+    of a request, and ``takes_tools`` is False), the bundle's ``grammar`` (answer format, SEP and END) and its
+    catalog ``prompt`` encoder (the tokenizers)."""
 
     def __init__(self, section: RequestToolsSection | None, grammar: Grammar, prompt: PromptEncoder):
         self.section, self.grammar, self.prompt = section, grammar, prompt
@@ -55,9 +56,10 @@ class RequestTools:
         return self.section is not None
 
     def tool_set(self, tools: Sequence[Tool]) -> ToolSet:
-        """The tool set of ``tools`` (cached; only where ``takes_tools``); RequestError where a limit is passed ("request_tools_too_large", with the numbers) or a
-        tool is malformed ("request_invalid": blank or repeated name, name holding the separator, a name that
-        tokenizes into the separator or END, two names with one token path)."""
+        """The tool set of ``tools`` (cached; only where ``takes_tools``); RequestError where a limit is passed
+        ("request_tools_too_large", with the numbers) or a tool is malformed ("request_invalid": blank or repeated
+        name, name holding the separator, a name that tokenizes into the separator or END, two names with one
+        token path, text holding ``{request}`` or one of the model's special tokens)."""
         key = hashlib.sha256(json.dumps([[t.name, t.description or ""] for t in tools]).encode()).hexdigest()
         with self._lock:
             found = self._sets.get(key)
@@ -93,7 +95,8 @@ class RequestTools:
             rendered = render_template(section.prompt_template, tools, section.tool_format)  # refuses {request}
             paths = tool_paths(tools, self.prompt.plain_tokenizer, g.sep_token_id, g.end_token_id)
         except CatalogError as e:
-            raise RequestError("request_invalid", f"request tools: {e.message}", **{"field": "tools", **e.details}) from None
+            raise RequestError("request_invalid", f"request tools: {e.message}",
+                               **{"field": "tools", **e.details}) from None
         encoder = self.prompt.with_template(rendered)  # as a catalog of these tools: the same ids
         self._check_no_special_tokens(tools, section, encoder)
         grammar = trie_grammar([t.name for t in tools], paths, sep_token_id=g.sep_token_id,

@@ -71,9 +71,9 @@ class StepPlan:
 @dataclass
 class StepRecord:
     """Each sampled row's outcome (B rows, the plan's ``picks`` order): its new grammar ``states`` (B,; laid out
-    as ``PickRows.states``) and ``done`` flags, the ``tokens`` it emitted (the pick, then any the grammar forced), the tool indices
-    it ``closed``, the ``margins`` (top-1 minus top-2 allowed logit), and for rows that keep their logits
-    the head's float32 ``logits`` over the step's ``candidates`` (token ids, -1 padded); ``picked_at``:
+    as ``PickRows.states``) and ``done`` flags, the ``tokens`` it emitted (the pick, then any the grammar forced),
+    the tool indices it ``closed``, the ``margins`` (top-1 minus top-2 allowed logit), and for rows that keep
+    their logits the head's float32 ``logits`` over the step's ``candidates`` (token ids, -1 padded); ``picked_at``:
     perf_counter time of the picks."""
 
     states: np.ndarray | list
