@@ -10,7 +10,7 @@ import pytest
 
 from toolcall.builder.catalog import Tool, load_catalog, tokenize_catalog
 from toolcall.builder.checkpoint import load_tokenizer
-from toolcall.common.errors import CatalogError
+from toolcall.common.errors import EXIT_CODES, CatalogError
 from toolcall.models.recipe.eval_unseen import main, table
 from toolcall.models.recipe.handwritten import DEVSET, DEVSET_MULTI, HANDWRITTEN, load_handwritten, normalized
 from toolcall.models.recipe.overlap import overlap_answer, words
@@ -171,3 +171,25 @@ def test_evaluator_builds_each_catalog_with_the_templates_tool_list(tiny_checkpo
     # the tool list is in the prompt: longer than any request alone, and the bundle's limit makes room for it
     assert row["prompt_tokens_max"] > 20 and row["max_input_tokens"] >= row["prompt_tokens_max"]
     assert "none rate (no-tool cases answered empty)" in capsys.readouterr().out
+
+
+def test_request_tools_answer_as_a_bundle_a_catalog(tiny_checkpoint, tmp_path):
+    """--request-tools (one bundle, each catalog's tools sent with its requests) gives the answers a bundle a
+    catalog gives: a request's tool list renders and encodes as a catalog of it does."""
+    unseen = load_unseen()
+    subset = [c.id for c in unseen.catalogs if len(c.tools) <= 6][:2] + [max(unseen.catalogs,
+                                                                              key=lambda c: len(c.tools)).id]
+    template = json.loads(Path(TRAINING_CATALOG).read_text(encoding="utf-8"))
+    template["prompt_template"] = template["prompt_template"].replace("{request}", "Tools:\n{tools}\n\n{request}")
+    (tmp_path / "template.json").write_text(json.dumps(template))
+    reports = []
+    for mode in ([], ["--request-tools"]):
+        out = tmp_path / f"out{len(reports)}.json"
+        assert main([str(tiny_checkpoint), "--template-from", str(tmp_path / "template.json"), "--only", *subset,
+                     "--json", str(out), *mode]) == 0
+        reports.append(json.loads(out.read_text()))
+    per_catalog, request_tools = ([(c["prompt_sha256"], c["model"]) for row in r["catalogs"] for c in row["cases"]]
+                                  for r in reports)
+    assert per_catalog == request_tools and reports[1]["request_tools"] and len(per_catalog) >= 15
+    no_tools = main([str(tiny_checkpoint), "--only", subset[0], "--request-tools"])  # the shipped template
+    assert no_tools == EXIT_CODES["template_invalid"]

@@ -1,7 +1,7 @@
 """A checkpoint on the hand-written unseen catalogs, beside the word-overlap baseline.
 
     python3 -m toolcall.models.recipe.eval_unseen CHECKPOINT [--template-from CATALOG] [--json OUT]
-        [--precision fp8_e4m3|bf16|nvfp4] [--set PATH] [--only ID ...]
+        [--precision fp8_e4m3|bf16|nvfp4] [--set PATH] [--only ID ...] [--request-tools]
 
 For each catalog of the frozen set (models/recipe/unseen_catalogs.json, toolcall.models.recipe.unseen):
 compiles a CPU bundle of CHECKPOINT with that catalog's tools, in a temporary folder, taking the
@@ -13,13 +13,20 @@ cases with the word-overlap baseline (toolcall.models.recipe.overlap). Prints on
 word overlap on all / one-tool / multi-tool / no-tool cases (exact-set, top-1, answered empty: on
 no-tool cases the none rate), and writes every answer and timing with ``--json``.
 
+``--request-tools`` (a template holding ``{tools}``): one bundle of the template catalog instead, each unseen
+catalog's tools sent with its requests (the serving path, runtime/batching/request_tools.py): the prompts and
+grammars are those of a catalog of the same tools, so the answers are the same and the one build is the only
+compile.
+
 A catalog's build takes under a second to a few seconds (the first ones longer: numba compiles the CPU
 kernels once per process); the whole set about two and a half minutes on a busy two-core machine.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import hashlib
 import json
 import platform
 import sys
@@ -94,8 +101,58 @@ def answer_catalog(checkpoint: str, catalog: UnseenCatalog, template: Mapping, p
     run_s = time.perf_counter() - start - compile_s - load_s
     return {"answers": [r.tools if isinstance(r, Result) else [] for r in results],
             "errors": [None if isinstance(r, Result) else str(r) for r in results],
+            "prompts": [prompt_digest(r.prompt_token_ids) if isinstance(r, Result) else None for r in results],
             "prompt_tokens_max": longest, "max_input_tokens": max_input, "compile_s": compile_s,
             "compile_stages_s": compiled.timings, "load_s": load_s, "run_s": run_s}
+
+
+def request_tools_answerer(checkpoint: str, catalogs: list[UnseenCatalog], template: Mapping, precision: str,
+                           work: Path):
+    """One bundle of ``template`` (its ``{tools}`` taking each unseen catalog's tools per request; the empty
+    answer allowed, room for the largest expected answer and for the longest prompt, in whole pages); returns
+    ``answer_catalog``'s stand-in, which answers a catalog's cases with its tools sent along."""
+    from toolcall.builder.checkpoint import open_checkpoint
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.runtime.batching.batcher import Result
+    from toolcall.runtime.batching.sampling import Sampling
+    from toolcall.runtime.engine import Engine
+
+    if "{tools}" not in template.get("prompt_template", ""):
+        raise CatalogError("template_invalid", "--request-tools needs a --template-from catalog whose "
+                           "prompt_template holds {tools}: the tools a request brings go there")
+    tokenizer = open_checkpoint(checkpoint).tokenizer()
+    longest = max(longest_prompt(tokenizer, load_catalog(c.document(template)).prompt_template,
+                                 [case.request for case in c.cases]) for c in catalogs)
+    max_input = max(128, -(-(longest + 1) // PAGE_SIZE) * PAGE_SIZE)
+    doc = dict(template)
+    doc["answer"] = {**template.get("answer", {}), "allow_empty": True,
+                     "max_tools": max([template.get("answer", {}).get("max_tools", 4)]
+                                      + [c.largest_answer for c in catalogs])}
+    (work / "template.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    options = dataclasses.replace(build_options(precision, max_input),
+                                  max_request_tools=max(64, max(len(c.tools) for c in catalogs)))
+    start = time.perf_counter()
+    compiled = compile_bundle(checkpoint, work / "template.json", options, work / "bundle")
+    engine = Engine.load(compiled.out_dir)
+    setup_s = [time.perf_counter() - start]  # charged to the first catalog
+
+    def answer(catalog: UnseenCatalog) -> dict:
+        begin = time.perf_counter()
+        requests = [engine.request(c.request, Sampling(), list(catalog.tools)) for c in catalog.cases]
+        results = engine.generator.generate(requests)
+        spent, setup_s[0] = setup_s[0], 0.0
+        return {"answers": [r.tools if isinstance(r, Result) else [] for r in results],
+                "errors": [None if isinstance(r, Result) else str(r) for r in results],
+                "prompts": [prompt_digest(r.prompt_ids) for r in requests],
+                "prompt_tokens_max": max(len(r.prompt_ids) for r in requests), "max_input_tokens": max_input,
+                "compile_s": spent, "compile_stages_s": {}, "load_s": 0.0, "run_s": time.perf_counter() - begin}
+
+    return answer, engine
+
+
+def prompt_digest(ids) -> str:
+    """sha256 (hex, first 16 digits) of a prompt's token ids: two paths gave the model the same input."""
+    return hashlib.sha256(json.dumps([int(t) for t in ids]).encode()).hexdigest()[:16]
 
 
 def table(model: dict, overlap: dict) -> str:
@@ -125,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", default=None, metavar="ID", help="only these catalogs (a quick look; "
                     "figures on a part of the set are not the set's)")
     ap.add_argument("--json", dest="json_out", default=None, help="write the scores, every answer and the timings here")
+    ap.add_argument("--request-tools", action="store_true",
+                    help="one bundle of --template-from (its template must hold {tools}); each catalog's tools "
+                         "sent with its requests instead of a bundle a catalog")
     args = ap.parse_args(argv)
 
     try:
@@ -142,27 +202,42 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows, model_answers, overlap_answers, labels = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="unseen-") as tmp:
-        for k, catalog in enumerate(catalogs, 1):
-            try:
-                got = answer_catalog(args.checkpoint, catalog, template, precision, Path(tmp))
-            except EngineError as e:
-                print(f"error: catalog {catalog.id!r}: {e}", file=sys.stderr)
-                return e.exit_code
-            theirs = [overlap_answer(c.request, catalog.tools) for c in catalog.cases]
-            gold = [list(c.tools) for c in catalog.cases]
-            model_answers += got["answers"]
-            overlap_answers += theirs
-            labels += gold
-            exact = sum(set(a) == set(g) for a, g in zip(got["answers"], gold))
-            base = sum(set(a) == set(g) for a, g in zip(theirs, gold))
-            print(f"[{k}/{len(catalogs)}] {catalog.id} ({len(catalog.tools)} tools, {len(gold)} cases): compile "
-                  f"{got['compile_s']:.1f} s, load {got['load_s']:.1f} s, run {got['run_s']:.1f} s; exact-set model "
-                  f"{exact}/{len(gold)}, word overlap {base}/{len(gold)}", flush=True)
-            rows.append({"id": catalog.id, "domain": catalog.domain, "tools": len(catalog.tools),
-                         **{k: v for k, v in got.items() if k not in ("answers", "errors")},
-                         "cases": [{"request": c.request, "expected": list(c.tools), "kind": c.kind, "model": a,
-                                    "overlap": b, **({"error": err} if err else {})}
-                                   for c, a, b, err in zip(catalog.cases, got["answers"], theirs, got["errors"])]})
+        engine = None
+        try:
+            if args.request_tools:
+                answer, engine = request_tools_answerer(args.checkpoint, catalogs, template, precision, Path(tmp))
+            else:
+                def answer(catalog: UnseenCatalog) -> dict:
+                    return answer_catalog(args.checkpoint, catalog, template, precision, Path(tmp))
+        except EngineError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
+        try:
+            for k, catalog in enumerate(catalogs, 1):
+                try:
+                    got = answer(catalog)
+                except EngineError as e:
+                    print(f"error: catalog {catalog.id!r}: {e}", file=sys.stderr)
+                    return e.exit_code
+                theirs = [overlap_answer(c.request, catalog.tools) for c in catalog.cases]
+                gold = [list(c.tools) for c in catalog.cases]
+                model_answers += got["answers"]
+                overlap_answers += theirs
+                labels += gold
+                exact = sum(set(a) == set(g) for a, g in zip(got["answers"], gold))
+                base = sum(set(a) == set(g) for a, g in zip(theirs, gold))
+                print(f"[{k}/{len(catalogs)}] {catalog.id} ({len(catalog.tools)} tools, {len(gold)} cases): compile "
+                      f"{got['compile_s']:.1f} s, load {got['load_s']:.1f} s, run {got['run_s']:.1f} s; exact-set model "
+                      f"{exact}/{len(gold)}, word overlap {base}/{len(gold)}", flush=True)
+                rows.append({"id": catalog.id, "domain": catalog.domain, "tools": len(catalog.tools),
+                             **{k: v for k, v in got.items() if k not in ("answers", "errors", "prompts")},
+                             "cases": [{"request": c.request, "expected": list(c.tools), "kind": c.kind, "model": a,
+                                        "overlap": b, "prompt_sha256": p, **({"error": err} if err else {})}
+                                       for c, a, b, err, p in zip(catalog.cases, got["answers"], theirs,
+                                                                  got["errors"], got["prompts"])]})
+        finally:
+            if engine is not None:
+                engine.close()
     total_s = time.perf_counter() - start
     model, overlap = score_unseen(model_answers, labels), score_unseen(overlap_answers, labels)
     errors = sum("error" in c for r in rows for c in r["cases"])
@@ -176,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {"date": datetime.date.today().isoformat(), "machine": {"platform": platform.platform(),
                                                                         "processor": platform.processor()},
                   "checkpoint": args.checkpoint, "precision": precision, "template_from": args.template_from,
+                  "request_tools": args.request_tools,
                   "set": {"path": args.set_path, "frozen": unseen.frozen, "catalogs": len(catalogs),
                           "cases": len(labels), "complete": args.only is None},
                   "model": model, "word_overlap": overlap, "refused_requests": errors, "total_s": total_s,
