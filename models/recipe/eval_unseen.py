@@ -226,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
                 labels += gold
                 exact = sum(set(a) == set(g) for a, g in zip(got["answers"], gold))
                 base = sum(set(a) == set(g) for a, g in zip(theirs, gold))
-                print(f"[{k}/{len(catalogs)}] {catalog.id} ({len(catalog.tools)} tools, {len(gold)} cases): compile "
-                      f"{got['compile_s']:.1f} s, load {got['load_s']:.1f} s, run {got['run_s']:.1f} s; exact-set model "
-                      f"{exact}/{len(gold)}, word overlap {base}/{len(gold)}", flush=True)
+                print(f"[{k}/{len(catalogs)}] {catalog.id} ({len(catalog.tools)} tools, {len(gold)} cases): "
+                      f"compile {got['compile_s']:.1f} s, load {got['load_s']:.1f} s, run {got['run_s']:.1f} s; "
+                      f"exact-set model {exact}/{len(gold)}, word overlap {base}/{len(gold)}", flush=True)
                 rows.append({"id": catalog.id, "domain": catalog.domain, "tools": len(catalog.tools),
                              **{k: v for k, v in got.items() if k not in ("answers", "errors", "prompts")},
                              "cases": [{"request": c.request, "expected": list(c.tools), "kind": c.kind, "model": a,
