@@ -39,6 +39,7 @@ from toolcall.runtime.bundle.contract import (
     Precision,
     PromptSection,
     RequestToolsSection,
+    candidate_columns,
     compute_bundle_id,
 )
 from toolcall.runtime.bundle.file_kind import require_file
@@ -106,14 +107,9 @@ def request_tools_section(catalog, options: BuildOptions) -> RequestToolsSection
                                max_description_tokens=options.max_description_tokens)
 
 
-def candidate_columns(grammar, request_tools: RequestToolsSection | None) -> int:
-    """The sparse head's width: Contract.candidate_columns before there is a contract."""
-    return max(grammar.max_edges_per_node, 0 if request_tools is None else request_tools.candidate_columns)
-
-
-def plan_limits(options: BuildOptions, cfg, grammar, pinned_pages: int = 0, columns: int | None = None) -> Limits:
+def plan_limits(options: BuildOptions, cfg, columns: int, pinned_pages: int = 0) -> Limits:
     """Limits from the options, the KV pool sized for max_sequences (plus the prompt prefix's
-    ``pinned_pages``) or fitted to the memory budget."""
+    ``pinned_pages``) or fitted to the memory budget (the sparse head ``columns`` wide: candidate_columns)."""
     for name in ("max_sequences", "max_input_tokens", "max_output_tokens", "page_size", "max_tokens_per_step",
                  "prefill_chunk"):
         if getattr(options, name) < 1:
@@ -135,14 +131,13 @@ def plan_limits(options: BuildOptions, cfg, grammar, pinned_pages: int = 0, colu
         pages = options.max_sequences * limits.pages_per_sequence + pinned_pages
     else:
         pages = size_pool_for_budget(cfg, options.precision, limits, options.memory_budget_bytes, options.target,
-                                     options.context_reserve_bytes,
-                                     grammar.max_edges_per_node if columns is None else columns, pinned_pages)
+                                     options.context_reserve_bytes, columns, pinned_pages)
     return dataclasses.replace(limits, num_pages=pages)
 
 
-def prompt_section(tokenizer, template: str, options: BuildOptions) -> PromptSection:
-    """The contract's prompt section: the template's fixed prefix and suffix ids and the prefix's pages."""
-    encoder = PromptEncoder.create(tokenizer, template)
+def prompt_section(encoder: PromptEncoder, options: BuildOptions) -> PromptSection:
+    """The contract's prompt section: the template's fixed prefix and suffix ids (``encoder``: the runtime's,
+    runtime/batching/prompt.py) and the prefix's pages."""
     fixed = len(encoder.prefix_ids) + len(encoder.suffix_ids)
     if fixed >= options.max_input_tokens:
         raise BuildError("usage", f"the prompt template alone is {fixed} tokens ({len(encoder.prefix_ids)} before "
@@ -183,9 +178,11 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
     check_kernel_shapes(target, cfg, options.precision)
     options = resolve_defaults(options, grammar, catalog)
     request_tools = request_tools_section(catalog, options)
-    columns = candidate_columns(grammar, request_tools)
-    prompt = prompt_section(tokenizer, grammar.prompt_template, options)
-    limits = plan_limits(options, cfg, grammar, prompt.prefix_pages, columns)
+    columns = candidate_columns(grammar.max_edges_per_node, request_tools)
+    # Engine.encode's encoder (runtime/batching/prompt.py): the load re-encodes each canary request with it
+    encoder = PromptEncoder.create(tokenizer, grammar.prompt_template)
+    prompt = prompt_section(encoder, options)
+    limits = plan_limits(options, cfg, columns, prompt.prefix_pages)
     memory = plan_memory(cfg, options.precision, limits, options.target, options.context_reserve_bytes, columns)
     lap("plan")
 
@@ -217,14 +214,12 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         kernels = compile_kernels(target, tmp / KERNELS_DIR)
         lap("kernels")
         stage("recording the canary" if kernels_cached() else f"recording the canary ({COLD_CACHE_NOTE})")
-        # Engine.encode's encoder (runtime/batching/prompt.py): the load re-encodes each canary request with it.
-        canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits,
-                               PromptEncoder.create(tokenizer, grammar.prompt_template).encode)
+        canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, encoder.encode)
         stage_done()
         lap("canary")
         stage("probing the catalog")
         probe = run_probe(tmp / WEIGHTS_FILE, cfg, grammar, limits, tuple(t.description for t in catalog.tools),
-                          PromptEncoder.create(tokenizer, grammar.prompt_template))
+                          encoder)
         stage_done()
         lap("probe")
         if min_probe_recall is not None and probe.recall < min_probe_recall:

@@ -55,6 +55,7 @@ class Engine:
         self.grammar = generator.grammar
         self.prompt = PromptEncoder.create(tokenizer, self.grammar.prompt_template)
         self.request_tools = RequestTools(contract.request_tools, self.grammar, self.prompt)
+        self._catalog_index = {name: i for i, name in enumerate(self.grammar.tool_names)}
         self.load_seconds = load_seconds
         self.model: Backend = generator.model
         self.decode_graph = None
@@ -190,7 +191,7 @@ class Engine:
         limit is passed). ``only``: names among those tools (or the catalog's) the answer may name.
         ``max_tools``, ``require_tool`` and ``max_output_tokens`` as runtime/batching/scheduler.py Request."""
         tools = None if tools is None else [t if isinstance(t, Tool) else Tool(t) for t in tools]
-        catalog = {name: i for i, name in enumerate(self.grammar.tool_names)}
+        catalog = self._catalog_index
         if tools is not None and self.request_tools.takes_tools and any(t.name not in catalog for t in tools):
             own = self.request_tools.tool_set(tools)
             subset = None if only is None else self._subset(only, {n: i for i, n in enumerate(own.names)},

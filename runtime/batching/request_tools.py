@@ -48,7 +48,7 @@ class RequestTools:
     def __init__(self, section: RequestToolsSection | None, grammar: Grammar, prompt: PromptEncoder):
         self.section, self.grammar, self.prompt = section, grammar, prompt
         self._sets: OrderedDict[str, ToolSet] = OrderedDict()
-        self._added: dict[int, str] | None = None  # the tokenizer's added tokens by id
+        self._added: tuple[dict[int, str], Counter] | None = None  # _added_tokens, once
         self._lock = threading.Lock()  # HTTP handlers and the engine thread ask at once
 
     @property
@@ -108,10 +108,9 @@ class RequestTools:
                                  encoder: PromptEncoder) -> None:
         """RequestError("request_invalid") where the tools' text adds an added token (``<|im_end|>``, ``<think>``)
         to the prompt: caller text never steers the chat format."""
-        bare = self.prompt.with_template(render_template(section.prompt_template, (), section.tool_format))
-        added = self._added_ids()
+        added, bare = self._added_tokens(section)
         found = Counter(t for t in encoder.prefix_ids + encoder.suffix_ids if t in added)
-        found.subtract(t for t in bare.prefix_ids + bare.suffix_ids if t in added)
+        found.subtract(bare)
         extra = sorted(t for t, n in found.items() if n > 0)
         if extra:
             tokens = [added[t] for t in extra]
@@ -122,7 +121,11 @@ class RequestTools:
                                "remove them: caller text never steers the chat format", field="tools", index=where,
                                tokens=tokens)
 
-    def _added_ids(self) -> dict[int, str]:
+    def _added_tokens(self, section: RequestToolsSection) -> tuple[dict[int, str], Counter]:
+        """The tokenizer's added tokens by id, and how often each is in the template rendered with no tools
+        (computed once)."""
         if self._added is None:
-            self._added = {i: t.content for i, t in self.prompt.template_tokenizer.get_added_tokens_decoder().items()}
+            added = {i: t.content for i, t in self.prompt.template_tokenizer.get_added_tokens_decoder().items()}
+            bare = self.prompt.with_template(render_template(section.prompt_template, (), section.tool_format))
+            self._added = added, Counter(t for t in bare.prefix_ids + bare.suffix_ids if t in added)
         return self._added

@@ -237,10 +237,7 @@ class Contract:
 
     @property
     def candidate_columns(self) -> int:
-        """Columns of the sparse head's buffers: the most allowed edges at one node of any grammar a request
-        may bring (the catalog's, or one built for a request's own tools)."""
-        extra = 0 if self.request_tools is None else self.request_tools.candidate_columns
-        return max(self.grammar.max_edges_per_node, extra)
+        return candidate_columns(self.grammar.max_edges_per_node, self.request_tools)
 
     def to_dict(self) -> dict:
         """JSON-ready dict: tuples become lists, nested dataclasses dicts."""
@@ -254,6 +251,12 @@ class Contract:
     def to_json(self) -> str:
         """Deterministic text: sorted keys, indent 2, trailing newline (bundles are byte-identical)."""
         return json.dumps(self.to_dict(), sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+
+def candidate_columns(max_edges_per_node: int, request_tools: RequestToolsSection | None) -> int:
+    """Columns of the sparse head's buffers: the most allowed edges at one node of any grammar a request may
+    bring (the catalog's, with ``max_edges_per_node``, or one built for a request's own tools)."""
+    return max(max_edges_per_node, 0 if request_tools is None else request_tools.candidate_columns)
 
 
 def canonical_content(contract: "Contract | Mapping") -> bytes:
