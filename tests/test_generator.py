@@ -110,9 +110,9 @@ def test_keep_logits_records_each_steps_candidates(parts):
 
 @pytest.mark.parametrize("max_output_tokens", [None, 3, 5])  # None: the grammar's longest answer
 def test_a_sampled_answer_is_the_same_a_step_a_token(parts, max_output_tokens):
-    """keep_logits steps one token a step (every token drawn by its pick); otherwise the grammar's forced
-    tokens ride after a pick, each with one draw of its own: the same stream, so the same answer, also
-    when max_output_tokens cuts a forced run short."""
+    """keep_logits steps one token a step (every token its own pick); otherwise the grammar's forced tokens
+    ride after a pick, without draws: a pick's draw is keyed by its index in the answer, so the same answer,
+    also when max_output_tokens cuts a forced run short."""
     gen, prompts = make(parts), parts[3]
     if max_output_tokens is not None:
         gen.max_output_tokens = gen.scheduler.max_output_tokens = max_output_tokens
@@ -141,45 +141,6 @@ def test_every_request_path_refuses_bad_sampling(parts, sampling):
     assert isinstance(res, RequestError) and res.code == "request_invalid" and "sampling" in res.message
 
 
-def reference_draw(logits, allowed, params, u):
-    """The draw in numpy, as the generator did it row by row before draw_rows (the oracle)."""
-    idx = np.flatnonzero(allowed)
-    z = logits[idx].astype(np.float64) / params.temperature
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    order = np.argsort(-p, kind="stable")  # most likely first; ties keep token order
-    order = order[np.cumsum(p[order]) - p[order] < params.top_p]  # the smallest prefix reaching top_p
-    q = p[order] / p[order].sum()
-    return int(idx[order[min(np.searchsorted(np.cumsum(q), u, side="right"), len(q) - 1)]])
-
-
-DRAW_CASES = [  # (candidates, allowed share, temperature, top_p)
-    (4, 1.0, 0.8, 1.0), (4, 1.0, 0.8, 0.95), (4, 1.0, 0.8, 1e-3), (64, 0.5, 1.3, 0.9), (64, 0.1, 0.2, 1.0),
-    (40, 1.0, 5.0, 0.5), (7, 0.6, 1e-3, 1.0), (128, 0.3, 100.0, 0.99),
-]
-
-
-@pytest.mark.parametrize("width, share, temperature, top_p", DRAW_CASES)
-def test_draw_rows_picks_what_the_numpy_draw_picks(width, share, temperature, top_p):
-    """The compiled batch draw against the numpy oracle, 200 rows a case; a row alone, in a batch, or
-    padded wider (more disallowed columns) picks the same candidate."""
-    from toolcall.runtime.batching.sampling import draw_rows
-    rng = np.random.default_rng(width)
-    logits = (rng.standard_normal((200, width)) * 3).astype(np.float32)
-    logits[:, 1::5] = logits[:, :1]  # some ties
-    allowed = rng.random((200, width)) < share
-    allowed[np.arange(200), rng.integers(0, width, 200)] = True
-    u = rng.random(200)
-    t, p = np.full(200, temperature), np.full(200, top_p)
-    batch = draw_rows(logits, allowed, t, p, u)
-    wide = draw_rows(np.pad(logits, ((0, 0), (0, 9))), np.pad(allowed, ((0, 0), (0, 9))), t, p, u)
-    params = Sampling(temperature, top_p, 0)
-    for b in range(0, 200, 13):
-        assert draw_rows(logits[b:b + 1], allowed[b:b + 1], t[:1], p[:1], u[b:b + 1])[0] == batch[b]
-    assert (wide == batch).all() and allowed[np.arange(200), batch].all()
-    assert batch.tolist() == [reference_draw(logits[b], allowed[b], params, u[b]) for b in range(200)]
-
-
 def test_the_draw_is_compiled_at_load_in_the_one_signature_steps_use(parts, monkeypatch):
     """The generator calls draw_rows while it is built, with the argument types (numba's signature) that
     every sampled step then uses: numba compiles, or loads from its cache, at load, not at a first pick."""
@@ -198,20 +159,6 @@ def test_the_draw_is_compiled_at_load_in_the_one_signature_steps_use(parts, monk
     assert len(at_load) == 1
     gen.generate([Request(p, Sampling(0.9, 0.95, i)) for i, p in enumerate(parts[3][:3])])
     assert len(calls) > 1 and set(calls) == at_load
-
-
-@pytest.mark.parametrize("top_p", [1.0, 0.95, 1e-3])
-def test_a_forced_token_is_sampled_as_the_general_path_would(top_p):
-    """sample_row with one candidate returns it and consumes one draw, as with several."""
-    from toolcall.runtime.batching import sampling
-    logits = np.array([3.0, -1.0, 0.5, 7.0], np.float32)
-    for only in range(4):
-        allowed = np.arange(4) == only
-        a, b = np.random.default_rng(5), np.random.default_rng(5)
-        params = Sampling(0.8, top_p, 5)
-        assert sampling.sample_row(logits, allowed, params, a) == only
-        sampling.sample_row(logits, np.ones(4, bool), params, b)
-        assert a.random() == b.random()
 
 
 @pytest.mark.parametrize("max_tokens_per_step", [64, 9])

@@ -31,7 +31,7 @@ FORBIDDEN = {  # package -> packages it must not import
 # runtime's rooms (a folder, or a module at its top), lowest floor first; a room imports only rooms on
 # floors below its own (cpu and cuda share a floor and never import each other)
 RUNTIME_FLOORS = (
-    {"numba_target", "console"},
+    {"numba_target", "console", "exp32"},
     {"grammar"},
     {"bundle"},
     {"batching"},

@@ -12,8 +12,8 @@ parts: ``plan`` (admission, the rows and their controls: runtime/batching/step.p
 record applied, retirement); runtime/batching/lanes.py overlaps several batchers' parts.
 
 Forced tokens (the grammar allows one candidate: inside a tool name) need no logits: after a
-pick they are appended at once (a sampled sequence still takes each one's draw, as
-``sample_row`` does), and the next step feeds them as one chunk of decode rows, its last row
+pick they are appended at once (they take no draw: a sampled pick is keyed by its index in the
+answer), and the next step feeds them as one chunk of decode rows, its last row
 sampled: the same tokens in fewer steps, with fewer head rows. A request that keeps its
 logits (``keep_logits``: canary, parity and bit tests) takes every token in its own step. A chunk's
 rows that an earlier identical request already computed are copied, not computed
@@ -71,7 +71,7 @@ class StepBatcher:
         self.scheduler = Scheduler(kv, self.stepper, max_output_tokens)
         self._handles = itertools.count()
         # the draw compiled (or loaded from numba's cache) here, at load, not at a first sampled pick
-        sample_rows(np.zeros((1, 2), np.float32), np.ones((1, 2), bool), [Sampling(1.0)], [np.random.default_rng(0)])
+        sample_rows(np.zeros((1, 2), np.float32), np.ones((1, 2), bool), [Sampling(1.0)], [0])
 
     @classmethod
     def for_limits(cls, model, kv, grammar: Grammar, limits, head: str = "sparse") -> "StepBatcher":
@@ -243,7 +243,7 @@ class StepBatcher:
         seqs = [s for s, _ in samplers]
         steppers = None if all(s.stepper is self.stepper for s in seqs) else [s.stepper for s in seqs]  # own tools
         states = self._states(seqs) if steppers is None else [s.state for s in seqs]
-        picks = PickRows(states, [s.sampling for s in seqs], [s.rng for s in seqs],
+        picks = PickRows(states, [s.sampling for s in seqs], [len(s.output) for s in seqs],
                          [s.max_output - len(s.output) for s in seqs], [s.step_logits is not None for s in seqs],
                          np.array([s.max_tools for s in seqs], np.int64),
                          np.array([s.allow_empty for s in seqs], np.bool_),

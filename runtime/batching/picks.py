@@ -4,8 +4,9 @@ For each row: its grammar state's allowed candidates (runtime/grammar/stepper.py
 over them (sparse: those rows of the head only; dense: every row, then gathered; check: sparse picks,
 dense must agree), a finite-numbers check, the greedy or sampled pick (runtime/batching/sampling.py),
 then the grammar edge taken and the run of tokens the grammar forces after it (name chains, single
-allowed edges), up to the row's room. A sampled row takes one draw a forced token, as ``sample_row``
-does for a forced pick. A row keeping its logits takes only its pick (a step, and its logits, a token).
+allowed edges), up to the row's room. A sampled row's draw is keyed by its pick's index in the answer
+(runtime/batching/philox.py): forced tokens take none. A row keeping its logits takes only its pick (a step,
+and its logits, a token).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from toolcall.common.errors import EngineError
-from toolcall.runtime.batching.sampling import greedy, margins, sample_row, sample_rows
+from toolcall.runtime.batching.sampling import greedy, margins, sample_rows
 from toolcall.runtime.batching.step import PickRows, StepPlan, StepRecord
 from toolcall.runtime.grammar.stepper import GrammarStepper
 
@@ -59,9 +60,9 @@ class HostPicker:
         now = time.perf_counter()
         picks = greedy(logits, allowed)  # (B,) the greedy rows' picks, one vectorized argmax
         drawn = [b for b, s in enumerate(rows.sampling) if s.temperature > 0]
-        if drawn:  # the sampled rows in one compiled call, each with one draw of its sequence's own rng
+        if drawn:  # the sampled rows in one compiled call, each drawing for its pick's index in its answer
             picks[drawn] = sample_rows(logits[drawn], allowed[drawn], [rows.sampling[b] for b in drawn],
-                                       [rows.rngs[b] for b in drawn])
+                                       [rows.answer_index[b] for b in drawn])
         picks = picks.tolist()
         if self.head == "check":
             self._check_dense(rows, hidden, heads, cand, safe, allowed, picks)
@@ -92,8 +93,8 @@ class HostPicker:
 
     def _check_dense(self, rows: PickRows, hidden, heads: Heads, cand, safe, allowed, picks: list[int]) -> None:
         dense = np.take_along_axis(heads.dense_logits(hidden), safe, axis=1)
-        dense_picks = [sample_row(dense[b], allowed[b], s, np.random.default_rng(0)) if s.temperature <= 0
-                       else picks[b] for b, s in enumerate(rows.sampling)]
+        greedy_picks = greedy(dense, allowed).tolist()
+        dense_picks = [greedy_picks[b] if s.temperature <= 0 else picks[b] for b, s in enumerate(rows.sampling)]
         if picks != dense_picks:
             raise EngineError("internal", f"sparse and dense heads disagree: {picks} vs {dense_picks}",
                               sparse=[int(cand[b, p]) for b, p in enumerate(picks)],
@@ -113,9 +114,6 @@ class HostPicker:
                 for out, part in zip((states, done, emitted, tools), parts):
                     for j, b in enumerate(index.tolist()):
                         out[b] = part[j]
-        for b, row in enumerate(emitted):
-            if len(row) > 1 and rows.sampling[b].temperature > 0:
-                rows.rngs[b].random(len(row) - 1)  # the same stream as n - 1 single draws
         blank = [None] * len(rows)
         return StepRecord(states, done, emitted, tools, gaps, list(blank), list(blank), now)
 

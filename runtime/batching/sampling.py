@@ -1,4 +1,9 @@
-"""Choosing the next token among a row's allowed candidates: greedy, or seeded temperature/top-p."""
+"""Choosing the next token among a row's allowed candidates: greedy, or seeded temperature/top-p.
+
+A sampled pick is a pure function of the row's logits over its candidates, its options and (seed, the
+answer token's index): the uniform comes from the counter-based generator (runtime/batching/philox.py) and
+the probabilities are float32 in one fixed order (``draw_rows``), so a row's answer never depends on its
+batch, and a device doing the same operations draws the same tokens."""
 from __future__ import annotations
 
 import math
@@ -9,11 +14,14 @@ import numpy as np
 from numba import njit
 
 from toolcall.runtime import numba_target  # noqa: F401  (the one compile target: runtime/numba_target.py)
+from toolcall.runtime.batching.philox import uniform
+from toolcall.runtime.exp32 import exp32
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """temperature 0 is greedy; otherwise softmax(logits/temperature) cut to top_p, drawn with ``seed``."""
+    """temperature 0 is greedy; otherwise softmax(logits/temperature) cut to top_p, drawn with ``seed`` (the key
+    of runtime/batching/philox.py)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -53,69 +61,81 @@ def margins(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(gap), gap, np.inf)
 
 
-def sample_row(logits: np.ndarray, allowed: np.ndarray, params: Sampling, rng: np.random.Generator) -> int:
-    """Index into the row's candidates; the rng is the sequence's own, so the batch never matters."""
+def inverse_temperature(temperature: float) -> np.float32:
+    """1 / temperature as the draw's float32 multiplier, held at the largest finite float32 (a temperature under
+    ~3e-39: the draw is then greedy but for exact ties, and no 0 * inf appears)."""
+    return np.float32(min(1.0 / temperature, float(np.finfo(np.float32).max)))
+
+
+def sample_row(logits: np.ndarray, allowed: np.ndarray, params: Sampling, token: int) -> int:
+    """Index into the row's candidates for answer token ``token`` (its index in the answer)."""
     if params.temperature <= 0.0:
         return int(greedy(logits[None], allowed[None])[0])
-    return int(sample_rows(logits[None], allowed[None], [params], [rng])[0])
+    return int(sample_rows(logits[None], allowed[None], [params], [token])[0])
 
 
-def sample_rows(logits: np.ndarray, allowed: np.ndarray, params: list[Sampling], rngs: list) -> np.ndarray:
-    """(B,) indices into each sampled row's candidates (every ``params`` with temperature > 0): one
-    ``draw_rows`` call, one draw from each row's own rng."""
-    temperature = np.array([q.temperature for q in params], np.float64)
-    top_p = np.array([q.top_p for q in params], np.float64)
-    u = np.array([rng.random() for rng in rngs], np.float64)
-    return draw_rows(np.ascontiguousarray(logits, np.float32), np.ascontiguousarray(allowed), temperature, top_p, u)
+def sample_rows(logits: np.ndarray, allowed: np.ndarray, params: list[Sampling], tokens: list[int]) -> np.ndarray:
+    """(B,) indices into each sampled row's candidates (every ``params`` with temperature > 0), each drawn for
+    its answer token ``tokens[b]`` (the index in its answer): one ``draw_rows`` call."""
+    inv_temperature = np.array([inverse_temperature(q.temperature) for q in params], np.float32)
+    top_p = np.array([q.top_p for q in params], np.float32)
+    seeds = np.array([q.seed for q in params], np.uint64)
+    return draw_rows(np.ascontiguousarray(logits, np.float32), np.ascontiguousarray(allowed), inv_temperature,
+                     top_p, seeds, np.asarray(tokens, np.int64))
 
 
 @njit(cache=True, nogil=True)
-def draw_rows(logits, allowed, temperature, top_p, u):  # pragma: no cover - compiled
-    """(B,) the temperature/top-p draw per row: softmax(logits / temperature) over the row's allowed
-    candidates, cut to the smallest most-likely-first prefix reaching top_p (ties in token order),
-    drawn with the row's uniform ``u`` in [0, 1). One candidate: that one (its draw still taken by the
-    caller). logits (B, K) float32, allowed (B, K) bool, temperature/top_p/u (B,) float64. A row reads
-    only its allowed entries, in order, so its pick never depends on the batch's other rows or width;
-    -1 for a row with nothing allowed (never the grammar's case)."""
+def draw_rows(logits, allowed, inv_temperature, top_p, seeds, tokens):  # pragma: no cover - compiled
+    """(B,) the temperature/top-p draw per row, in float32 and one fixed order (the algorithm a GPU repeats op
+    for op):
+      over the row's allowed candidates i in token order: e_i = exp32((logit_i - max) * inv_temperature),
+      total = e_0 + e_1 + ... in that order;
+      the kept prefix: most likely first (a stable sort: ties in token order), taken while the mass before
+      the next member is below top_p * total; ``before`` its mass;
+      u = philox.uniform(seed, 0, token); the pick: the first kept member whose running mass exceeds
+      u * before (the last kept one if rounding leaves none).
+    One candidate: that one, without a draw. logits (B, K) float32, allowed (B, K) bool, inv_temperature and
+    top_p (B,) float32, seeds (B,) uint64, tokens (B,) int64. A row reads only its allowed entries, in order,
+    so its pick never depends on the batch's other rows or width; -1 for a row with nothing allowed (never the
+    grammar's case)."""
     rows, width = logits.shape
     out = np.full(rows, -1, np.int64)
     idx = np.empty(width, np.int64)  # the allowed columns, in token order
-    p = np.empty(width, np.float64)
+    e = np.empty(width, np.float32)
     order = np.empty(width, np.int64)  # positions into idx, most likely first
     for b in range(rows):
         n = 0
+        top = np.float32(-np.inf)
         for k in range(width):
             if allowed[b, k]:
                 idx[n] = k
                 n += 1
+                if logits[b, k] > top:
+                    top = logits[b, k]
         if n <= 1:
             if n == 1:
                 out[b] = idx[0]
             continue
-        top = -np.inf
+        total = np.float32(0.0)
         for i in range(n):
-            p[i] = np.float64(logits[b, idx[i]]) / temperature[b]
-            top = max(top, p[i])
-        total = 0.0
-        for i in range(n):
-            p[i] = np.exp(p[i] - top)
-            total += p[i]
-        for i in range(n):
-            p[i] /= total
+            e[i] = exp32((logits[b, idx[i]] - top) * inv_temperature[b])
+            total += e[i]
             order[i] = i
-        for i in range(1, n):  # stable insertion sort, descending p (n is a few dozen at most)
+        for i in range(1, n):  # stable insertion sort, descending e (n is a few dozen at most)
             x, j = order[i], i
-            while j > 0 and p[order[j - 1]] < p[x]:
+            while j > 0 and e[order[j - 1]] < e[x]:
                 order[j] = order[j - 1]
                 j -= 1
             order[j] = x
-        kept, before = 0, 0.0  # the prefix whose mass before each member is below top_p
-        while kept < n and before < top_p[b]:
-            before += p[order[kept]]
+        limit = top_p[b] * total
+        kept, before = 0, np.float32(0.0)
+        while kept < n and before < limit:
+            before += e[order[kept]]
             kept += 1
-        threshold, running, pick = u[b] * before, 0.0, kept - 1
+        threshold = uniform(seeds[b], 0, tokens[b]) * before
+        running, pick = np.float32(0.0), kept - 1
         for i in range(kept):
-            running += p[order[i]]
+            running += e[order[i]]
             if running > threshold:
                 pick = i
                 break

@@ -45,7 +45,6 @@ class Sequence:
     slot: int
     prompt: np.ndarray  # (P,) int64 token ids
     sampling: Sampling
-    rng: np.random.Generator | None  # sampled requests only (greedy ones never draw)
     state: np.ndarray  # 0-d grammar state
     prefilled: int = 0  # prompt tokens whose K/V are in the slot's pages
     output: list[int] = field(default_factory=list)
@@ -126,7 +125,6 @@ class Scheduler:
         cached = int(self.kv.cached_tokens[slot])  # shared or copied prefix: no prefill needed
         stepper = self.stepper if request.grammar is None else request.grammar
         return Sequence(handle, slot, np.asarray(request.prompt_ids, np.int64), request.sampling,
-                        np.random.default_rng(request.sampling.seed) if request.sampling.temperature > 0 else None,
                         stepper.initial_state(request.tools),
                         prefilled=cached, start=time.perf_counter(), step_logits=keep,
                         step_candidates=None if keep is None else [], cached=cached,

@@ -22,7 +22,7 @@ class PickRows:
     states: np.ndarray | list  # (B,) grammar states: one structured array (runtime/grammar/stepper.py
     # state_dtype) when every row has the bundle's grammar, else a list of each row's 0-d record
     sampling: list[Sampling]
-    rngs: list  # np.random.Generator per row (None for greedy rows: they never draw)
+    answer_index: list[int]  # each row's pick is its answer's token of this index (a sampled row's draw counter)
     room: list[int]  # output tokens each row may still emit (its answer's limit minus those emitted)
     keep_logits: list[bool]  # a row that keeps its logits takes one token a step (no forced run)
     max_tools: np.ndarray  # (B,) int64: the most tools each row's answer may name

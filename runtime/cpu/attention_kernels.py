@@ -17,8 +17,8 @@ from numba.np.numpy_support import as_dtype
 
 from toolcall.runtime.cpu import attention_ir as air
 from toolcall.runtime.cpu import simd_ir as ir_
-from toolcall.runtime.cpu.fast_kernels import _exp
 from toolcall.runtime.cpu.linear_kernels import LANES, _addr, tile_1x1, tile_1x4, to_f32
+from toolcall.runtime.exp32 import exp32
 
 
 @intrinsic
@@ -114,7 +114,7 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
             if sj > m:
                 m = sj
         for j in range(length):  # vectorized
-            s[j] = _exp(s[j] - m)
+            s[j] = exp32(s[j] - m)
         total = np.float32(0.0)
         for j in range(length):  # the sum in order
             total += s[j]

@@ -17,33 +17,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
-from toolcall.runtime import numba_target  # noqa: F401  (before any compile: the target every kernel is built for)
-
-
-@intrinsic
-def _bits_to_f32(typingctx, bits):
-    """int32 -> the float32 with those bits (a register bitcast)."""
-    sig = types.float32(types.int32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def _f32_to_bits(typingctx, value):
-    """float32 -> the uint32 of its bits (a register bitcast)."""
-    sig = types.uint32(types.float32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return sig, codegen
+from toolcall.runtime.exp32 import bits_to_f32, exp32, f32_to_bits
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -60,7 +36,7 @@ def e4m3_nan_codes(codes):
 
 @njit(cache=True)
 def _bf16(bits):
-    return _bits_to_f32(np.int32(bits) << 16)
+    return bits_to_f32(np.int32(bits) << 16)
 
 
 @njit(fastmath={"reassoc"}, cache=True)
@@ -124,7 +100,7 @@ def _norm_rope_row(x, weight, eps, cos, sin):
 @njit(inline="always")
 def _bf16_bits(v):
     """float32 -> bf16 bits, round to nearest even (as ml_dtypes); NaN -> a quiet NaN of its sign."""
-    bits = np.uint32(_f32_to_bits(v))
+    bits = np.uint32(f32_to_bits(v))
     if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
         return np.uint16((bits >> np.uint32(16)) | np.uint32(0x40))
     return np.uint16((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
@@ -159,29 +135,6 @@ def qk_norm_rope_kv(qkv, heads, q_norm, k_norm, eps, cos, sin, kpool, vpool, pag
                     vpool[pages[t], offsets[t], h, i] = v[i]
 
 
-_LOG2E = np.float32(1.4426950408889634)
-_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)  # ln 2 = hi + lo, hi exact in 9 bits
-
-
-@njit(inline="always", cache=True)
-def _exp(x):
-    """exp(x) in float32 within 5 ulp on [-87.3, 88.3] (clamped to it outside), by mul/add and bits only, so
-    LLVM vectorizes the loops calling it (math.exp is a scalar libm call per element: 9x slower in silu).
-    x = n ln2 + r, |r| <= ln2/2; exp(r) by its degree-6 Taylor polynomial (error < 2e-7); 2^n by exponent bits."""
-    x = np.float32(-87.3) if x < np.float32(-87.3) else x  # compare-selects and np.floor vectorize (min/max
-    x = np.float32(88.3) if x > np.float32(88.3) else x  # and math.floor did not: silu 2x slower, the same bits)
-    n = np.floor(x * _LOG2E + np.float32(0.5))
-    r = (x - n * _LN2_HI) - n * _LN2_LO
-    p = np.float32(1.0 / 720)
-    p = p * r + np.float32(1.0 / 120)
-    p = p * r + np.float32(1.0 / 24)
-    p = p * r + np.float32(1.0 / 6)
-    p = p * r + np.float32(0.5)
-    p = p * r + np.float32(1.0)
-    p = p * r + np.float32(1.0)
-    return p * _bits_to_f32((np.int32(n) + np.int32(127)) << 23)
-
-
 @njit(parallel=True, nogil=True, cache=True)
 def silu_times(gate_up):
     """In place: gate = silu(gate) * up, gate_up (T, 2 intermediate) f32 C-contiguous, gate|up side by side
@@ -191,4 +144,4 @@ def silu_times(gate_up):
         row = gate_up[t]
         for i in range(inter):
             g = row[i]
-            row[i] = (g / (np.float32(1.0) + _exp(-g))) * row[inter + i]
+            row[i] = (g / (np.float32(1.0) + exp32(-g))) * row[inter + i]
