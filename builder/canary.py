@@ -88,12 +88,14 @@ def is_first_candidate_answer(grammar: Grammar, tokens: list[int]) -> tuple[bool
 
 
 def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
-                  encode: Callable[[str], tuple[int, ...]]) -> Canary:
+                  encode: Callable[[str], tuple[int, ...]], kv_format=None, kv_scales=None) -> Canary:
     """Runs the candidates in order on the written weights and records the first CANARY_PROMPTS
     that qualify (module docstring). ``encode(text)``: the runtime's Engine.encode for this
-    bundle's tokenizer and template. BuildError("build_failed") when none qualifies."""
+    bundle's tokenizer and template; ``kv_format``/``kv_scales``: the bundle's cache (default bf16).
+    BuildError("build_failed") when none qualifies."""
     # the fast backend on the stored weights (memory-mapped): the build never holds a float32 copy
-    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits)
+    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits,
+                            kv_format=kv_format, kv_scales=kv_scales)
     kept: list[CanaryPrompt] = []
     rejected: dict[str, int] = {"too long": 0, "near tie": 0, "first candidate at every step": 0}
     best_margin = 0.0

@@ -9,7 +9,7 @@ import click
 
 from toolcall.builder.quantize import weight_format
 from toolcall.common.errors import EngineError
-from toolcall.common.formats import WEIGHT_FORMATS
+from toolcall.common.formats import KV_BF16, KV_FORMATS, WEIGHT_FORMATS
 from toolcall.runtime.console import TypedErrorGroup, exit_code_help, fail, json_text
 
 
@@ -113,6 +113,10 @@ PAGE = click.IntRange(1, 1 << 12)
 @click.option("--memory-budget", default=None, help="Size the KV pool to fit this much memory (e.g. 6GiB); "
               "refuses when not even one full-length sequence fits.")
 @click.option("--context-reserve", default=None, help="CUDA context reserve (e.g. 512MiB)  [default: per target]")
+@click.option("--kv-cache", type=click.Choice(KV_FORMATS.bundle_names), default=KV_BF16.name, show_default=True,
+              help="KV-cache elements: bf16, or fp8_e4m3 (half the bytes: E4M3 codes with per-head scales calibrated "
+                   "on the catalog's requests; refused, kv_cache_unsafe, where the canary's answers change; CPU "
+                   "target only so far).")
 @click.option("--max-request-tools", type=click.IntRange(1, 4096), default=None,
               help="Most tools one request may bring itself (names outside the catalog, with descriptions); needs a "
                    "catalog prompt_template holding {tools}  [default: 64 with {tools}]")
@@ -127,8 +131,8 @@ PAGE = click.IntRange(1, 1 << 12)
                    "[default: warn only]")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (for programs).")
 def compile_cmd(checkpoint, catalog, precision, target, max_sequences, max_input_tokens, max_output_tokens,
-                page_size, max_tokens_per_step, prefill_chunk, memory_budget, context_reserve, max_request_tools,
-                max_description_tokens, out_dir, force, min_probe_recall, as_json):
+                page_size, max_tokens_per_step, prefill_chunk, memory_budget, context_reserve, kv_cache,
+                max_request_tools, max_description_tokens, out_dir, force, min_probe_recall, as_json):
     """Compile CHECKPOINT (a Hugging Face folder) and a tool catalog into a bundle with its contract.json.
 
     After the canary the catalog probe asks the model one request per tool (its description) and a
@@ -148,7 +152,8 @@ def compile_cmd(checkpoint, catalog, precision, target, max_sequences, max_input
             max_tokens_per_step=max_tokens_per_step, prefill_chunk=prefill_chunk,
             memory_budget_bytes=parse_size(memory_budget) if memory_budget else None,
             context_reserve_bytes=parse_size(context_reserve) if context_reserve else None, seed=0,
-            max_request_tools=max_request_tools, max_description_tokens=max_description_tokens)
+            max_request_tools=max_request_tools, max_description_tokens=max_description_tokens,
+            kv_cache=None if kv_cache == KV_BF16.name else kv_cache)
         out = Path(out_dir) if out_dir else Path("artifacts") / f"{Path(checkpoint).name}-{precision}-{target.lower()}"
         result = compile_bundle(checkpoint, catalog, options, out, force=force,
                                 progress=None if as_json else progress_printer("quantize"),

@@ -1,6 +1,7 @@
 """``builder compile``: checkpoint + catalog → a bundle folder, written atomically and reproducibly.
 
-read → grammar → limits and memory plan → quantize (streamed) → kernels → canary → catalog probe →
+read → grammar → limits and memory plan → quantize (streamed) → kernels → KV scales (a scaled KV cache) →
+canary → catalog probe →
 report → contract → rename into place. Nothing hashed holds a timestamp or a path, so the same inputs
 and options give a byte-identical bundle; timings are returned to the caller instead.
 """
@@ -20,6 +21,7 @@ from toolcall.builder.canary import record_canary
 from toolcall.builder.catalog import TOOLS_PLACEHOLDER, load_catalog
 from toolcall.builder.checkpoint import open_checkpoint
 from toolcall.builder.kernel_build import check_kernel_shapes, compile_kernels, contract_target
+from toolcall.builder.kv_calibration import HEADROOM, KvCacheReport, calibrate_kv_scales, check_against_bf16
 from toolcall.builder.memory_plan import default_context_reserve, plan_memory, prefix_pages, size_pool_for_budget
 from toolcall.builder.probe import Probe, probe_refusal, run_probe
 from toolcall.builder.quantize import quantize_checkpoint
@@ -51,6 +53,7 @@ from toolcall.runtime.bundle.files import (
     WEIGHTS_FILE,
     file_entry,
 )
+from toolcall.runtime.bundle.kv_scales import KV_SCALES_FILE
 from toolcall.runtime.console import done as stage_done
 from toolcall.runtime.console import stage
 from toolcall.runtime.cpu.backend import COLD_CACHE_NOTE, kernels_cached
@@ -131,7 +134,7 @@ def plan_limits(options: BuildOptions, cfg, columns: int, pinned_pages: int = 0)
         pages = options.max_sequences * limits.pages_per_sequence + pinned_pages
     else:
         pages = size_pool_for_budget(cfg, options.precision, limits, options.memory_budget_bytes, options.target,
-                                     options.context_reserve_bytes, columns, pinned_pages)
+                                     options.context_reserve_bytes, columns, pinned_pages, options.kv_format)
     return dataclasses.replace(limits, num_pages=pages)
 
 
@@ -176,6 +179,11 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
     grammar = build_grammar(catalog, tokenizer, cfg.eos_token_ids[0])
     target = contract_target(options.target)
     check_kernel_shapes(target, cfg, options.precision)
+    kv_format = options.kv_format
+    if kv_format.scaled and target.sm_arch:
+        raise BuildError("usage", f"--kv-cache {kv_format.name} runs on the CPU target only: the GPU kernels keep K/V "
+                         "in bf16; build this target with --kv-cache bf16", option="kv_cache", found=kv_format.name,
+                         target=options.target)
     options = resolve_defaults(options, grammar, catalog)
     request_tools = request_tools_section(catalog, options)
     columns = candidate_columns(grammar.max_edges_per_node, request_tools)
@@ -183,7 +191,8 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
     encoder = PromptEncoder.create(tokenizer, grammar.prompt_template)
     prompt = prompt_section(encoder, options)
     limits = plan_limits(options, cfg, columns, prompt.prefix_pages)
-    memory = plan_memory(cfg, options.precision, limits, options.target, options.context_reserve_bytes, columns)
+    memory = plan_memory(cfg, options.precision, limits, options.target, options.context_reserve_bytes, columns,
+                         options.kv_format)
     lap("plan")
 
     claimed = False
@@ -213,13 +222,25 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
             stage(f"compiling kernels for {target.sm_arch}")
         kernels = compile_kernels(target, tmp / KERNELS_DIR)
         lap("kernels")
+        descriptions = tuple(t.description for t in catalog.tools)
+        kv_scales = kv_report = None
+        if kv_format.scaled:
+            stage(f"calibrating the {kv_format.name} KV cache's scales")
+            kv_scales, calibrated = calibrate_kv_scales(tmp / WEIGHTS_FILE, cfg, grammar, limits, descriptions, encoder)
+            kv_scales.write(tmp / KV_SCALES_FILE)
+            stage_done()
+            lap("kv_calibration")
         stage("recording the canary" if kernels_cached() else f"recording the canary ({COLD_CACHE_NOTE})")
-        canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, encoder.encode)
+        canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, encoder.encode, kv_format, kv_scales)
+        if kv_format.scaled:
+            change = check_against_bf16(canary, tmp / WEIGHTS_FILE, cfg, grammar, limits)
+            kv_report = KvCacheReport(kv_format.name, HEADROOM, calibrated,
+                                      (float(kv_scales.k.min()), float(kv_scales.k.max())),
+                                      (float(kv_scales.v.min()), float(kv_scales.v.max())), True, change)
         stage_done()
         lap("canary")
         stage("probing the catalog")
-        probe = run_probe(tmp / WEIGHTS_FILE, cfg, grammar, limits, tuple(t.description for t in catalog.tools),
-                          encoder)
+        probe = run_probe(tmp / WEIGHTS_FILE, cfg, grammar, limits, descriptions, encoder, kv_format, kv_scales)
         stage_done()
         lap("probe")
         if min_probe_recall is not None and probe.recall < min_probe_recall:
@@ -232,13 +253,16 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
                   "build_options": dataclasses.asdict(options), "target": dataclasses.asdict(target),
                   "limits": dataclasses.asdict(limits), "memory": dataclasses.asdict(memory),
                   "probe": probe.to_dict()}
+        if kv_report is not None:
+            report["kv_cache"] = kv_report.to_dict()
         (tmp / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n")
         files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         s = grammar.summary()
         contract = Contract(
             format=Format(FORMAT_NAME, FORMAT_VERSION),
             engine=EngineSection("0" * 64, builder_version(), ckpt.sha256(), options),
-            model=cfg, target=target, precision=Precision(weights=options.precision), limits=limits, memory=memory,
+            model=cfg, target=target, precision=Precision(weights=options.precision, kv_cache=kv_format.name),
+            limits=limits, memory=memory,
             grammar=GrammarSection(num_tools=s["num_tools"], bitset_bits=s["bitset_bits"], nodes=s["num_nodes"],
                                    edges=s["num_edges"], max_edges_per_node=s["max_edges_per_node"],
                                    sep_token_id=s["sep_token_id"], end_token_id=s["end_token_id"],

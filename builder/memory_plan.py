@@ -21,6 +21,7 @@ from decimal import Decimal, InvalidOperation
 
 from toolcall.builder.quantize import weight_format
 from toolcall.common.errors import BuildError
+from toolcall.common.formats import KV_BF16, KvFormat
 from toolcall.runtime.bundle.contract import CPU_TARGET, Limits, Memory
 
 # The KV and workspace formulas are the runtime's (it re-checks the memory section at load with them).
@@ -96,15 +97,16 @@ def default_context_reserve(target_name: str) -> int:
 
 
 def plan_memory(config: ModelConfig, precision: str, limits: Limits, target_name: str,
-                context_reserve_bytes: int | None = None, max_edges_per_node: int | None = None) -> Memory:
-    """The contract's memory section for these limits (context reserve defaults per target)."""
+                context_reserve_bytes: int | None = None, max_edges_per_node: int | None = None,
+                kv: KvFormat = KV_BF16) -> Memory:
+    """The contract's memory section for these limits and KV format (context reserve defaults per target)."""
     reserve = default_context_reserve(target_name) if context_reserve_bytes is None else context_reserve_bytes
     if reserve < 0:
         raise BuildError("usage", f"context reserve: expected a non-negative byte count, found {reserve}",
                          found=reserve)
     return Memory.from_parts(
         weights_bytes=weights_bytes(config, weight_format(precision)),
-        kv_pool_bytes=kv_pool_bytes(config, limits.num_pages, limits.page_size),
+        kv_pool_bytes=kv_pool_bytes(config, limits.num_pages, limits.page_size, kv),
         workspace_bytes=sum(workspace_breakdown(config, limits, max_edges_per_node, target_name).values()),
         graphs_bytes=graphs_bytes(target_name),
         context_reserve_bytes=reserve)
@@ -112,7 +114,7 @@ def plan_memory(config: ModelConfig, precision: str, limits: Limits, target_name
 
 def size_pool_for_budget(config: ModelConfig, precision: str, limits: Limits, budget_bytes: int, target_name: str,
                          context_reserve_bytes: int | None = None, max_edges_per_node: int | None = None,
-                         pinned_pages: int = 0) -> int:
+                         pinned_pages: int = 0, kv: KvFormat = KV_BF16) -> int:
     """KV pages that fit ``budget_bytes`` beside everything else (``limits.num_pages`` is ignored).
 
     Never more than max_sequences full-length sequences need, plus ``pinned_pages`` (the prompt
@@ -120,8 +122,8 @@ def size_pool_for_budget(config: ModelConfig, precision: str, limits: Limits, bu
     with the numbers when not even one max_input + max_output sequence fits.
     """
     fixed = plan_memory(config, precision, dataclasses.replace(limits, num_pages=0), target_name,
-                        context_reserve_bytes, max_edges_per_node)
-    page_bytes = kv_pool_bytes(config, 1, limits.page_size)
+                        context_reserve_bytes, max_edges_per_node, kv)  # a scaled pool's scales included
+    page_bytes = limits.page_size * kv_bytes_per_token(config, kv)
     per_sequence = limits.pages_per_sequence
     available = budget_bytes - fixed.total_bytes
     pages = max(available, 0) // page_bytes

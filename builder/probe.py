@@ -98,17 +98,18 @@ def probe_warnings(tools: int, picked: int, skipped: int, same_share: float, mos
 
 
 def run_probe(weights_path: Path, cfg, grammar: Grammar, limits: Limits, descriptions: tuple[str | None, ...],
-              encoder: PromptEncoder) -> Probe:
+              encoder: PromptEncoder, kv_format=None, kv_scales=None) -> Probe:
     """Runs the probe requests (one batch, greedy) on the written weights. ``descriptions``: the
     catalog's, in tool order (None where a tool has none); ``encoder``: the runtime's prompt encoder
-    for this bundle's tokenizer and template. BuildError("build_failed") when the model computes
-    NaN or Inf or a request cannot run."""
+    for this bundle's tokenizer and template; ``kv_format``/``kv_scales``: the bundle's cache (default
+    bf16). BuildError("build_failed") when the model computes NaN or Inf or a request cannot run."""
     names = grammar.tool_names
     texts = [tool_request(n, d) for n, d in zip(names, descriptions)] + list(NO_TOOL_REQUESTS)
     prompts = [tuple(encoder.encode(t)) for t in texts]
     fits = [len(p) <= limits.max_input_tokens for p in prompts]  # the prompt_too_long check, made here
     run = [i for i, ok in enumerate(fits) if ok]
-    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits)
+    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits,
+                            kv_format=kv_format, kv_scales=kv_scales)
     try:
         # the runtime's shared prefix: limits.num_pages holds its pinned pages (the builder sized the pool for it);
         # the salt only keys this pool's page hashes

@@ -21,6 +21,7 @@ EXIT_CODES: dict[str, int] = {
     "budget_too_small": 16,
     "output_exists": 17,
     "probe_failed": 18,  # builder compile --min-probe-recall: the model rarely picks a tool for its own description
+    "kv_cache_unsafe": 19,  # builder compile --kv-cache fp8_e4m3: the canary's answers change with the scaled cache
     # runtime load refusals, in load order
     "missing_contract": 20,
     "schema_invalid": 21,

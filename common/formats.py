@@ -12,6 +12,11 @@ linear ``<m>.weight`` [out, in]:
   fp8_e4m3  <m>.weight F8_E4M3 [out, in], <m>.weight_scale F32 [out] (per output channel)
   nvfp4     <m>.weight U8 [out, in/2], <m>.weight_scale F8_E4M3 [out, in/16], <m>.weight_scale_2 F32 []
   fp32      float32 in memory only: unquantized checkpoints the CPU backend runs in tests; never in a bundle
+
+KV-cache formats (docs/bundle-format.md, "KV cache pages"), one cached K or V element:
+  bf16      bfloat16, rounded to nearest even
+  fp8_e4m3  E4M3 code (int8 byte) of value * inv_scale, one scale per (layer, kv head) for K and for V
+  fp32      float32 in memory only (the parity tests' exact pools); never in a bundle
 """
 from __future__ import annotations
 
@@ -115,11 +120,19 @@ FP32 = WeightFormat("fp32", ("f32",), quantized=False, bits_per_weight=32, store
 
 @dataclass(frozen=True, eq=False)
 class KvFormat:
-    """One KV-cache element format: its numpy dtype (the host pools) and bytes per element."""
+    """One KV-cache element format: its numpy dtype (the host pools) and bytes per element.
+
+    ``scaled``: elements are codes of value * inv_scale with one float32 scale per (layer, kv head) for K and
+    one for V (calibrated by the builder, stored in the bundle's kv-scales.safetensors; inv_scale =
+    float32(1 / scale)). ``encode(values, inv_scale)``: float32 (..., kv_heads, head_dim) -> stored elements;
+    ``decode(stored, scale)``: -> float32, scale (kv_heads,) (unscaled formats ignore both)."""
 
     name: str
     aliases: tuple[str, ...]
     dtype: np.dtype
+    encode: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
+    decode: Callable[[np.ndarray, np.ndarray | None], np.ndarray]
+    scaled: bool = False
     in_bundles: bool = True
 
     def __repr__(self) -> str:
@@ -130,8 +143,24 @@ class KvFormat:
         return self.dtype.itemsize
 
 
-KV_BF16 = KvFormat("bf16", (), np.dtype(ml_dtypes.bfloat16))
-KV_FP32 = KvFormat("fp32", ("f32",), np.dtype(np.float32), in_bundles=False)  # the parity tests' exact pools
+def _kv_cast(dtype):
+    return dict(encode=lambda x, inv_scale=None: x.astype(dtype), decode=lambda q, scale=None: q.astype(np.float32))
+
+
+def _kv_fp8_encode(x: np.ndarray, inv_scale: np.ndarray) -> np.ndarray:
+    """E4M3 codes (int8 bytes) of x * inv_scale[:, None], saturated at +-448, round-to-nearest-even."""
+    return fp8.encode_e4m3(x.astype(np.float32) * inv_scale.astype(np.float32)[:, None]).view(np.int8)
+
+
+def _kv_fp8_decode(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return q.view(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32) * scale.astype(np.float32)[:, None]
+
+
+KV_BF16 = KvFormat("bf16", (), np.dtype(ml_dtypes.bfloat16), **_kv_cast(ml_dtypes.bfloat16))
+KV_FP8_E4M3 = KvFormat("fp8_e4m3", ("fp8",), np.dtype(np.int8), encode=_kv_fp8_encode, decode=_kv_fp8_decode,
+                       scaled=True)
+KV_FP32 = KvFormat("fp32", ("f32",), np.dtype(np.float32), in_bundles=False,  # the parity tests' exact pools
+                   **_kv_cast(np.float32))
 
 F = TypeVar("F")
 
@@ -161,7 +190,7 @@ class Registry(Generic[F]):
 
 
 WEIGHT_FORMATS: Registry[WeightFormat] = Registry("weight format", (FP8_E4M3, NVFP4, BF16, FP32))
-KV_FORMATS: Registry[KvFormat] = Registry("KV-cache format", (KV_BF16, KV_FP32))
+KV_FORMATS: Registry[KvFormat] = Registry("KV-cache format", (KV_BF16, KV_FP8_E4M3, KV_FP32))
 
 V = TypeVar("V")
 

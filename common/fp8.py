@@ -62,6 +62,11 @@ def quantize_fp8(w: np.ndarray, name: str = "weight", fast: bool = True, error=N
     return codes.view(ml_dtypes.float8_e4m3fn), scale
 
 
+def encode_e4m3(x: np.ndarray) -> np.ndarray:
+    """float32 -> E4M3 codes (uint8, same shape): round-to-nearest-even, saturated at +-448 (NaN stays NaN)."""
+    return np.clip(x, -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+
+
 def dequantize_fp8(q: np.ndarray, scale: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """q float8_e4m3fn (or its bytes) [out, in], scale float32 [out] -> float32 [out, in] (into ``out``)."""
     assert q.ndim == 2 and scale.shape == (q.shape[0],)

@@ -38,9 +38,9 @@ class Backend(Protocol):
     #: whether ``split`` gives lanes whose steps may overlap (runtime/batching/lanes.py)
     lanes_supported: bool
 
-    def new_kv_pool(self, limits, kv_format) -> object:
-        """The KV pool the contract's ``limits`` size, of ``kv_format`` elements (common/formats.py), in this
-        backend's memory."""
+    def new_kv_pool(self, limits, kv_format, scales=None) -> object:
+        """The KV pool the contract's ``limits`` size, of ``kv_format`` elements (common/formats.py; a scaled
+        format with its ``scales``, runtime/bundle/kv_scales.py), in this backend's memory."""
 
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv,
                 trace: list | None = None, outputs: np.ndarray | None = None) -> np.ndarray:

@@ -18,6 +18,7 @@ from toolcall.runtime.batching.sampling import Sampling
 from toolcall.runtime.bundle.checks import canary_mismatch, check_consistency
 from toolcall.runtime.bundle.contract import Contract
 from toolcall.runtime.bundle.files import GRAMMAR_FILE, TOKENIZER_FILE, check_files, read_contract
+from toolcall.runtime.bundle.kv_scales import KV_SCALES_FILE, KvScales
 from toolcall.runtime.bundle.machine import MachineFacts, check_target, facts_for
 from toolcall.runtime.grammar.tool_text import Tool
 from toolcall.runtime.grammar.trie import Grammar
@@ -80,7 +81,9 @@ class Engine:
         model = kind.load(folder, contract, grammar, LoadOptions(backend, threads))  # frees what it took if it fails
         try:
             try:
-                kv = model.new_kv_pool(contract.limits, contract.precision.kv_format)
+                kv_format = contract.precision.kv_format
+                scales = KvScales.read(folder / KV_SCALES_FILE, contract.model) if kv_format.scaled else None
+                kv = model.new_kv_pool(contract.limits, kv_format, scales)
             except MemoryError:
                 raise Refusal("insufficient_memory", f"the KV pool of {contract.limits} does not fit this "
                               "machine's memory", needed=contract.memory.total_bytes, available=None) from None

@@ -1,7 +1,8 @@
 """Bundles written before a change of the code still load: tests/fixtures/format2-cpu-bundle is a tiny CPU
 FP8 bundle (format version 2) written by the builder of commit b5eaf4b, before the modules moved under the
 ``toolcall`` namespace and the formats into their registry. Today's runtime loads it and answers, and
-today's builder writes the same files from the same checkpoint and options."""
+today's builder writes the same files from the same checkpoint and options: the same contract but for the
+format version (3 since a KV cache may be fp8_e4m3; a bf16 bundle's other sections are unchanged)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,7 +10,7 @@ import json
 from pathlib import Path
 
 from toolcall.builder.compile import compile_bundle
-from toolcall.runtime.bundle.contract import BuildOptions
+from toolcall.runtime.bundle.contract import FORMAT_VERSION, BuildOptions
 from toolcall.runtime.engine import Engine
 
 FIXTURE = Path(__file__).parent / "fixtures" / "format2-cpu-bundle"
@@ -35,5 +36,6 @@ def test_todays_builder_writes_the_same_files(tiny_checkpoint, tmp_path):
         assert hashlib.sha256((tmp_path / "b" / name).read_bytes()).digest() == \
             hashlib.sha256((FIXTURE / name).read_bytes()).digest(), name
     written = json.loads((tmp_path / "b" / "contract.json").read_text())
-    for section in ("format", "model", "target", "precision", "limits", "memory", "grammar", "prompt"):
+    assert written["format"] == {**recorded["format"], "version": FORMAT_VERSION} and FORMAT_VERSION == 3
+    for section in ("model", "target", "precision", "limits", "memory", "grammar", "prompt"):
         assert written[section] == recorded[section], section

@@ -52,7 +52,7 @@ def test_one_name_each_and_old_spellings_read():
     assert WEIGHT_FORMATS.bundle_names == ("fp8_e4m3", "nvfp4", "bf16")
     assert WEIGHT_FORMATS.get("fp8") is FP8_E4M3 and WEIGHT_FORMATS.is_alias("fp8")
     assert not WEIGHT_FORMATS.is_alias("fp8_e4m3") and WEIGHT_FORMATS.get("int4") is None
-    assert KV_FORMATS.bundle_names == ("bf16",)
+    assert KV_FORMATS.bundle_names == ("bf16", "fp8_e4m3") and KV_FORMATS.get("fp8").name == "fp8_e4m3"
     assert len({f.name for f in WEIGHT_FORMATS}) == len(WEIGHT_FORMATS.entries)
 
 
@@ -72,3 +72,32 @@ def test_stored_layout_quantize_and_dequantize_agree(fmt):
     back = fmt.dequantize(tensors.get, "m.weight")
     assert back.shape == w.shape and np.abs(back - w).max() < 0.5 * np.abs(w).max()
     assert fmt.bits_per_weight * w.size / 8 <= sum(a.nbytes for a in tensors.values()) + 4
+
+
+def test_the_schema_names_the_kv_formats_bundles_may_record():
+    import json
+    schema = json.loads((ROOT / "schemas" / "contract.schema.json").read_text())
+    precision = schema["properties"]["precision"]["properties"]["kv_cache"]["enum"]
+    options = schema["properties"]["engine"]["properties"]["build_options"]["properties"]["kv_cache"]["enum"]
+    assert tuple(precision) == tuple(options) == KV_FORMATS.bundle_names
+
+
+@pytest.mark.parametrize("fmt", [f for f in KV_FORMATS], ids=lambda f: f.name)
+def test_kv_formats_encode_and_decode(fmt):
+    """bf16/fp32: a cast; fp8_e4m3: codes of value / scale per kv head (its 3 mantissa bits: within 1/16
+    relative above 2^-6 * scale), saturated at 448 * scale."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((5, 3, 16)) * 4).astype(np.float32)
+    scale = np.array([0.01, 0.02, 0.5], np.float32)
+    stored = fmt.encode(x, (np.float32(1) / scale).astype(np.float32))
+    assert stored.dtype == fmt.dtype and stored.shape == x.shape
+    back = fmt.decode(stored, scale)
+    assert back.dtype == np.float32
+    if not fmt.scaled:
+        assert np.array_equal(back, x.astype(fmt.dtype).astype(np.float32))
+        return
+    limit = 448 * scale[:, None]
+    inside = np.abs(x) <= limit
+    assert np.all(np.abs(back - x)[inside] <= np.abs(x)[inside] / 16 + 2.0 ** -10 * np.broadcast_to(scale[:, None],
+                                                                                                    x.shape)[inside])
+    assert np.array_equal(back[~inside], np.sign(x[~inside]) * np.broadcast_to(limit, x.shape)[~inside])

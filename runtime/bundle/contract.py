@@ -20,7 +20,7 @@ from functools import lru_cache
 from jsonschema import Draft202012Validator
 
 from toolcall.common.errors import Refusal
-from toolcall.common.formats import KV_FORMATS, WEIGHT_FORMATS, KvFormat, WeightFormat
+from toolcall.common.formats import KV_BF16, KV_FORMATS, WEIGHT_FORMATS, KvFormat, WeightFormat
 from toolcall.runtime.bundle.model_config import ModelConfig
 from toolcall.schemas import load_schema
 
@@ -28,7 +28,9 @@ FORMAT_NAME = "toolcall-bundle"
 # 2: bundle_id covers the contract's own content; the canary records request texts, several
 # prompts and each step's top-k logits. Version 1 bundles (bundle_id over the files alone) are
 # refused: their contract could be edited without breaking any hash.
-FORMAT_VERSION = 2
+# 3: precision.kv_cache may be fp8_e4m3 (E4M3 codes with per-head scales in kv-scales.safetensors,
+# build_options.kv_cache); version 2 bundles (bf16 cache, no such file) still load.
+FORMAT_VERSION = 3
 SUPPORTED_FORMAT_VERSIONS = range(2, FORMAT_VERSION + 1)
 
 CPU_TARGET = "cpu"
@@ -59,6 +61,12 @@ class BuildOptions:
     seed: int
     max_request_tools: int | None = dataclasses.field(default=None, metadata=OPTIONAL)
     max_description_tokens: int | None = dataclasses.field(default=None, metadata=OPTIONAL)
+    kv_cache: str | None = dataclasses.field(default=None, metadata=OPTIONAL)  # a KV format's name; None: bf16
+
+    @property
+    def kv_format(self) -> KvFormat:
+        """The KV-cache format asked for (bf16 unless ``kv_cache`` names another)."""
+        return KV_FORMATS.get(self.kv_cache or KV_BF16.name)
 
 
 @dataclass(frozen=True)

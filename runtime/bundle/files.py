@@ -22,6 +22,7 @@ from toolcall.runtime.bundle.contract import (
     parse_contract,
 )
 from toolcall.runtime.bundle.file_kind import path_kind, require_file
+from toolcall.runtime.bundle.kv_scales import KV_SCALES_FILE
 
 WEIGHTS_FILE = "weights.safetensors"
 TOKENIZER_FILE = "tokenizer.json"
@@ -80,9 +81,11 @@ def read_contract(folder: str | Path) -> Contract:
 
 
 def required_files(folder: Path, contract: Contract) -> list[str]:
-    """Names the contract must list: REQUIRED_FILES, and on GPU targets every kernels/ file present
-    (the CUDA backend loads each kernels/*.cubin it finds)."""
+    """Names the contract must list: REQUIRED_FILES, the KV scales where the KV format is scaled, and on GPU
+    targets every kernels/ file present (the CUDA backend loads each kernels/*.cubin it finds)."""
     names = list(REQUIRED_FILES)
+    if contract.precision.kv_format.scaled:
+        names.append(KV_SCALES_FILE)
     if contract.target.name != CPU_TARGET:
         kernels = folder / KERNELS_DIR
         if path_kind(kernels) == "folder":

@@ -45,9 +45,14 @@ def kv_bytes_per_token(config: ModelConfig, kv: KvFormat = KV_BF16) -> int:
     return config.num_layers * 2 * config.num_kv_heads * config.head_dim * kv.itemsize
 
 
+def kv_scales_bytes(config: ModelConfig, kv: KvFormat = KV_BF16) -> int:
+    """A scaled format's per-(layer, kv head) float32 K and V scales (runtime/bundle/kv_scales.py); else 0."""
+    return 2 * config.num_layers * config.num_kv_heads * 4 if kv.scaled else 0
+
+
 def kv_pool_bytes(config: ModelConfig, num_pages: int, page_size: int, kv: KvFormat = KV_BF16) -> int:
-    """Bytes of a KV pool of num_pages pages of page_size tokens."""
-    return num_pages * page_size * kv_bytes_per_token(config, kv)
+    """Bytes of a KV pool of num_pages pages of page_size tokens, with its scales (a scaled format)."""
+    return num_pages * page_size * kv_bytes_per_token(config, kv) + kv_scales_bytes(config, kv)
 
 
 def attention_splits(limits: Limits) -> int:

@@ -62,10 +62,12 @@ scores_run, pv_run = _run(air.emit_scores), _run(air.emit_pv)
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out, runs=True):
-    """q (T, heads, head_dim) f32; kpool/vpool (pages, page_size, kv_heads, head_dim) u16 (bf16 bits) or
-    f32; block_table (max_seqs, pages_per_seq); scores (T, heads, max_ctx) f32 scratch;
-    out (T, heads * head_dim) f32. ``runs=False`` forces the tiles' path (the tests compare the two)."""
+def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out, k_mult, v_mult, runs=True):
+    """q (T, heads, head_dim) f32; kpool/vpool (pages, page_size, kv_heads, head_dim) u16 (bf16 bits), int8
+    (E4M3 codes, decoded as e4m3 / 256) or f32; block_table (max_seqs, pages_per_seq); scores (T, heads,
+    max_ctx) f32 scratch; out (T, heads * head_dim) f32. k_mult, v_mult (kv_heads,) f32: what a decoded K
+    and V element is multiplied by (1 for bf16 and f32, 256 * scale for E4M3), applied to each score and
+    to each output row once. ``runs=False`` forces the tiles' path (the tests compare the two)."""
     t_rows, heads, hd = q.shape
     kv_heads = kpool.shape[2]
     page_size = kpool.shape[1]
@@ -79,6 +81,7 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
         t = th // heads
         h = th % heads
         kvh = h // group
+        score_scale = scale * k_mult[kvh]
         slot = slots[t]
         length = positions[t] + 1
         qv = q[t, h]
@@ -109,7 +112,7 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
             j += 4 if four else 1
         m = np.float32(-np.inf)
         for j in range(length):
-            sj = s[j] * scale
+            sj = s[j] * score_scale
             s[j] = sj
             if sj > m:
                 m = sj
@@ -142,4 +145,4 @@ def attention(q, kpool, vpool, block_table, slots, positions, scale, scores, out
             for d in range(nb * LANES, hd):
                 o[d] += p * to_f32(vpool[page, off, kvh, d])
         for d in range(hd):
-            o[d] = o[d] / total
+            o[d] = (o[d] * v_mult[kvh]) / total

@@ -26,9 +26,9 @@ class CpuBackend(HostStep):
     max_threads: int | None = None
     lanes_supported = False
 
-    def new_kv_pool(self, limits: Limits, kv_format) -> PagedKVPool:
+    def new_kv_pool(self, limits: Limits, kv_format, scales=None) -> PagedKVPool:
         return PagedKVPool(self.cfg, limits.num_pages, limits.page_size, limits.max_sequences,
-                           limits.max_input_tokens + limits.max_output_tokens, kv_format)
+                           limits.max_input_tokens + limits.max_output_tokens, kv_format, scales)
 
     def split(self, lanes: int, rows: int) -> list:
         raise NotImplementedError(f"{type(self).__name__} steps as one lane")
@@ -90,12 +90,15 @@ def cpu_model(cfg, weights, limits: Limits, threads: int | None = None):
     return CpuModel(cfg, weights)
 
 
-def cpu_batcher(cfg, weights, grammar, limits: Limits, head: str = "sparse", threads: int | None = None):
-    """A StepBatcher on the CPU backend over ``weights``, its pool and buffers sized exactly as ``limits`` say."""
+def cpu_batcher(cfg, weights, grammar, limits: Limits, head: str = "sparse", threads: int | None = None,
+                kv_format=None, kv_scales=None):
+    """A StepBatcher on the CPU backend over ``weights``, its pool and buffers sized exactly as ``limits`` say;
+    K/V in ``kv_format`` (default bf16; a scaled format with its ``kv_scales``)."""
     from toolcall.common.formats import KV_BF16
     from toolcall.runtime.batching.batcher import StepBatcher
     model = cpu_model(cfg, weights, limits, threads)
-    return StepBatcher.for_limits(model, model.new_kv_pool(limits, KV_BF16), grammar, limits, head)
+    pool = model.new_kv_pool(limits, kv_format or KV_BF16, kv_scales)
+    return StepBatcher.for_limits(model, pool, grammar, limits, head)
 
 
 def load_cpu_backend(folder: Path, contract: Contract, options) -> CpuBackend:

@@ -39,6 +39,18 @@ def _bf16(bits):
     return bits_to_f32(np.int32(bits) << 16)
 
 
+@njit(cache=True)
+def e4m3_over_256(code):
+    """An E4M3 code (int8 bits) -> e4m3 / 256 as float32, exactly (simd_ir._e4m3_by_bits, one element)."""
+    u = np.int32(code) & 0xFF
+    mag = u & 0x7F
+    if mag < 8:
+        value = np.float32(mag) * np.float32(2.0 ** -17)
+    else:
+        value = bits_to_f32((mag << 20) + (112 << 23))
+    return -value if u & 0x80 else value
+
+
 @njit(fastmath={"reassoc"}, cache=True)
 def _dot(x, w, n):
     """sum_i x[i] * w[i] over i < n in float32.
@@ -106,15 +118,38 @@ def _bf16_bits(v):
     return np.uint16((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
 
 
+@njit(inline="always")
+def _e4m3_code(v):
+    """float32 -> its E4M3 code (int8 bits), round to nearest even, saturated at +-448 (NaN: 0x7F); the bytes
+    common/fp8.py ``encode_e4m3`` gives. Normal range: the float32 bits rounded to 3 mantissa bits and
+    rebiased (127 - 7 = 120); below 2^-6, multiples of 2^-9 (np.rint: ties to even)."""
+    bits = np.uint32(f32_to_bits(v))
+    sign = np.uint32((bits >> np.uint32(24)) & np.uint32(0x80))
+    mag = bits & np.uint32(0x7FFFFFFF)
+    if mag > np.uint32(0x7F800000):
+        code = np.uint32(0x7F)
+    elif mag >= np.uint32(0x43E80000):  # 464: rounds past 448, the largest finite E4M3
+        code = np.uint32(0x7E)
+    elif mag >= np.uint32(0x3C800000):  # 2^-6, the smallest normal
+        rounded = (mag + np.uint32(0x7FFFF) + ((mag >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)
+        code = rounded - np.uint32(120 << 3)
+    else:
+        code = np.uint32(np.rint(abs(v) * np.float32(512.0)))
+    return np.int8(np.int32(code | sign) - (256 if (code | sign) > 127 else 0))
+
+
 @njit(parallel=True, nogil=True, cache=True)
-def qk_norm_rope_kv(qkv, heads, q_norm, k_norm, eps, cos, sin, kpool, vpool, pages, offsets):
+def qk_norm_rope_kv(qkv, heads, q_norm, k_norm, eps, cos, sin, kpool, vpool, pages, offsets, k_inv, v_inv):
     """One step's attention inputs, in one call. qkv (T, (heads + 2 kv_heads) * hd) f32, C-contiguous: q|k|v
     of each row side by side (so every head row below is a C-contiguous slice, whatever T: ``_dot``'s
     vector code, hence the norm's bits, depends on the layout it is compiled for). q and k are normed per
     head (q_norm/k_norm (hd,); empty: no norm) and rotated in place; then k and v are stored at row t's
     (pages[t], offsets[t]) of kpool/vpool (pages, page_size, kv_heads, hd): u16 pools take bf16 bits
-    (rounded to nearest even), f32 pools the values. The same values as rms_norm, apply_rope and PagedKVPool.write."""
+    (rounded to nearest even), int8 pools the E4M3 codes of k * k_inv[h] and v * v_inv[h] (k_inv, v_inv
+    (kv_heads,) f32: the inverse per-head scales), f32 pools the values. The same values as rms_norm,
+    apply_rope and PagedKVPool.write."""
     bits = kpool.itemsize == 2  # u16: bf16 bits
+    codes = kpool.itemsize == 1  # int8: E4M3 codes
     kv_heads, hd = kpool.shape[2], kpool.shape[3]
     assert qkv.shape[1] == (heads + 2 * kv_heads) * hd and qkv.flags.c_contiguous
     k0, v0 = heads * hd, (heads + kv_heads) * hd
@@ -130,6 +165,9 @@ def qk_norm_rope_kv(qkv, heads, q_norm, k_norm, eps, cos, sin, kpool, vpool, pag
                 if bits:
                     kpool[pages[t], offsets[t], h, i] = _bf16_bits(k[i])
                     vpool[pages[t], offsets[t], h, i] = _bf16_bits(v[i])
+                elif codes:
+                    kpool[pages[t], offsets[t], h, i] = _e4m3_code(k[i] * k_inv[h])
+                    vpool[pages[t], offsets[t], h, i] = _e4m3_code(v[i] * v_inv[h])
                 else:
                     kpool[pages[t], offsets[t], h, i] = k[i]
                     vpool[pages[t], offsets[t], h, i] = v[i]

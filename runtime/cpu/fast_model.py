@@ -124,9 +124,9 @@ class FastCpuModel(CpuBackend):
     def memory(self) -> dict[str, int]:
         return {"weights": self.weights.nbytes, "workspace": self.workspace_bytes}
 
-    def new_kv_pool(self, limits, kv_format) -> PagedKVPool:
+    def new_kv_pool(self, limits, kv_format, scales=None) -> PagedKVPool:
         """The pool with its calloc'd pages made resident: a bound engine holds what the contract states."""
-        pool = super().new_kv_pool(limits, kv_format)
+        pool = super().new_kv_pool(limits, kv_format, scales)
         for a in pool.k + pool.v:
             a.view(np.uint8).fill(0)
         return pool
@@ -191,11 +191,10 @@ class FastCpuModel(CpuBackend):
                 self.linear(w["q"], h, v["q"])
                 self.linear(w["k"], h, v["k"])
                 self.linear(w["v"], h, v["v"])
-            kp, vp = kv.k[layer], kv.v[layer]
-            if kp.dtype != np.float32:
-                kp, vp = kp.view(np.uint16), vp.view(np.uint16)
+            kp, vp = kv.kernel_pool(kv.k[layer]), kv.kernel_pool(kv.v[layer])
+            k_inv, v_inv, k_mult, v_mult = kv.kernel_scales[:, layer]
             qn, kn = (w["q_norm"], w["k_norm"]) if cfg.qk_norm else (NO_NORM, NO_NORM)
-            fk.qk_norm_rope_kv(qkv, cfg.num_heads, qn, kn, self.eps, cos, sin, kp, vp, *kv_rows)
+            fk.qk_norm_rope_kv(qkv, cfg.num_heads, qn, kn, self.eps, cos, sin, kp, vp, *kv_rows, k_inv, v_inv)
             if layer == last and outputs is not None:  # every row's K/V is stored: the rest is for the outputs
                 rows = np.ascontiguousarray(outputs, np.int64)
                 assert np.all(rows[1:] > rows[:-1]) and (len(rows) == 0 or 0 <= rows[0] <= rows[-1] < t)
@@ -204,7 +203,7 @@ class FastCpuModel(CpuBackend):
                 v = self._views(t)
                 x, h, qkv = v["hidden"], v["normed"], v["qkv"]
             ak.attention(v["q3"], kp, vp, kv.block_table, slots, positions, self.scale, v["attn_scores"],
-                         v["attn_out"])
+                         v["attn_out"], k_mult, v_mult)
             x += self.linear(w["o"], v["attn_out"], h)
             self._norm(x, w["post_norm"], h)
             if w["gate_up"] is not None:
@@ -228,11 +227,10 @@ class FastCpuModel(CpuBackend):
         assert np.all(rows[1:] > rows[:-1]) and (len(rows) == 0 or 0 <= rows[0] <= rows[-1] < t)
         r = self._views(len(rows))
         if self._pools is None or self._pools[0] is not kv:  # typed lists of the pool's layers, made once
-            as_bits = (lambda a: a) if kv.k[0].dtype == np.float32 else (lambda a: a.view(np.uint16))
-            self._pools = (kv, ff.as_list(as_bits(a) for a in kv.k), ff.as_list(as_bits(a) for a in kv.v))
+            self._pools = (kv, ff.as_list(kv.kernel_pool(a) for a in kv.k), ff.as_list(kv.kernel_pool(a) for a in kv.v))
         out = np.empty_like(r["hidden"])
         layers = ff.fused_layers_serial if self.threads == 1 else ff.fused_layers
-        args = (self.fused, self._pools[1], self._pools[2], kv.block_table, self.eps, self.scale, self.cfg.num_heads,
+        args = (self.fused, self._pools[1], self._pools[2], kv.kernel_scales, kv.block_table, self.eps, self.scale, self.cfg.num_heads,
                 cos, sin, *kv_rows, slots, positions, rows, v["hidden"], v["normed"], v["qkv"], v["attn_out"],
                 v["gate_up"], v["attn_scores"], slots[rows], positions[rows], r["hidden"], r["normed"], r["qkv"],
                 r["attn_out"], r["gate_up"], r["attn_scores"], self.final_norm, out)

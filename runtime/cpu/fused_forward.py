@@ -63,7 +63,7 @@ def _q_heads(qkv, heads, head_dim):
 
 
 @njit(nogil=True, cache=True)
-def fused_layers(layers, kpools, vpools, block_table, eps, scale, heads, cos, sin, pages, offsets,
+def fused_layers(layers, kpools, vpools, kv_mult, block_table, eps, scale, heads, cos, sin, pages, offsets,
                  slots, positions, rows, x, h, qkv, attn, gate_up, scores,
                  slots_r, positions_r, x_r, h_r, qkv_r, attn_r, gate_up_r, scores_r, final_norm, out):
     """Every layer of FastCpuModel.forward over T rows, then the final norm of the R rows ``rows`` into
@@ -71,7 +71,9 @@ def fused_layers(layers, kpools, vpools, block_table, eps, scale, heads, cos, si
     scores (T, heads, context); the ``_r`` arrays are the same buffers' first R rows: the last layer stores
     every row's K/V, then compacts the rows ``rows`` (ascending) to the top and runs attention, o_proj and
     the MLP on them alone. R == T with rows = 0..T-1 is the full pass. kpools/vpools: a tuple per layer of
-    (pages, page_size, kv_heads, head_dim) u16 (bf16 bits) or f32; layers and the pools are typed lists
+    (pages, page_size, kv_heads, head_dim) u16 (bf16 bits), int8 (E4M3 codes) or f32, kv_mult (4, layers,
+    kv_heads) f32 their inverse K and V scales and K and V read multipliers (PagedKVPool.kernel_scales);
+    layers and the pools are typed lists
     (``as_list``). Every argument is C-contiguous whatever T and R are (the q and gate views are made
     here), so the loop compiles once: numba types a one-row strided view C-contiguous, a view of more rows
     not, and compiles (~0.1 s, holding the GIL) at the first call of each signature."""
@@ -84,7 +86,8 @@ def fused_layers(layers, kpools, vpools, block_table, eps, scale, heads, cos, si
         in_norm, post_norm, q_norm, k_norm, w_qkv, a_qkv, w_o, a_o, w_gu, a_gu, w_down, a_down = w
         fk.rms_norm(x, in_norm, eps, h)
         pk.linear_panels(h, w_qkv, a_qkv, qkv)
-        fk.qk_norm_rope_kv(qkv, heads, q_norm, k_norm, eps, cos, sin, kpools[layer], vpools[layer], pages, offsets)
+        fk.qk_norm_rope_kv(qkv, heads, q_norm, k_norm, eps, cos, sin, kpools[layer], vpools[layer], pages, offsets,
+                           kv_mult[0, layer], kv_mult[1, layer])
         if layer == last:  # from here on, the rows ``rows`` alone
             for i in range(rows.shape[0]):  # ascending: row i takes rows[i] >= i, never one already moved
                 src = rows[i]
@@ -95,7 +98,8 @@ def fused_layers(layers, kpools, vpools, block_table, eps, scale, heads, cos, si
         else:
             b = (q3, slots, positions, scores, attn, x, h, gate_up, gate)
         q3_b, slots_b, positions_b, scores_b, attn_b, x_b, h_b, gate_up_b, gate_b = b
-        ak.attention(q3_b, kpools[layer], vpools[layer], block_table, slots_b, positions_b, scale, scores_b, attn_b)
+        ak.attention(q3_b, kpools[layer], vpools[layer], block_table, slots_b, positions_b, scale, scores_b, attn_b,
+                     kv_mult[2, layer], kv_mult[3, layer])
         pk.linear_panels(attn_b, w_o, a_o, h_b)
         x_b += h_b
         fk.rms_norm(x_b, post_norm, eps, h_b)

@@ -122,12 +122,15 @@ def _addr(a):
 
 
 def to_f32(v):
-    """One weight or K/V element as float32: bf16 bits (uint16) widened, float32 as is (the scalar tails)."""
+    """One weight or K/V element as float32: bf16 bits (uint16) widened, E4M3 codes (int8) as e4m3 / 256 (as
+    simd_ir.decode_fp8), float32 as is (the scalar tails)."""
     raise NotImplementedError  # numba only, see the overload below
 
 
 @overload(to_f32, inline="always")
 def _to_f32_numba(v):
+    if isinstance(v, types.Integer) and v.bitwidth == 8:
+        return lambda v: fk.e4m3_over_256(v)
     if isinstance(v, types.Integer):
         return lambda v: fk._bf16(v)
     return lambda v: np.float32(v)

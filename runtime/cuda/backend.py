@@ -220,7 +220,7 @@ class CudaModel(HostStep):
     threads = max_threads = None  # the host runs no kernel threads
     lanes_supported = False
 
-    def new_kv_pool(self, limits: Limits, kv_format) -> CudaKVPool:
+    def new_kv_pool(self, limits: Limits, kv_format, scales=None) -> CudaKVPool:
         """The device pool made at load, as the contract's limits size it (one pool a backend)."""
         if kv_format is not KV_FORMAT:
             raise Refusal("bundle_invalid", f"the CUDA kernels keep K/V in {KV_FORMAT.name}, the contract asks for "
