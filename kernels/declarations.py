@@ -47,6 +47,7 @@ GRIDS: dict[str, Callable[..., tuple[int, ...]]] = {
     "head_sparse": lambda n_cand, B: (cdiv(n_cand, C.HEAD_CANDS_PER_BLOCK), B),  # a warp a candidate
     "head_gather": lambda n_cand, B: (cdiv(n_cand, C.HEAD_THREADS), B),
     "argmax_rows": lambda T: (T,),
+    "sample_draw": lambda B: (B,),  # a warp a row
     "grammar_candidates": lambda max_edges, B: (cdiv(max_edges, C.GRAM_THREADS), B),  # a thread an edge
     "grammar_advance": lambda B: (cdiv(B, C.GRAM_ADV_ROWS_PER_BLOCK),),  # a warp a row
 }

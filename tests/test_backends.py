@@ -13,7 +13,7 @@ from toolcall.runtime.cuda.backend import CudaModel
 
 # the interface, spelled out: a new backend provides each of these (methods with these parameters)
 METHODS = {
-    "new_kv_pool": ["limits", "kv_format"],
+    "new_kv_pool": ["limits", "kv_format", "scales"],
     "forward": ["tokens", "slots", "positions", "kv", "trace", "outputs"],
     "step": ["plan", "kv", "picker"],
     "step_call": ["plan", "kv"],

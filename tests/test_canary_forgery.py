@@ -192,7 +192,7 @@ def test_answers_that_always_take_the_first_candidate_are_rejected(tiny_bundle, 
         def generate(self, requests):
             return [Result(trivial, [], "done", 1.0, 0.0, 0.0, [], []) for _ in requests]
 
-    monkeypatch.setattr(toolcall.builder.canary, "cpu_batcher", lambda *a: FlatModel())
+    monkeypatch.setattr(toolcall.builder.canary, "cpu_batcher", lambda *a, **k: FlatModel())
     monkeypatch.setattr(toolcall.builder.canary, "load_cpu_weights", lambda *a, **k: None)
     contract = Engine.load(tiny_bundle, facts=ROOMY_CPU).contract
     with pytest.raises(BuildError) as info:

@@ -22,7 +22,7 @@ HOT = (*MATVECS, "head_dense", "head_sparse", "attention_decode", "attention_pre
        "rmsnorm", "qk_norm_rope_kv")
 EXPECTED_FILES = {"argmax", "attention", "attention_decode", "attention_merge", "embedding", "grammar_advance",
                   "grammar_candidates", "head_dense", "head_sparse", "matvec_bf16",
-                  "matvec_fp8_e4m3", "matvec_nvfp4", "qk_norm_rope", "rmsnorm", "swiglu"}
+                  "matvec_fp8_e4m3", "matvec_nvfp4", "qk_norm_rope", "rmsnorm", "sample_draw", "swiglu"}
 
 
 @pytest.fixture(scope="module", params=ARCHS)

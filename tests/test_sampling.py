@@ -1,10 +1,14 @@
 """The sampled pick: Philox4x32-10 against its published known answers, and the compiled float32 draw
-against a numpy reference of the same algorithm (runtime/batching/philox.py, sampling.py ``draw_rows``)."""
+(runtime/batching/philox.py, sampling.py ``draw_rows``) against the numpy reference of the same algorithm
+(kernels/reference_draw.py), which kernels/sample_draw.cu is held to on a GPU (its launches packed on the
+CPU)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from toolcall.kernels import reference_draw as ref
+from toolcall.kernels.runner import DryRunGpu, KernelRunner, Out
 from toolcall.runtime.batching import sampling
 from toolcall.runtime.batching.sampling import Sampling, draw_rows, inverse_temperature
 
@@ -17,64 +21,11 @@ KNOWN_ANSWERS = [
 ]
 
 
-def philox_reference(counter: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """Philox4x32-10 in numpy: counter (N, 4) and key (N, 2) uint32 -> (N, 4) uint32."""
-    c = counter.astype(np.uint64)
-    k = key.astype(np.uint64)
-    m0, m1, mask = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), np.uint64(0xFFFFFFFF)
-    for r in range(10):
-        if r:
-            k = (k + np.array([0x9E3779B9, 0xBB67AE85], np.uint64)) & mask
-        p0, p1 = m0 * c[:, 0], m1 * c[:, 2]
-        c = np.stack([(p1 >> np.uint64(32)) ^ c[:, 1] ^ k[:, 0], p1 & mask,
-                      (p0 >> np.uint64(32)) ^ c[:, 3] ^ k[:, 1], p0 & mask], axis=1)
-    return c.astype(np.uint32)
-
-
-def uniform_reference(seeds: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """(N,) float32: the top 24 bits of the first word of counter (token, 0, 0, 0) under key (seed lo, seed hi)."""
-    seeds = seeds.astype(np.uint64)
-    counter = np.zeros((len(seeds), 4), np.uint32)
-    counter[:, 0] = tokens
-    key = np.stack([seeds & np.uint64(0xFFFFFFFF), seeds >> np.uint64(32)], axis=1).astype(np.uint32)
-    return (philox_reference(counter, key)[:, 0] >> 8).astype(np.float32) * np.float32(2.0 ** -24)
-
-
-def exp32_reference(x: np.ndarray) -> np.ndarray:
-    """runtime/exp32.py's exp32, operation for operation in numpy float32."""
-    f = np.float32
-    x = np.clip(x.astype(f), f(-87.3), f(88.3))
-    n = np.floor(x * f(1.4426950408889634) + f(0.5))
-    r = (x - n * f(0.693359375)) - n * f(-2.12194440e-4)
-    p = f(1.0 / 720)
-    for c in (1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0):
-        p = p * r + f(c)
-    return p * ((n.astype(np.int32) + 127) << 23).view(f)
-
-
-def draw_reference(logits, allowed, params: Sampling, token: int) -> int:
-    """sampling.draw_rows's documented algorithm for one row, in numpy float32."""
-    idx = np.flatnonzero(allowed)
-    if len(idx) == 1:
-        return int(idx[0])
-    z = logits[idx]
-    with np.errstate(over="ignore"):  # a tiny temperature: (z - max) * 3.4e38 is -inf, which exp32 clamps
-        e = exp32_reference((z - z.max()) * inverse_temperature(params.temperature))
-    total = np.float32(0)
-    for v in e:  # in token order
-        total += v
-    order = np.argsort(-e, kind="stable")
-    limit, before, kept = np.float32(params.top_p) * total, np.float32(0), 0
-    while kept < len(e) and before < limit:
-        before += e[order[kept]]
-        kept += 1
-    threshold = uniform_reference(np.array([params.seed]), np.array([token]))[0] * before
-    running = np.float32(0)
-    for i in range(kept):
-        running += e[order[i]]
-        if running > threshold:
-            return int(idx[order[i]])
-    return int(idx[order[kept - 1]])
+def reference_picks(logits, allowed, params: list[Sampling], tokens: list[int]) -> np.ndarray:
+    """kernels/reference_draw.py's picks for these rows and options."""
+    return ref.sample_draw(logits, allowed, np.array([inverse_temperature(q.temperature) for q in params]),
+                           np.array([q.top_p for q in params], np.float32),
+                           np.array([q.seed for q in params], np.uint64), np.asarray(tokens, np.int32))
 
 
 def float64_draw(logits, allowed, params: Sampling, u: float) -> int:
@@ -100,7 +51,7 @@ def test_philox_gives_the_published_known_answers(counter, key, expected):
         return philox4x32(c[0], c[1], c[2], c[3], k[0], k[1])
 
     assert tuple(int(w) for w in run(np.array(counter, np.uint32), np.array(key, np.uint32))) == expected
-    assert tuple(philox_reference(np.array([counter], np.uint32), np.array([key], np.uint32))[0]) == expected
+    assert tuple(ref.philox4x32(np.array([counter], np.uint32), np.array([key], np.uint32))[0]) == expected
 
 
 def test_uniform_equals_the_numpy_reference():
@@ -118,7 +69,7 @@ def test_uniform_equals_the_numpy_reference():
     tokens = np.concatenate([[0, 1, 2, 3, 2**31], rng.integers(0, 4096, 2000)])
     out = np.empty(len(seeds), np.float32)
     many(seeds.astype(np.uint64), tokens.astype(np.int64), out)
-    assert (out == uniform_reference(seeds, tokens)).all()
+    assert (out == ref.uniform(seeds, tokens)).all()
     assert out.min() >= 0 and out.max() < 1 and abs(out.mean() - 0.5) < 0.02
 
 
@@ -146,8 +97,8 @@ def test_draw_rows_picks_what_the_reference_picks(width, share, temperature, top
     for b in range(0, 200, 13):
         assert sampling.sample_row(logits[b], allowed[b], params[b], tokens[b]) == batch[b]
     assert (wide == batch).all() and allowed[np.arange(200), batch].all()
-    assert batch.tolist() == [draw_reference(logits[b], allowed[b], params[b], tokens[b]) for b in range(200)]
-    u = uniform_reference(np.array([q.seed for q in params], np.uint64), np.array(tokens))
+    assert batch.tolist() == reference_picks(logits, allowed, params, tokens).tolist()
+    u = ref.uniform(np.array([q.seed for q in params], np.uint64), np.array(tokens))
     textbook = [float64_draw(logits[b], allowed[b], params[b], float(u[b])) for b in range(200)]
     assert sum(a != b for a, b in zip(batch.tolist(), textbook)) <= 2
 
@@ -169,3 +120,70 @@ def test_each_answer_token_has_its_own_draw():
     picks = sampling.sample_rows(logits, allowed, params, list(range(4000)))
     assert 1800 < picks.sum() < 2200
     assert (sampling.sample_rows(logits, allowed, params, list(range(4000))) == picks).all()
+
+
+def exp32_cases() -> np.ndarray:
+    return np.concatenate([np.linspace(-100, 100, 20001), [-np.inf, -1e30, 0.0, -0.0, 88.3, 1e30]]).astype(np.float32)
+
+
+def test_the_reference_exp32_is_the_compiled_one():
+    from numba import njit
+
+    from toolcall.runtime.exp32 import exp32
+
+    @njit
+    def loop(x, out):
+        for i in range(x.size):
+            out[i] = exp32(x[i])
+
+    x = exp32_cases()
+    out = np.empty_like(x)
+    loop(x, out)
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert np.array_equal(out.view(np.uint32), ref.exp32(x).view(np.uint32))
+
+
+def draw_case(rng, rows: int, width: int, share: float, temperature: float, top_p: float):
+    logits = (rng.standard_normal((rows, width)) * 3).astype(np.float32)
+    logits[:, 1::5] = logits[:, :1]  # ties
+    valid = (rng.random((rows, width)) < share).astype(np.uint8)
+    valid[0] = 0  # a row with nothing allowed
+    valid[1] = 0
+    valid[1, width // 2] = 1  # a row with one candidate
+    return dict(logits=logits, valid=valid, inv_temperature=np.full(rows, inverse_temperature(temperature)),
+                top_p=np.full(rows, top_p, np.float32), seed=rng.integers(0, 2**63, rows, dtype=np.uint64),
+                token=rng.integers(0, 64, rows).astype(np.int32))
+
+
+KERNEL_CASES = [(64, 26, 0.6, 1.0, 1.0), (33, 64, 0.3, 0.7, 0.9), (8, 512, 0.9, 2.0, 0.5), (5, 3, 1.0, 1e-3, 1.0)]
+
+
+def run_kernel(d: KernelRunner, case: dict) -> np.ndarray:
+    rows, width = case["logits"].shape
+    return d.run("sample_draw", logits=case["logits"], valid=case["valid"], stride=width, width=width,
+                 inv_temperature=case["inv_temperature"], top_p=case["top_p"], seed=case["seed"], token=case["token"],
+                 B=rows, out=Out(np.full(rows, -7, np.int32)))["out"]
+
+
+@pytest.mark.parametrize("spec", KERNEL_CASES)
+def test_the_cpu_draw_equals_the_kernels_reference(spec):
+    case = draw_case(np.random.default_rng(spec[1]), *spec)
+    cpu = draw_rows(case["logits"], case["valid"].astype(bool), case["inv_temperature"], case["top_p"], case["seed"],
+                    case["token"].astype(np.int64))
+    want = ref.sample_draw(**case)
+    assert cpu.tolist() == want.tolist() and want[0] == -1 and want[1] == spec[1] // 2
+
+
+@pytest.mark.parametrize("spec", KERNEL_CASES)
+def test_kernel_launches_pack_their_arguments(spec):
+    """CPU: the launch names sample_draw's parameters, each once, with the right kinds, on a dry-run device."""
+    dry = KernelRunner(DryRunGpu())
+    run_kernel(dry, draw_case(np.random.default_rng(0), *spec))
+    assert dry.gpu.launches
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", KERNEL_CASES)
+def test_kernel_draws_what_the_reference_draws(dev, spec):
+    case = draw_case(np.random.default_rng(spec[1]), *spec)
+    dev.same(run_kernel(dev, case), ref.sample_draw(**case), "sample_draw")
