@@ -2,7 +2,8 @@
 // and the decode loop's condition (cudaGraphSetConditional) in one kernel.
 //
 // Per sample b with s = sample_seq[b] running (s >= 0, status[s] == 0):
-//   e* = argmax over valid slots of cand_logits[b, e] (ties: lowest token id; NaN = -inf)
+//   e* = pick[b] where pick is given and pick[b] >= 0 (a sampled row's draw: sample_draw.cu; it must be a
+//   valid slot), else argmax over valid slots of cand_logits[b, e] (ties: lowest token id; NaN = -inf)
 //   edge = node_edge_start[node] + e*; kinds 1/2 set used bit edge_tool and count += 1;
 //   node = edge_child; out_tokens[s, out_len[s]++] = token;
 //   status[s] = 1 at the terminal node (N - 1), 2 when out_len reaches max_out, 3 when no
@@ -16,6 +17,7 @@
 // launch; the kernel leaves it zeroed). Integer counts: the same answer in any block order.
 //
 // cand_logits: float32 [B, max_edges]; cand: int32 [B, max_edges]; valid: uint8 [B, max_edges];
+// pick: int32 [B] or null;
 // sample_seq, token_in, pos_in, token_out, pos_out: int32 [B] (in/out may alias);
 // grammar arrays and state as in grammar_candidates.cu; edge_child, edge_tool int32 [E];
 // status, out_len: int32 [max_seqs]; out_tokens: int32 [max_seqs, max_out].
@@ -36,7 +38,7 @@ __device__ __forceinline__ bool beats(float v, int tok, int e, float bv, int bt,
 }
 
 extern "C" __global__ void __launch_bounds__(GRAM_ADV_THREADS)
-grammar_advance(const float* cand_logits, const int* cand, const u8* valid, const int* sample_seq,
+grammar_advance(const float* cand_logits, const int* cand, const u8* valid, const int* pick, const int* sample_seq,
                 const int* token_in, const int* pos_in, const u32* node_edge_start,
                 const int* edge_child, const u8* edge_kind, const int* edge_tool, int n_words,
                 int n_nodes, int max_edges, int max_out, int B, u64* state, int* status,
@@ -52,7 +54,12 @@ grammar_advance(const float* cand_logits, const int* cand, const u8* valid, cons
         int tok_next = token_in[b], pos_next = pos_in[b];
         float bv = NEG_INF;
         int bt = 0x7fffffff, be = -1;
-        if (active) {
+        const int drawn = active && pick != nullptr ? pick[b] : -1;
+        if (drawn >= 0) {
+            if (drawn < max_edges && valid[(size_t)b * max_edges + drawn]) {
+                be = drawn; bt = cand[(size_t)b * max_edges + drawn];
+            }  // else be stays -1: a dead end, as with nothing valid
+        } else if (active) {
             for (int e = lane; e < max_edges; e += 32) {
                 const size_t i = (size_t)b * max_edges + e;
                 if (!valid[i]) continue;

@@ -232,9 +232,10 @@ def _node_count(word0: np.uint64) -> tuple[int, int]:
     return w & 0xFFFFFFFF, w >> 32
 
 
-def grammar_candidates(sample_seq, state, status, g, max_edges) -> tuple[np.ndarray, np.ndarray]:
+def grammar_candidates(sample_seq, state, status, g, max_edges, max_tools, allow_empty) -> tuple[np.ndarray, np.ndarray]:
     """(cand int32 [B, max_edges], valid uint8 [B, max_edges]) for grammar ``g`` (a
-    toolcall.runtime.grammar.trie.Grammar: its arrays, num_tools, max_tools, allow_empty)."""
+    toolcall.runtime.grammar.trie.Grammar: its arrays and num_tools) under each sequence's rules
+    ``max_tools`` int32 [max_seqs] and ``allow_empty`` uint8 [max_seqs]."""
     B, n_tools = len(sample_seq), g.num_tools
     cand = np.full((B, max_edges), -1, np.int32)
     valid = np.zeros((B, max_edges), np.uint8)
@@ -248,18 +249,19 @@ def grammar_candidates(sample_seq, state, status, g, max_edges) -> tuple[np.ndar
             cand[b, e] = g.edge_token[ed]
             kind = int(g.edge_kind[ed])
             if kind == 3:
-                ok = count == 0 and bool(g.allow_empty)
+                ok = count == 0 and bool(allow_empty[s])
             else:
                 ok = bool((g.edge_bits[ed] & ~state[s, 1:]).any())
-                ok = ok and (kind != 1 or count + 1 < min(g.max_tools, n_tools))
+                ok = ok and (kind != 1 or count + 1 < min(int(max_tools[s]), n_tools))
             valid[b, e] = ok
     return cand, valid
 
 
 def grammar_advance(cand_logits, cand, valid, sample_seq, token_in, pos_in, g, max_out, state,
-                    status, out_tokens, out_len) -> tuple[np.ndarray, np.ndarray, int]:
-    """Greedy pick (ties: lowest token id), transition and bookkeeping as grammar_advance.cu;
-    updates state/status/out_tokens/out_len in place; returns (token_out, pos_out, cond)."""
+                    status, out_tokens, out_len, pick=None) -> tuple[np.ndarray, np.ndarray, int]:
+    """The pick (``pick[b]`` where given and >= 0, else greedy: ties to the lowest token id), transition and
+    bookkeeping as grammar_advance.cu; updates state/status/out_tokens/out_len in place; returns
+    (token_out, pos_out, cond)."""
     token_out, pos_out = np.array(token_in, np.int32), np.array(pos_in, np.int32)
     terminal = len(g.node_edge_start) - 2
     running = 0
@@ -267,13 +269,16 @@ def grammar_advance(cand_logits, cand, valid, sample_seq, token_in, pos_in, g, m
         if s < 0 or status[s] != 0:
             continue
         slots = np.flatnonzero(valid[b])
-        if len(slots) == 0:
+        drawn = -1 if pick is None else int(pick[b])
+        if len(slots) == 0 or (drawn >= 0 and drawn not in slots):
             status[s] = 3
             continue
-        logits = np.where(np.isnan(cand_logits[b, slots]), -np.inf, cand_logits[b, slots])
-        best = logits.max()
-        tied = slots[logits == best]
-        e = int(tied[np.argmin(cand[b, tied])])
+        if drawn >= 0:
+            e = drawn
+        else:
+            logits = np.where(np.isnan(cand_logits[b, slots]), -np.inf, cand_logits[b, slots])
+            tied = slots[logits == logits.max()]
+            e = int(tied[np.argmin(cand[b, tied])])
         length = int(out_len[s])
         if length >= max_out:
             status[s] = 2

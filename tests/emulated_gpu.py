@@ -199,14 +199,16 @@ class EmulatedGpu(DryRunGpu):
                                    ("edge_tool", I32, (E,))):
             if name in a:
                 setattr(g, name, self.view(a[name], dtype, shape))
-        g.num_tools, g.max_tools, g.allow_empty = a.get("n_tools"), a.get("max_tools"), bool(a.get("allow_empty"))
+        g.num_tools = a.get("n_tools")
         return g
 
     def _grammar_candidates(self, a):
         B, M, W = a["B"], a["max_edges"], a["n_words"]
+        status = self.view(a["status"], I32)
         cand, valid = ref.grammar_candidates(self.view(a["sample_seq"], I32, (B,)),
-                                             self.view(a["state"], U64, (-1, 1 + W)), self.view(a["status"], I32),
-                                             self._grammar(a), M)
+                                             self.view(a["state"], U64, (-1, 1 + W)), status, self._grammar(a), M,
+                                             self.view(a["max_tools"], I32, status.shape),
+                                             self.view(a["allow_empty"], U8, status.shape))
         self.view(a["cand"], I32, (B, M))[:] = cand
         self.view(a["valid"], U8, (B, M))[:] = valid
 
@@ -223,7 +225,7 @@ class EmulatedGpu(DryRunGpu):
             v("cand_logits", F32, (B, M)), v("cand", I32, (B, M)), v("valid", U8, (B, M)), v("sample_seq", I32, (B,)),
             v("token_in", I32, (B,)).copy(), v("pos_in", I32, (B,)).copy(), self._grammar(a), mo,
             self.view(a["state"], U64, (-1, 1 + W)), self.view(a["status"], I32), v("out_tokens", I32, (-1, mo)),
-            self.view(a["out_len"], I32))
+            self.view(a["out_len"], I32), None if a["pick"] is None else v("pick", I32, (B,)))
         v("token_out", I32, (B,))[:], v("pos_out", I32, (B,))[:] = token, pos
         v("cond_out", I32, (1,))[0] = cond
         if a["cond_handle"]:

@@ -32,6 +32,11 @@ class Loop:
         self.state = np.zeros((S, 1 + self.W), np.uint64)  # all at the root, no tool used
         self.status = np.zeros(S, np.int32)
         self.status[5] = 1
+        # each sequence's own rules: the catalog's, one with at most one tool, one needing a tool
+        self.max_tools = np.full(S, g.max_tools, np.int32)
+        self.max_tools[2] = 1
+        self.allow_empty = np.full(S, g.allow_empty, np.uint8)
+        self.allow_empty[3] = 0
         self.out_tokens = np.zeros((S, max_out), np.int32)
         self.out_len = np.zeros(S, np.int32)
         self.token = np.full(self.B, 7, np.int32)
@@ -45,7 +50,8 @@ class Loop:
         toks, lens = self.out_tokens.copy(), self.out_len.copy()
         token, pos = self.token.copy(), self.pos.copy()
         for _ in range(10 * self.max_out):
-            cand, valid = ref.grammar_candidates(self.seq, st, status, self.g, self.M)
+            cand, valid = ref.grammar_candidates(self.seq, st, status, self.g, self.M, self.max_tools,
+                                                 self.allow_empty)
             cl = ref.head_gather(self.logits, cand, valid)
             token, pos, cond = ref.grammar_advance(cl, cand, valid, self.seq, token, pos, self.g,
                                                    self.max_out, st, status, toks, lens)
@@ -62,11 +68,11 @@ def body_launches(lp: Loop, dev_arrays: dict, cond_handle: int) -> list[Launch]:
                    edge_kind=a["ekind"])
     return [
         Launch("grammar_candidates", dict(**grammar, edge_token=a["etok"], edge_bits=a["ebits"], n_tools=g.num_tools,
-                                          max_tools=g.max_tools, allow_empty=int(g.allow_empty), **sizes,
+                                          max_tools=a["max_tools"], allow_empty=a["allow_empty"], **sizes,
                                           cand=a["cand"], valid=a["valid"])),
         Launch("head_gather", dict(logits=a["logits"], cand=a["cand"], valid=a["valid"], vocab=lp.vocab,
                                    n_cand=lp.M, B=lp.B, out=a["cl"])),
-        Launch("grammar_advance", dict(**grammar, cand_logits=a["cl"], cand=a["cand"], valid=a["valid"],
+        Launch("grammar_advance", dict(**grammar, cand_logits=a["cl"], cand=a["cand"], valid=a["valid"], pick=None,
                                        token_in=a["token"], pos_in=a["pos"], edge_child=a["echild"],
                                        edge_tool=a["etool"], **sizes, max_out=lp.max_out, out_tokens=a["out_tokens"],
                                        out_len=a["out_len"], token_out=a["token"], pos_out=a["pos"],
@@ -77,6 +83,7 @@ def body_launches(lp: Loop, dev_arrays: dict, cond_handle: int) -> list[Launch]:
 def upload_loop(d: KernelRunner, lp: Loop) -> dict:
     g, up = lp.g, d.gpu.upload
     return dict(seq=up(lp.seq), state=up(lp.state), status=up(lp.status), nes=up(g.node_edge_start),
+                max_tools=up(lp.max_tools), allow_empty=up(lp.allow_empty),
                 etok=up(g.edge_token), ekind=up(g.edge_kind), ebits=up(g.edge_bits),
                 echild=up(g.edge_child), etool=up(g.edge_tool), logits=up(lp.logits),
                 cand=up(np.zeros((lp.B, lp.M), np.int32)), valid=up(np.zeros((lp.B, lp.M), np.uint8)),

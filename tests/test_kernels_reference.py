@@ -357,6 +357,8 @@ GRAMMARS = {
 
 @pytest.mark.parametrize("name", GRAMMARS)
 def test_grammar_kernels_follow_the_stepper(name):
+    """Candidates under each sequence's own rules (the catalog's, at most one tool, a tool required) and the
+    advance, greedy or taking a given pick (a sampled row's), step for step with the host stepper."""
     g = make_grammar(**GRAMMARS[name])
     stepper = GrammarStepper(g)
     rng = np.random.default_rng(len(name))
@@ -369,22 +371,31 @@ def test_grammar_kernels_follow_the_stepper(name):
     out_tokens = np.zeros((S, max_out), np.int32)
     out_len = np.zeros(S, np.int32)
     seq = np.array([0, 2, 3, -1, 5, 7], np.int32)
+    max_tools = np.full(S, g.max_tools, np.int32)
+    max_tools[2] = 1  # "at most one tool"
+    allow_empty = np.full(S, g.allow_empty, np.uint8)
+    allow_empty[3] = 0  # "at least one tool"
+    drawn = np.array([False, True, False, False, False, True])  # rows whose pick is given
     token, pos = np.full(B, 11, np.int32), np.arange(B, dtype=np.int32)
     for _ in range(100):
-        cand, valid = ref.grammar_candidates(seq, state, status, g, M)
+        cand, valid = ref.grammar_candidates(seq, state, status, g, M, max_tools, allow_empty)
         live = (seq >= 0) & (status[np.maximum(seq, 0)] == 0)
-        want_tok, _, want_allowed = stepper.allowed_mask_batch(records[np.maximum(seq, 0)])
+        rows = np.maximum(seq, 0)
+        want_tok, _, want_allowed = stepper.allowed_mask_batch(records[rows], None, max_tools[rows],
+                                                               allow_empty[rows].astype(bool))
         np.testing.assert_array_equal(cand[live], want_tok[live])
         np.testing.assert_array_equal(valid[live].astype(bool), want_allowed[live])
         assert not valid[~live].any()
         logits = rng.standard_normal((B, M)).astype(np.float32)
         logits[:, 1] = logits[:, 0]  # ties: the lower token id must win
         before = records.copy()
+        picks = np.array([rng.choice(np.flatnonzero(valid[b])) if drawn[b] and valid[b].any() else -1
+                          for b in range(B)], np.int32)
         token2, pos2, cond = ref.grammar_advance(logits, cand, valid, seq, token, pos, g, max_out,
-                                                 state, status, out_tokens, out_len)
+                                                 state, status, out_tokens, out_len, picks)
         records = state.view(records.dtype).reshape(S)
         for b in np.flatnonzero(live):
-            pick = int(np.argmax(np.where(valid[b], logits[b], -np.inf)))  # first max = lowest id
+            pick = picks[b] if picks[b] >= 0 else int(np.argmax(np.where(valid[b], logits[b], -np.inf)))
             assert token2[b] == cand[b, pick] and pos2[b] == pos[b] + 1
             new, taken = stepper.step_batch(before[seq[b]:seq[b] + 1], np.array([cand[b, pick]]))
             assert taken[0] >= 0 and new.tobytes() == records[seq[b]:seq[b] + 1].tobytes()
@@ -396,5 +407,5 @@ def test_grammar_kernels_follow_the_stepper(name):
     assert not cond and set(status[[0, 2, 3, 7]]) == {1}
     for s in (0, 2, 3, 7):
         names = decode_tools(g, out_tokens[s, :out_len[s]].tolist())
-        assert (0 if g.allow_empty else 1) <= len(names) <= g.max_tools
+        assert (0 if allow_empty[s] else 1) <= len(names) <= max_tools[s]
         assert len(set(names)) == len(names)

@@ -67,7 +67,9 @@ def test_kernel_reference_grammar_path_takes_end_at_the_root(grammars):
     status = np.zeros(2, np.int32)
     m = g.max_edges_per_node
     for grammar, root_ok in ((g, True), (off, False)):
-        cand, valid = reference.grammar_candidates(np.array([0, 1]), state, status, grammar, m)
+        cand, valid = reference.grammar_candidates(np.array([0, 1]), state, status, grammar, m,
+                                                   np.full(2, grammar.max_tools, np.int32),
+                                                   np.full(2, grammar.allow_empty, np.uint8))
         end_slot = np.flatnonzero(cand[0] == grammar.end_token_id)
         assert len(end_slot) == int(root_ok)
         if root_ok:

@@ -59,6 +59,8 @@ def workspace_plan(cfg: ModelConfig, limits: Limits, max_edges: int, bitset_word
         "decode_rows": 4 * I32,  # int32 [4]: token, pos, seq (= sample_seq), sample row
         "gram_state": n * (1 + bitset_words) * 8,  # uint64 [max_seqs, 1 + W]
         "gram_status": n * I32,  # int32 [max_seqs]
+        "gram_max_tools": n * I32,  # int32 [max_seqs]: each sequence's most tools
+        "gram_allow_empty": n,  # uint8 [max_seqs]: each sequence's empty answer allowed
         "out_len": n * I32,  # int32 [max_seqs]
         "out_tokens": n * limits.max_output_tokens * I32,  # int32 [max_seqs, max_out]
         "attn_count": t * cfg.num_kv_heads * I32,  # int32 [T, kv_heads], zero between launches (attention_decode)

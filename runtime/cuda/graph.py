@@ -104,6 +104,8 @@ class DecodeGraph:
             m.gpu.copy_in(offset(m.ws["gram_state"], 8 * words * slot), np.zeros(words, np.uint64))  # root, none used
             for name in ("gram_status", "out_len"):
                 m.gpu.copy_in(offset(m.ws[name], 4 * slot), np.zeros(1, np.int32))
+            m.gpu.copy_in(offset(m.ws["gram_max_tools"], 4 * slot), np.array([m.grammar.max_tools], np.int32))
+            m.gpu.copy_in(offset(m.ws["gram_allow_empty"], slot), np.array([m.grammar.allow_empty], np.uint8))
         except BaseException:
             m.kv.release(slot)
             raise
