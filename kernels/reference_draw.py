@@ -52,11 +52,13 @@ def exp32(x: np.ndarray) -> np.ndarray:
 
 def sample_draw(logits: np.ndarray, valid: np.ndarray, inv_temperature: np.ndarray, top_p: np.ndarray,
                 seed: np.ndarray, token: np.ndarray) -> np.ndarray:
-    """int32 [B]: each row's picked column (-1: none allowed), as sample_draw.cu's header states. logits float32
-    [B, width], valid [B, width] (non-zero: allowed), the rest [B]."""
+    """int32 [B]: each row's picked column (-1: none allowed, or a greedy row: inv_temperature <= 0), as
+    sample_draw.cu's header states. logits float32 [B, width], valid [B, width] (non-zero: allowed), the rest [B]."""
     out = np.full(len(logits), -1, np.int32)
     u = uniform(seed, token)
     for b in range(len(logits)):
+        if not inv_temperature[b] > 0:
+            continue
         columns = np.flatnonzero(valid[b])
         if len(columns) <= 1:
             out[b] = columns[0] if len(columns) else -1

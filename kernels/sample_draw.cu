@@ -9,6 +9,7 @@
 //   u = top 24 bits of Philox4x32-10(counter (token[b], 0, 0, 0), key (seed lo, seed hi)) * 2^-24;
 //   out[b] = the column of the first kept member whose running mass exceeds u * before (the last
 //   kept member if rounding leaves none). One allowed candidate: that column, no draw; none: -1.
+// A row with inv_temperature[b] <= 0 is a greedy row: out[b] = -1 (grammar_advance picks its argmax).
 // Every float operation is an explicit round-to-nearest intrinsic (no FMA contraction); the max and
 // the ranks are exact in any order; the sums run on one lane in column order.
 //
@@ -59,6 +60,10 @@ sample_draw(const float* logits, const u8* valid, int stride, int width, const f
     __shared__ short order[DRAW_MAX_CANDIDATES];   // positions into column, most likely first
     const int b = blockIdx.x, lane = threadIdx.x;
     if (b >= B) return;
+    if (!(inv_temperature[b] > 0.0f)) {
+        if (lane == 0) out[b] = -1;
+        return;
+    }
     const float* row = logits + (size_t)b * stride;
     const u8* ok = valid + (size_t)b * stride;
     int n = 0;  // allowed so far (every lane holds the same count)

@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from toolcall.kernels import reference as ref
+from toolcall.kernels import reference_draw as ref_draw
 from toolcall.kernels.geometry import MATVECS, RMSNORM, SWIGLU
 from toolcall.kernels.launch import DeviceArray
 from toolcall.kernels.runner import DryRunGpu
@@ -218,6 +219,13 @@ class EmulatedGpu(DryRunGpu):
                               self.view(a["valid"], U8, (B, K)), self.view(a["table"], BF16, (a["vocab"], h)))
         self.view(a["out"], F32, (B, K))[:] = out
 
+    def _sample_draw(self, a):
+        B, w, stride = a["B"], a["width"], a["stride"]
+        v = lambda key, dt: self.view(a[key], dt, (B,))
+        out = ref_draw.sample_draw(self.view(a["logits"], F32, (B, w), stride), self.view(a["valid"], U8, (B, w), stride),
+                                   v("inv_temperature", F32), v("top_p", F32), v("seed", U64), v("token", I32))
+        v("out", I32)[:] = out
+
     def _grammar_advance(self, a):
         B, M, W, mo = a["B"], a["max_edges"], a["n_words"], a["max_out"]
         v = lambda key, dt, shape: self.view(a[key], dt, shape)
@@ -246,7 +254,7 @@ class _EmulatedGraphs:
         self.m, self.gpu, self.instantiated, self.destroyed = model, gpu, 0, 0
 
     def instantiate(self, launches, body=None):
-        from toolcall.runtime.cuda.backend import Program
+        from toolcall.runtime.cuda.program import Program
         self.instantiated += 1
         return Program(self.m, launches), None if body is None else Program(self.m, body(self.HANDLE))
 

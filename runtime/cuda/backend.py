@@ -2,8 +2,10 @@
 
 Everything is allocated at load: weights in the bundle's formats (runtime/cuda/weights.py),
 the KV pool as the contract sizes it (runtime/cuda/kv.py) and the step workspace
-(runtime/cuda/buffers.py). A step only copies its row arrays in and the normed hidden rows
-out. Kernels come from the bundle's kernels/<file>.cubin, compiled for the contract's arch.
+(runtime/cuda/buffers.py). A serving step with the sparse head keeps the grammar and the sampling on
+the device (runtime/cuda/device_step.py: one plan copied in, one record out); the dense and check head
+modes copy the normed hidden rows out and pick on the host (HostStep). Kernels come from the bundle's
+kernels/<file>.cubin, compiled for the contract's arch.
 A failed load frees what it took; ``close`` frees everything and releases the context.
 """
 from __future__ import annotations
@@ -24,8 +26,10 @@ from toolcall.runtime.bundle.files import KERNELS_DIR, WEIGHTS_FILE
 from toolcall.runtime.bundle.model_config import ModelConfig
 from toolcall.runtime.bundle.tensor_file import SafetensorsFile
 from toolcall.runtime.cuda.buffers import DeviceArena, attention_splits, workspace_plan
+from toolcall.runtime.cuda.device_step import DeviceStep
 from toolcall.runtime.cuda.kv import KV_FORMAT, CudaKVPool
 from toolcall.runtime.cuda.launches import StepLaunches, StepRows, rows_per_tile
+from toolcall.runtime.cuda.program import PROGRAM_CACHE, Program
 from toolcall.runtime.cuda.weights import DeviceWeights
 from toolcall.runtime.grammar.trie import Grammar
 
@@ -35,31 +39,6 @@ def arena_sizes(plan: dict[str, int]) -> dict[str, int]:
     sizes = {k: v for k, v in plan.items() if k not in ("q", "k", "v", "gate", "up")}
     return {"qkv": plan["q"] + plan["k"] + plan["v"], "gate_up": plan["gate"] + plan["up"], **sizes}
 
-PROGRAM_CACHE = 64  # packed launch lists kept (each ~ layers x 5-7 launches of packed arguments)
-
-
-class Program:
-    """A launch list bound to loaded kernels, argument-packed once, launched in order."""
-
-    def __init__(self, model: "CudaModel", launches):
-        self.model, self.launches, self.items = model, launches, []
-        for ln in launches:
-            kernel = model.kernel(ln.fn)
-            params, holders = kernel.pack(ln.args)
-            self.items.append((kernel, *ln.shape, params, holders))
-
-    def run(self) -> None:
-        m = self.model
-        if m.dry:
-            for (kernel, grid, block, _, _), ln in zip(self.items, self.launches):
-                m.gpu.launch(kernel, grid, block, ln.args)
-            return
-        from cuda.bindings import driver
-        for kernel, (gx, gy, gz), (bx, by, bz), params, _ in self.items:
-            check(driver.cuLaunchKernel(kernel.function, gx, gy, gz, bx, by, bz, 0, m.stream, params.ctypes.data, 0),
-                  f"cuLaunchKernel({kernel.name})")
-
-
 class CudaModel(HostStep):
     """Forward pass over rows and both heads on one GPU. ``gpu``: None (the model retains device
     0's primary context itself), a launch.Gpu (the model takes it over and closes it), or a
@@ -67,7 +46,8 @@ class CudaModel(HostStep):
     cubins that fail to load instead of failing (diagnostics: their kernels then raise)."""
 
     def __init__(self, cfg: ModelConfig, limits: Limits, grammar: Grammar, precision: str, tensors,
-                 cubins: dict[str, bytes], gpu=None, strict: bool = True, candidate_columns: int | None = None):
+                 cubins: dict[str, bytes], gpu=None, strict: bool = True, candidate_columns: int | None = None,
+                 state_words: int | None = None):
         problems = shape_problems(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                                   cfg.head_dim, WEIGHT_FORMATS.get(precision))
         if problems:
@@ -75,6 +55,8 @@ class CudaModel(HostStep):
                           problems=problems)
         self.cfg, self.limits, self.grammar, self.precision = cfg, limits, grammar, precision
         self.columns = candidate_columns  # the sparse head's width (None: the grammar's; set in _load)
+        # bitset words of the widest grammar a row may bring (None: the bundle grammar's; set in _load)
+        self.state_words = state_words
         self.gpu = gpu if gpu is not None else Gpu()
         self.dry = isinstance(self.gpu, DryRunGpu)
         self.stream, self.kv, self.closers, self._programs = 0, None, [], {}
@@ -107,7 +89,8 @@ class CudaModel(HostStep):
         self.splits = attention_splits(lim)
         # the sparse head's buffer width (Contract.candidate_columns): any grammar a request may bring
         self.columns = g.max_edges_per_node if self.columns is None else self.columns
-        self.plan = workspace_plan(cfg, lim, self.columns, g.bitset_words)
+        self.state_words = max(g.bitset_words, self.state_words or 0)
+        self.plan = workspace_plan(cfg, lim, self.columns, self.state_words)
         self.ws = DeviceArena(arena_sizes(self.plan)).allocate(self.gpu)
         self.weights = DeviceWeights(cfg, self.precision, tensors, g)
         self.weights.upload(self.gpu)
@@ -120,6 +103,8 @@ class CudaModel(HostStep):
             self.stream = check(driver.cuStreamCreate(0), "cuStreamCreate")  # blocking: orders with sync copies
         self.steps = StepLaunches(self)
         self.rows_cap = min(lim.max_tokens_per_step, lim.max_sequences)  # head rows per launch
+        self.device_step = DeviceStep(self)
+        self.closers.append(self.device_step.free)
 
     # ---- device helpers ----
     def kernel(self, fn: str):
@@ -148,6 +133,14 @@ class CudaModel(HostStep):
                 self._programs.pop(next(iter(self._programs)))
             self._programs[key] = Program(self, make())
         return self._programs[key]
+
+    # ---- the serving step ----
+    def step(self, plan, kv, picker):
+        """The step's record: picks on the device for the sparse head, on the host (HostStep) for the others."""
+        assert kv is self.kv, "this backend steps on its own pool"
+        if picker.head != "sparse":
+            return HostStep.step(self, plan, kv, picker)
+        return self.device_step.step(plan, picker)
 
     # ---- CpuModel interface ----
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: CudaKVPool,
@@ -270,8 +263,14 @@ class CudaModel(HostStep):
 
 
 REQUIRED_KERNELS = ("embed_gather", "qk_norm_rope_kv", "attention_decode", "attention_prefill_partial",
-                    "attention_merge", "rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance",
+                    "attention_merge", "rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance", "sample_draw",
                     *(matvec_kernel(f) for f in MATVEC_FORMATS))
+
+
+def request_state_words(contract: Contract) -> int | None:
+    """Bitset words of the widest tool list a request may bring (None: requests bring none)."""
+    section = contract.request_tools
+    return None if section is None else -(-section.max_tools // 64)
 
 
 def read_cubins(folder: Path) -> dict[str, bytes]:
@@ -285,4 +284,4 @@ def load_cuda_model(folder: str | Path, contract: Contract, grammar: Grammar, gp
     folder = Path(folder)
     with SafetensorsFile(folder / WEIGHTS_FILE) as st:
         return CudaModel(contract.model, contract.limits, grammar, contract.precision.weights, st,
-                         read_cubins(folder), gpu, strict, contract.candidate_columns)
+                         read_cubins(folder), gpu, strict, contract.candidate_columns, request_state_words(contract))

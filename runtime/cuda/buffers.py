@@ -14,6 +14,7 @@ from toolcall.kernels.geometry import ATTN_SPLIT, attention_max_splits
 from toolcall.kernels.launch import DeviceArray
 from toolcall.runtime.bundle.contract import Limits
 from toolcall.runtime.bundle.model_config import ModelConfig
+from toolcall.runtime.cuda.step_io import step_io_bytes
 
 ALIGN = 256  # bytes; every buffer starts on a 256-byte boundary (16-byte vector loads need 16)
 F32, I32 = 4, 4
@@ -31,7 +32,8 @@ def graph_chunks(limits: Limits) -> int:
 
 def workspace_plan(cfg: ModelConfig, limits: Limits, max_edges: int, bitset_words: int) -> dict[str, int]:
     """Bytes of every step buffer, by name. T = max_tokens_per_step rows, R = min(T, max_sequences)
-    sampled rows, S = attention splits, M = max_edges, W = bitset words, C = prefill chunk."""
+    sampled rows, S = attention splits, M = max_edges, W = bitset words (the widest grammar a row may
+    bring), C = prefill chunk."""
     t, s = limits.max_tokens_per_step, attention_splits(limits)
     r, n = min(t, limits.max_sequences), limits.max_sequences
     h, i = cfg.hidden_size, cfg.intermediate_size
@@ -66,6 +68,7 @@ def workspace_plan(cfg: ModelConfig, limits: Limits, max_edges: int, bitset_word
         "attn_count": t * cfg.num_kv_heads * I32,  # int32 [T, kv_heads], zero between launches (attention_decode)
         "sync_ws": 2 * I32,  # int32 [2], zero between launches (grammar_advance's block count)
         "cond": I32,  # int32 [1], the loop condition as grammar_advance last wrote it
+        "step_io": step_io_bytes(r, max_edges, 1 + bitset_words),  # the device step's plan and record
     }
 
 

@@ -44,7 +44,7 @@ class GraphBuilder:
 
     def _add_kernels(self, graph, launches, programmatic: bool) -> list:
         """Kernel nodes of ``launches`` in ``graph``; returns the last stage's nodes."""
-        from toolcall.runtime.cuda.backend import Program
+        from toolcall.runtime.cuda.program import Program
         drv, program = self.drv, Program(self.m, launches)
         deps, last = dependencies(launches)
         nodes = []

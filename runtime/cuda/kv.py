@@ -30,7 +30,11 @@ class CudaKVPool(PageAllocator):
         self.storage: DeviceArray | None = None
         self.table: DeviceArray | None = None
         self.storage = gpu.alloc(2 * cfg.num_layers * self.layer_bytes)
-        self.table = gpu.alloc(self.block_table.nbytes)
+        try:
+            self.table = gpu.alloc(self.block_table.nbytes)
+        except BaseException:  # the model never holds a half-made pool: free its storage here
+            self.free()
+            raise
         self._synced_version = -1
 
     @property

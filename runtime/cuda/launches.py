@@ -132,8 +132,9 @@ class StepLaunches:
             self.final_norm(1, rows),
             Launch("grammar_candidates", dict(
                 sample_seq=d["seq"], **state, node_edge_start=ga["node_edge_start"], edge_token=ga["edge_token"],
-                edge_kind=ga["edge_kind"], edge_bits=ga["edge_bits"], n_tools=g.num_tools, max_tools=ws["gram_max_tools"],
-                allow_empty=ws["gram_allow_empty"], **sizes, cand=ws["cand"], valid=ws["valid"])),
+                edge_kind=ga["edge_kind"], edge_bits=ga["edge_bits"], n_tools=g.num_tools,
+                max_tools=ws["gram_max_tools"], allow_empty=ws["gram_allow_empty"], **sizes, cand=ws["cand"],
+                valid=ws["valid"])),
             Launch("head_sparse", dict(xn=ws["normed"], x_stride=cfg.hidden_size, cand=ws["cand"], valid=ws["valid"],
                                        table=arena[gw.head], hidden=cfg.hidden_size, vocab=cfg.vocab_size,
                                        n_cand=g.max_edges_per_node, B=1, out=ws["logits_sparse"])),
