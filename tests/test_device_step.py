@@ -119,8 +119,9 @@ def test_the_host_picking_modes_still_answer_the_same(parts, cpu_answers):
 
 
 def test_sample_launches_come_from_a_few_row_buckets(parts):
-    """Steps of 1..8 sampled rows launch the sample chain with 1, 2, 4 or 8 rows (padding rows skipped), so
-    each grammar's packed programs are few."""
+    """Steps of 1..8 sampled rows launch the sample chain with 1, 2, 4 or 8 rows, and steps of decode rows the
+    forward with as many (padding rows skipped), so the packed programs (and the graphs a GPU would capture
+    per bucket) are few."""
     assert [bucket(n, 8) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     assert bucket(5, 6) == 6 and bucket(3, 3) == 3
     model, _ = device_model(parts)
@@ -129,6 +130,8 @@ def test_sample_launches_come_from_a_few_row_buckets(parts):
         gen.generate([Request(p) for p in parts["prompts"][:n]])
     keys = [k for k in model._programs if k[0] == "step_sample"]
     assert {k[3] for k in keys} <= {1, 2, 4, 8} and len(keys) <= 4 and {k[1] for k in keys} == {0}
+    decode = {k[1] for k in model._programs if k[0] == "decode"}  # decode-row steps: the decode kernel, padded
+    assert decode and decode <= {1, 2, 4, 8}
     model.close()
 
 

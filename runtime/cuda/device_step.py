@@ -19,10 +19,11 @@ import numpy as np
 from toolcall.common.errors import EngineError
 from toolcall.kernels.declarations import Launch
 from toolcall.kernels.geometry import prefill_tiles
+from toolcall.kernels.launch import DeviceArray
 from toolcall.runtime.batching.sampling import inverse_temperature, margins
 from toolcall.runtime.batching.step import PickRows, StepPlan, StepRecord
 from toolcall.runtime.cuda.buffers import DeviceArena, offset
-from toolcall.runtime.cuda.launches import rows_per_tile
+from toolcall.runtime.cuda.launches import StepRows, rows_per_tile
 from toolcall.runtime.cuda.step_io import StepIO, bucket
 from toolcall.runtime.cuda.weights import GRAMMAR_ARRAYS
 
@@ -87,10 +88,12 @@ class DeviceStep:
         T = len(plan.tokens)
         groups = rows.groups(picker.stepper) if len(rows) else []
         layout = self._pack(plan, rows, groups)
-        n_tiles = self._forward_rows(plan)
+        n_tiles, launched = self._forward_rows(plan)
         self.io.upload()
-        launches = m.program(("forward", T, n_tiles), lambda: m._forward_launches(T, n_tiles))
-        launches.run()
+        if n_tiles is None:  # decode rows only: the decode kernel, the rows padded to their bucket
+            m.program(("decode", launched), lambda: self._decode_launches(launched)).run()
+        else:
+            m.program(("forward", T, n_tiles), lambda: m._forward_launches(T, n_tiles)).run()
         total = sum(n for _, _, _, n in layout)
         if total:
             m.program(("step_norm", total), lambda: [m.steps.final_norm(total, self.io.device("out_row"))]).run()
@@ -103,8 +106,10 @@ class DeviceStep:
         return self._record(rows, groups, layout, time.perf_counter())
 
     # ---- the plan ----
-    def _forward_rows(self, plan: StepPlan) -> int:
-        """The forward's rows into ws["rows"] (as CudaModel.forward); the number of prefill tiles."""
+    def _forward_rows(self, plan: StepPlan) -> tuple[int | None, int]:
+        """The forward's rows into ws["rows"] (as CudaModel.forward): (prefill tiles, rows launched). A step whose
+        rows are of distinct sequences (decode rows) takes the decode kernel: no tiles (None), its rows padded to
+        their bucket (token, seq and pos -1: the kernels skip them), so its programs come from a few shapes."""
         m, T = self.m, len(plan.tokens)
         t_max = m.limits.max_tokens_per_step
         assert 0 < T <= t_max, f"{T} rows; this backend takes 1..{t_max}"
@@ -112,12 +117,24 @@ class DeviceStep:
         m.kv.check_rows(slots, positions)
         m.kv.sync()
         seq, pos = slots.astype(np.int32), positions.astype(np.int32)
-        start, length = prefill_tiles(seq, pos, rows_per_tile(m.cfg.num_heads, m.cfg.num_kv_heads))
         table = np.zeros((5, t_max), np.int32)  # tokens, seq, pos, tile_start, tile_len
+        if len(np.unique(seq)) == T:
+            launched = bucket(T, t_max)
+            table[:3, T:launched] = -1
+            table[0, :T], table[1, :T], table[2, :T] = plan.tokens, seq, pos
+            m.gpu.copy_in(m.ws["rows"], table)
+            return None, launched
+        start, length = prefill_tiles(seq, pos, rows_per_tile(m.cfg.num_heads, m.cfg.num_kv_heads))
         table[0, :T], table[1, :T], table[2, :T] = plan.tokens, seq, pos
         table[3, :len(start)], table[4, :len(start)] = start, length
         m.gpu.copy_in(m.ws["rows"], table)
-        return len(start)
+        return len(start), T
+
+    def _decode_launches(self, T: int) -> list[Launch]:
+        m = self.m
+        r, step = m.ws["rows"], 4 * m.limits.max_tokens_per_step
+        tokens, seq, pos = (DeviceArray(r.ptr + i * step, step) for i in range(3))  # int32 [T_max] each
+        return m.steps.forward(StepRows(T, tokens, seq, pos, None))
 
     def _pack(self, plan: StepPlan, rows: PickRows, groups) -> list[tuple[object, np.ndarray, int, int]]:
         """Fills the plan fields, group by group; [(stepper, the group's row indices, first buffer row, launched
