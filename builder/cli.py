@@ -106,10 +106,12 @@ PAGE = click.IntRange(1, 1 << 12)
 @click.option("--max-output-tokens", type=TOKENS, default=None,
               help="Answer tokens per sequence, END included  [default: the catalog's longest answer]")
 @click.option("--page-size", type=PAGE, default=32, show_default=True, help="Tokens per KV-cache page.")
-@click.option("--max-tokens-per-step", type=TOKENS, default=256, show_default=True,
-              help="Rows in one forward step (decode rows plus prefill chunks).")
-@click.option("--prefill-chunk", type=TOKENS, default=128, show_default=True,
-              help="Most prompt tokens of one sequence per step.")
+@click.option("--max-tokens-per-step", type=TOKENS, default=None,
+              help="Rows in one forward step (decode rows plus prefill chunks)  [default: 256 on cpu; on a GPU the "
+                   "prefill chunk plus --max-sequences, at least 256]")
+@click.option("--prefill-chunk", type=TOKENS, default=None,
+              help="Most prompt tokens of one sequence per step  [default: 128 on cpu; on a GPU 512, or 256 or 128 "
+                   "where --memory-budget leaves no room for 512]")
 @click.option("--memory-budget", default=None, help="Size the KV pool to fit this much memory (e.g. 6GiB); "
               "refuses when not even one full-length sequence fits.")
 @click.option("--context-reserve", default=None, help="CUDA context reserve (e.g. 512MiB)  [default: per target]")

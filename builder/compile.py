@@ -22,7 +22,14 @@ from toolcall.builder.catalog import TOOLS_PLACEHOLDER, load_catalog
 from toolcall.builder.checkpoint import open_checkpoint
 from toolcall.builder.kernel_build import check_kernel_shapes, compile_kernels, contract_target
 from toolcall.builder.kv_calibration import HEADROOM, KvCacheReport, calibrate_kv_scales, check_against_bf16
-from toolcall.builder.memory_plan import default_context_reserve, plan_memory, prefix_pages, size_pool_for_budget
+from toolcall.builder.memory_plan import (
+    default_context_reserve,
+    default_prefill_chunks,
+    default_step_tokens,
+    plan_memory,
+    prefix_pages,
+    size_pool_for_budget,
+)
 from toolcall.builder.probe import Probe, probe_refusal, run_probe
 from toolcall.builder.quantize import quantize_checkpoint
 from toolcall.builder.trie import build_grammar
@@ -81,7 +88,8 @@ def builder_version() -> str:
 
 
 def resolve_defaults(options: BuildOptions, grammar, catalog=None) -> BuildOptions:
-    """Fills the options left None: max_output_tokens (the grammar's longest answer), the context reserve, and
+    """Fills the options left None: max_output_tokens (the grammar's longest answer), the context reserve, the
+    prefill chunk and step rows (the target's first choice: ``fit_prefill_chunk`` may take a smaller one), and
     for a ``catalog`` whose template holds {tools} the request-supplied tools' limits (BuildError("usage") for
     such limits given with a template that has no {tools})."""
     changes = {}
@@ -98,7 +106,30 @@ def resolve_defaults(options: BuildOptions, grammar, catalog=None) -> BuildOptio
         changes["max_output_tokens"] = grammar.max_answer_tokens
     if options.context_reserve_bytes is None:
         changes["context_reserve_bytes"] = default_context_reserve(options.target)
+    if options.prefill_chunk is None:
+        changes["prefill_chunk"] = default_prefill_chunks(options.target, options.max_input_tokens)[0]
+    if options.max_tokens_per_step is None:
+        changes["max_tokens_per_step"] = default_step_tokens(options.target, changes.get("prefill_chunk",
+                                                             options.prefill_chunk), options.max_sequences)
     return dataclasses.replace(options, **changes)
+
+
+def fit_prefill_chunk(requested: BuildOptions, options: BuildOptions, cfg, columns: int,
+                      pinned_pages: int = 0) -> tuple[Limits, BuildOptions]:
+    """(limits, options) with the largest default prefill chunk whose step workspace leaves the memory budget room
+    for a sequence, where ``requested`` (the options as given) names no chunk; else plan_limits' as given."""
+    chunks = (default_prefill_chunks(options.target, options.max_input_tokens) if requested.prefill_chunk is None
+              else (options.prefill_chunk,))
+    for i, chunk in enumerate(chunks):
+        step = options.max_tokens_per_step if requested.max_tokens_per_step is not None else \
+            default_step_tokens(options.target, chunk, options.max_sequences)
+        tried = dataclasses.replace(options, prefill_chunk=chunk, max_tokens_per_step=step)
+        try:
+            return plan_limits(tried, cfg, columns, pinned_pages), tried
+        except BuildError as e:
+            if e.code != "budget_too_small" or i == len(chunks) - 1:
+                raise
+    raise AssertionError("unreachable: the last chunk returns or raises")
 
 
 def request_tools_section(catalog, options: BuildOptions) -> RequestToolsSection | None:
@@ -184,13 +215,13 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         raise BuildError("usage", f"--kv-cache {kv_format.name} runs on the CPU target only: the GPU kernels keep K/V "
                          "in bf16; build this target with --kv-cache bf16", option="kv_cache", found=kv_format.name,
                          target=options.target)
-    options = resolve_defaults(options, grammar, catalog)
+    requested, options = options, resolve_defaults(options, grammar, catalog)
     request_tools = request_tools_section(catalog, options)
     columns = candidate_columns(grammar.max_edges_per_node, request_tools)
     # Engine.encode's encoder (runtime/batching/prompt.py): the load re-encodes each canary request with it
     encoder = PromptEncoder.create(tokenizer, grammar.prompt_template)
     prompt = prompt_section(encoder, options)
-    limits = plan_limits(options, cfg, columns, prompt.prefix_pages)
+    limits, options = fit_prefill_chunk(requested, options, cfg, columns, prompt.prefix_pages)
     memory = plan_memory(cfg, options.precision, limits, options.target, options.context_reserve_bytes, columns,
                          options.kv_format)
     lap("plan")

@@ -91,6 +91,26 @@ def graphs_bytes(target_name: str) -> int:
     return 0 if target_name == CPU_TARGET else GRAPHS_BYTES_GPU
 
 
+CPU_PREFILL_CHUNK, CPU_STEP_TOKENS = 128, 256  # `builder compile`'s defaults for the cpu target
+# GPU targets' prefill chunks, tried in order under a memory budget: the largest whose workspace leaves room for a
+# sequence (512 prompt tokens a step keep the matrix units busy; the workspace grows with the step's rows)
+GPU_PREFILL_CHUNKS = (512, 256, 128)
+
+
+def default_prefill_chunks(target_name: str, max_input_tokens: int) -> tuple[int, ...]:
+    """The prefill chunks `builder compile` tries when none is given, largest first (a GPU's: no longer than a
+    prompt may be)."""
+    if target_name == CPU_TARGET:
+        return (CPU_PREFILL_CHUNK,)
+    return tuple(sorted({min(c, max_input_tokens) for c in GPU_PREFILL_CHUNKS}, reverse=True))
+
+
+def default_step_tokens(target_name: str, prefill_chunk: int, max_sequences: int) -> int:
+    """Rows of a step when none is given: 256 on the cpu; on a GPU a prefill chunk beside one decode row for every
+    sequence (at least 256)."""
+    return CPU_STEP_TOKENS if target_name == CPU_TARGET else max(CPU_STEP_TOKENS, prefill_chunk + max_sequences)
+
+
 def default_context_reserve(target_name: str) -> int:
     """CUDA context reserve of a target: 0 on cpu, CONTEXT_RESERVE_BYTES_GPU on a GPU."""
     return 0 if target_name == CPU_TARGET else CONTEXT_RESERVE_BYTES_GPU

@@ -2,7 +2,8 @@
 
 Throughput tiers start at START_STEP_TOKENS tokens per step and double until the total no
 longer fits. In each, half a step holds one decode row for every sequence (max_sequences =
-T / 2) and the other half prefill (prefill_chunk = T / 2, at most max_input_tokens), and the
+T / 2) and the other half prefill (prefill_chunk = T / 2, at most max_input_tokens and the GPU targets'
+largest default chunk, GPU_PREFILL_CHUNKS[0] = 512), and the
 KV pool holds every sequence at full length (input + output), so admission never waits on
 pages. A long-sequence tier follows: LONG_SEQUENCES sequences with the longest input that fits.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolcall.builder.memory_plan import MIB, format_size, plan_memory
+from toolcall.builder.memory_plan import GPU_PREFILL_CHUNKS, MIB, format_size, plan_memory
 from toolcall.common.errors import BuildError
 from toolcall.runtime.bundle.contract import Limits, Memory
 from toolcall.runtime.bundle.model_config import ModelConfig
@@ -37,7 +38,8 @@ class Tier:
 def _limits(step_tokens: int, sequences: int, max_input: int, max_output: int, page_size: int) -> Limits:
     per_sequence = -(-(max_input + max_output) // page_size)
     return Limits(page_size=page_size, num_pages=sequences * per_sequence, max_sequences=sequences,
-                  max_tokens_per_step=step_tokens, prefill_chunk=min(step_tokens // 2, max_input),
+                  max_tokens_per_step=step_tokens,
+                  prefill_chunk=min(step_tokens // 2, max_input, GPU_PREFILL_CHUNKS[0]),
                   max_input_tokens=max_input, max_output_tokens=max_output)
 
 

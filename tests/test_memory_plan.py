@@ -209,3 +209,48 @@ def test_tier_rows(stub_400mb):
                                      (3 << 30, "3.00GiB"), ((3 << 30) + 1, "3.01GiB")])
 def test_format_size_rounds_up_in_the_largest_fitting_unit(n, text):
     assert format_size(n) == text
+
+
+# ---- default prefill chunks (builder/compile.py fit_prefill_chunk) ----
+def chunk_options(target: str, budget: int | None = None, chunk: int | None = None, max_input: int = 1024):
+    from toolcall.runtime.bundle.contract import BuildOptions
+    return BuildOptions(precision="fp8_e4m3", target=target, max_sequences=8, max_input_tokens=max_input,
+                        max_output_tokens=35, page_size=32, max_tokens_per_step=None, prefill_chunk=chunk,
+                        memory_budget_bytes=budget, context_reserve_bytes=None, seed=0)
+
+
+def fitted(options):
+    """(limits, options) as `builder compile` plans them: defaults filled, then the chunk fitted."""
+    from toolcall.builder.compile import fit_prefill_chunk, resolve_defaults
+    return fit_prefill_chunk(options, resolve_defaults(options, grammar=None), QWEN3_06B, 32)
+
+
+@pytest.mark.parametrize("target,max_input,chunk,step", [("h200", 1024, 512, 520), ("h200", 96, 96, 256),
+                                                         ("cpu", 1024, 128, 256)])
+def test_default_prefill_chunk_per_target(stub_weights, target, max_input, chunk, step):
+    limits, options = fitted(chunk_options(target, max_input=max_input))
+    assert (limits.prefill_chunk, limits.max_tokens_per_step) == (chunk, step)
+    assert (options.prefill_chunk, options.max_tokens_per_step) == (chunk, step)  # recorded as built
+
+
+def test_a_budget_too_small_for_512_takes_the_largest_chunk_that_fits(stub_weights):
+    """A budget holding the 128-chunk step's workspace and one sequence, but not the 256 one's: chunk 128, and
+    the options record it; a chunk given by the user is not changed but refused."""
+    small = Limits(page_size=32, num_pages=0, max_sequences=8, max_tokens_per_step=256, prefill_chunk=128,
+                   max_input_tokens=1024, max_output_tokens=35)
+    one_sequence = small.pages_per_sequence * 32 * kv_bytes_per_token(QWEN3_06B)
+    budget = plan_memory(QWEN3_06B, "fp8_e4m3", small, "h200", CONTEXT_RESERVE_BYTES_GPU, 32).total_bytes \
+        + one_sequence
+    limits, options = fitted(chunk_options("h200", budget))
+    assert (limits.prefill_chunk, limits.max_tokens_per_step, options.prefill_chunk) == (128, 256, 128)
+    assert limits.num_pages == small.pages_per_sequence
+    with pytest.raises(BuildError) as e:
+        fitted(chunk_options("h200", budget, chunk=512))
+    assert e.value.code == "budget_too_small"
+
+
+def test_tiers_cap_the_prefill_chunk_at_512(stub_weights):
+    tiers = plan_tiers(QWEN3_06B, "fp8_e4m3", 80 << 30, "h200")
+    assert max(t.limits.prefill_chunk for t in tiers) == 512
+    assert all(t.limits.prefill_chunk == min(t.limits.max_tokens_per_step // 2, 512, t.limits.max_input_tokens)
+               for t in tiers)
