@@ -12,7 +12,7 @@ and carried with this exact device call (one run; 540 s leaves room for a second
 
     run(carry=[".whl"], timeout_s=540, command="python3 -m pip install -q --no-index --no-deps --no-compile
         --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site &&
-        PYTHONUNBUFFERED=1 python3 bench/gpu_check.py")
+        PYTHONUNBUFFERED=1 GPU_CHECK_COMMIT=<git rev-parse --short HEAD> python3 bench/gpu_check.py")
 
 Before any stage the script checks those four modules import (exit 52, device_check_setup,
 naming the missing wheels, if not). Stages run in their own processes, each with a timeout
@@ -28,7 +28,9 @@ job, so a stage that times out, crashes or exits non-zero still reports every re
   Qwen3-0.6B's T = 1 shapes); the kernel GPU tests through pytest if time is left.
 Speed targets are judged only for bundles whose tokens equal the CPU reference on every path.
 The report (gpu_check.json, gpu_check_table.txt, gpu_check_logs.txt under $OUT, else
-artifacts/) is rewritten after every stage; the table prints last.
+artifacts/) is rewritten after every stage, and so is the device record (bench/device_record.py:
+bench/device/<card>.json, --device-record, and a copy in $OUT/device/ to bring back and commit); the
+table prints last.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ checkout.use()
 
 from gpu_check_record import Recorder, arm_deadline, missing_wheels, read_result  # noqa: E402
 from gpu_check_report import machine_facts, summarize, table  # noqa: E402
+from device_record import write_record  # noqa: E402
 from gpu_check_stages import BUNDLES  # noqa: E402
 
 # seconds per stage process, each also capped by what is left of the budget
@@ -136,8 +139,9 @@ class Stages:
         return res
 
 
-def write_report(report: dict, work: Path, built: list[str], start: float) -> str:
-    """gpu_check.json, the table and the stage logs under $OUT (else artifacts/), rewritten whole."""
+def write_report(report: dict, work: Path, built: list[str], start: float, record_dir: Path | None = None) -> str:
+    """gpu_check.json, the table and the stage logs under $OUT (else artifacts/), rewritten whole; with ``record_dir``
+    the device record merged into it (bench/device_record.py) and copied to $OUT/device/."""
     report["elapsed_s"] = time.monotonic() - start
     try:
         report["summary"] = summarize(report["stages"], work, built)
@@ -154,6 +158,12 @@ def write_report(report: dict, work: Path, built: list[str], start: float) -> st
     with open(out / "gpu_check_logs.txt", "w") as fh:
         for log in sorted((work / "logs").glob("*.log")):
             fh.write(f"===== {log.name}\n{log.read_text(errors='replace')[-20000:]}\n")
+    if record_dir is not None and "summary" in report:
+        try:
+            written = write_record(report, record_dir, out, time.strftime("%Y-%m-%d", time.gmtime()), REPO)
+            report["device_record"] = str(written) if written else "nothing measured"
+        except Exception as e:  # the record must not lose the report
+            report["device_record"] = f"failed: {type(e).__name__}: {e}"
     return text
 
 
@@ -167,6 +177,8 @@ def main() -> None:
     ap.add_argument("--cases", help="only the kernel cases whose id contains one of these comma-separated parts")
     ap.add_argument("--while-timeout-s", type=float, default=20.0, help="wait for one WHILE graph to end")
     ap.add_argument("--no-pytest", action="store_true", help="skip the kernel GPU tests at the end")
+    ap.add_argument("--device-record", default=str(REPO / "bench" / "device"),
+                    help="folder of the device records (<card>.json, merged after every stage; ../shared/GPU-RECORD.md)")
     for hidden in ("--stage", "--result", "--deadline-s"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--names", nargs="*", default=[], help=argparse.SUPPRESS)
@@ -186,9 +198,11 @@ def main() -> None:
     report = {"machine": machine_facts(), "budget_s": args.budget_s, "stages": {}}
     stages, built = report["stages"], []
 
+    record_dir = Path(args.device_record)
+
     def done(key: str, h) -> None:
         stages[key] = st.wait(h)
-        write_report(report, work, built, st.start)
+        write_report(report, work, built, st.start, record_dir)
 
     groups = {ck: [n for n in args.bundles if n.startswith(ck)] for ck in ("small", "tool", "q06")}
     h_kernels = st.launch("kernels", "kernels") if want("kernels") else None
@@ -205,7 +219,7 @@ def main() -> None:
         built += [n for n in groups[ck] if "path" in (res.get(n) or {})]
     if not h_build:  # bundles of an earlier run in --work
         built += [n for n in args.bundles if (work / n / "contract.json").is_file()]
-    write_report(report, work, built, st.start)
+    write_report(report, work, built, st.start, record_dir)
     h_cpu = st.launch("cpuref", "cpuref", names=built, threads=8) if built and want("cpuref") else None
     for name in built if want("e2e") else []:  # untimed: may run beside the CPU reference
         if st.left() < 40:
@@ -227,7 +241,7 @@ def main() -> None:
         done("pytest", st.launch("pytest", "pytest", cmd=[
             sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
             "tests/test_kernels_gpu.py", "tests/test_kernels_gpu_loop.py", "tests/test_sampling.py"]))
-    text = write_report(report, work, built, st.start)
+    text = write_report(report, work, built, st.start, record_dir)
     out = Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO / "artifacts"
     print(f"wrote {out / 'gpu_check.json'}")
     print(text)

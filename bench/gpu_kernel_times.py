@@ -5,6 +5,9 @@ each node reading its own copy of the weights out of a random pool larger than t
 so no node finds its weights in cache, as no layer does in a real step. The graph is launched
 --reps times between two events; the median over launches / nodes is the kernel's time, gaps
 between nodes included. A chain of embed_gather (one 2 KiB row) gives the per-node floor.
+attention_decode's nodes each attend over their own sequence of a KV pool of --nodes sequences of 2,048
+positions (470 MB at Qwen3-0.6B's 8 KV heads of 128: several times the L2), as a step's layers each read
+their own cache; one shared sequence would sit in L2 and flatter the kernel.
 Weights and activations are random (never zeros); results are not checked here (the kernel
 parity tests and bench/gpu_check.py do that).
 
@@ -117,8 +120,9 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=56, help="graph nodes per chain (2 per layer of a 28-layer step)")
     ap.add_argument("--reps", type=int, default=20, help="timed graph launches per kernel")
     ap.add_argument("--pool-mb", type=int, default=512, help="random weight pool (several times the 60 MB L2)")
-    ap.add_argument("--positions", default="100,511", help="attention_decode: the row's positions (comma-separated); "
-                                                            "the layer chains use the last")
+    ap.add_argument("--positions", default="100,511,2047",
+                    help="attention_decode: the row's positions (comma-separated, below 2048); the layer chains use "
+                         "the last")
     ap.add_argument("--only", help="comma-separated parts of the names to time (e.g. attention,layer); default all")
     ap.add_argument("--formats", default="fp8_e4m3,nvfp4", help="comma-separated weight formats (common/formats.py)")
     ap.add_argument("--layers", type=int, default=28, help="layers of the layer chain (at most --nodes)")
@@ -173,31 +177,34 @@ def main() -> None:
             nodes = [matvec_launch(fmt, prologue, pool, floats, n_in, n_out) for _ in range(args.nodes)]
             record(f"{fmt.name} {name} {n_in}->{n_out}", [ln for ln, _ in nodes], nodes[0][1])
             layer_mv.setdefault(fmt, []).append([ln for ln, _ in nodes])
-    # attention_decode: one row at each of --positions, its pages in the cache; q|k|v raw in x
+    # attention_decode: one row at each of --positions; node i attends over sequence i's pages (the pool: --nodes
+    # sequences of 2,048 positions, pages shuffled over it); q|k|v raw in x
     nh, nkv, hd, ps = s["heads"], s["kv_heads"], s["head_dim"], 32
     S = attention_max_splits(2048)
-    n_pages = 2048 // ps
-    bt = gpu.upload(rng.permutation(n_pages).astype(np.int32)[None, :])
-    kc, vc = (gpu.upload(bf16_bits(rng.standard_normal(n_pages * ps * nkv * hd))) for _ in range(2))
+    per_seq = 2048 // ps
+    n_pages = args.nodes * per_seq
+    bt = gpu.upload(rng.permutation(n_pages).astype(np.int32).reshape(args.nodes, per_seq))
+    kc, vc = (gpu.upload(np.full(n_pages * ps * nkv * hd, bits, np.uint16)) for bits in (0x3c00, 0xbc00))  # bf16 +-2^-7
     qkv = f32(qkv_out)
     k_dev, v_dev = DeviceArray(qkv.ptr + q_dim * 4, 0), DeviceArray(qkv.ptr + (q_dim + nkv * hd) * 4, 0)
-    seq = gpu.upload(np.array([0], np.int32))
+    seqs = [gpu.upload(np.array([i], np.int32)) for i in range(args.nodes)]
     inv_freq = gpu.upload((1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32))
     qw = kw = gpu.upload(np.full(hd, 0x3f80, np.uint16))
     part_o, part_ml = gpu.alloc(nh * S * hd * 4), gpu.alloc(nh * S * 2 * 4)
     counters, out = gpu.zeros(nkv * 4), gpu.alloc(q_dim * 4)
     for position in map(int, args.positions.split(",")):
         pos = gpu.upload(np.array([position], np.int32))
-        att = Launch("attention_decode", dict(
+        att = [Launch("attention_decode", dict(
             q=qkv, q_stride=qkv_out, k=k_dev, k_stride=qkv_out, v=v_dev, v_stride=qkv_out, seq=seq, pos=pos,
-            block_table=bt, max_pages_per_seq=n_pages, page_size=ps, k_cache=kc, v_cache=vc, q_norm_w=qw, k_norm_w=kw,
+            block_table=bt, max_pages_per_seq=per_seq, page_size=ps, k_cache=kc, v_cache=vc, q_norm_w=qw, k_norm_w=kw,
             inv_freq=inv_freq, eps=EPS, n_heads=nh, n_kv_heads=nkv, head_dim=hd, sm_scale=np.float32(hd ** -0.5),
             max_splits=S, part_o=part_o, part_ml=part_ml, counters=counters, out=out, out_stride=q_dim, T=1))
-        record(f"attention_decode pos {position}", [att] * args.nodes, 0)
+               for seq in seqs]
+        record(f"attention_decode pos {position}", att, 0)
     # a decode step's layers: qkv, attention, o_proj, gate_up, down, each layer its own weights
     for fmt, (qkv_n, o_n, gu_n, down_n) in layer_mv.items() if want("layer") else ():
         chain = [n for L in range(args.layers)
-                 for n in (qkv_n[L], att, o_n[L], gu_n[L], down_n[L])]
+                 for n in (qkv_n[L], att[L], o_n[L], gu_n[L], down_n[L])]
         us, us_pdl = 5 * time_chain(runner, chain, args.reps, False), timed_programmatic(chain, 5)
         rows.append(dict(name=f"{fmt.name} layer ({args.layers} layers)", kernel="layer", grid=[0], block=0, us=us,
                          us_pdl=us_pdl, weight_mb=0.0, gbs=0.0))

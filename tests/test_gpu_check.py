@@ -31,7 +31,7 @@ def gpu_check(tmp: Path, libdir: Path, budget_s: float, *args, **faults) -> tupl
     env["OUT"] = str(out)
     t = time.monotonic()
     r = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--work", str(tmp / "work"),
-                        "--budget-s", str(budget_s), *args], env=env, cwd=REPO, capture_output=True, text=True,
+                        "--budget-s", str(budget_s), "--device-record", str(tmp / "records"), *args], env=env, cwd=REPO, capture_output=True, text=True,
                        timeout=budget_s + 60)
     wall = time.monotonic() - t
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,0 +1,78 @@
+"""The device record (bench/device_record.py, ../shared/GPU-RECORD.md): a gpu_check report's measured figures go
+to their keys, unmeasured ones stay out (never zero), a merge replaces only the sections a run measured, each
+stamped with its date and commit, and the file lands in the record folder and under $OUT/device/."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import device_record  # noqa: E402
+
+
+def report(tokens_match: bool = True, with_bench: bool = True) -> dict:
+    """A gpu_check.json of the shape bench/gpu_check.py writes (its stages and summary), figures made up."""
+    rows = [{"name": "embed_gather (floor)", "us": 1.1}, {"name": "attention_decode pos 100", "us": 4.5},
+            {"name": "attention_decode pos 511", "us": 7.25}, {"name": "attention_decode pos 2047", "us": 15.0}]
+    rows += [{"name": f"fp8_e4m3 {p} 1024->4096", "us": us} for p, us in
+             (("qkv", 5.0), ("o_proj", 3.0), ("gate_up", 6.0), ("down", 4.8))]
+    rows += [{"name": "nvfp4 qkv 1024->4096", "us": 4.0}]
+    bench = {"q06-fp8": {"step_graph_ms": 1.4, "ttft_512_ms": 65.3, "ttft_2048_ms": 328.5},
+             "q06-nvfp4": {"step_graph_ms": 1.05}} if with_bench else {}
+    bundles = {name: {"vs_cpu": {"graph": {"equal": 5, "of": 5}}, "tokens_match_cpu": tokens_match,
+                      **({"bench": bench[name]} if name in bench else {})} for name in ("q06-fp8", "q06-nvfp4")}
+    return {"machine": {"gpu_name": "NVIDIA H200", "nvidia_smi": {"name": "NVIDIA H200", "driver_version": "580.1"}},
+            "stages": {"kernel-times": {"rows": rows}, "e2e-q06-fp8": {"launches_per_token": 145}},
+            "summary": {"bundles": bundles}}
+
+
+def test_measured_figures_go_to_their_keys():
+    got = device_record.sections(report())
+    assert got["decode"] == {"attention_us_p100": 4.5, "attention_us_p511": 7.25, "attention_us_p2047": 15.0,
+                             "matvec_layer_us": pytest.approx(18.8), "nvfp4_over_fp8": pytest.approx(0.75),
+                             "launches_per_step": 145, "tokens_equal_cpu": True}
+    assert got["prefill"] == {"ttft_ms_512": 65.3, "ttft_ms_2048": 328.5, "tokens_equal_cpu": True}
+    assert "step_ms_p100" not in got["decode"] and "serving" not in got  # not measured: left out
+
+
+def test_a_run_without_figures_writes_no_section_and_wrong_tokens_say_so():
+    bare = report(tokens_match=False, with_bench=False)
+    bare["stages"] = {}
+    assert device_record.sections(bare) == {"decode": {"tokens_equal_cpu": False}}
+    bare["summary"] = {}
+    assert device_record.sections(bare) == {}
+
+
+def test_a_merge_keeps_the_sections_a_run_did_not_measure():
+    earlier = {"card": "NVIDIA H200", "date": "2026-12-04", "commit": "old",
+               "serving": {"date": "2026-12-04", "commit": "old", "burst_req_s": 900.0},
+               "decode": {"date": "2026-12-04", "commit": "old", "attention_us_p100": 9.0, "matvec_layer_us": 30.0}}
+    merged = device_record.merge(earlier, {"decode": {"attention_us_p100": 4.5}}, "NVIDIA H200", "580.1",
+                                 "2026-12-06", "abc1234")
+    assert merged["serving"] == earlier["serving"]  # untouched, its old date kept
+    assert merged["decode"] == {"date": "2026-12-06", "commit": "abc1234", "attention_us_p100": 4.5}
+    assert (merged["date"], merged["commit"], merged["driver"]) == ("2026-12-06", "abc1234", "580.1")
+
+
+@pytest.mark.parametrize("name, card", [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                                        ("NVIDIA B200", "b200"), ("NVIDIA GeForce RTX 5090", "rtx5090"),
+                                        ("Tesla V100-SXM2-16GB", "v100"), ("Some Accelerator", "some-accelerator")])
+def test_card_names(name, card):
+    assert device_record.card_name(name) == card
+
+
+def test_the_record_lands_in_its_folder_and_under_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_CHECK_COMMIT", "abc1234")
+    folder, out = tmp_path / "bench" / "device", tmp_path / "out"
+    folder.mkdir(parents=True)
+    (folder / "h200.json").write_text(json.dumps({"serving": {"date": "2026-12-04", "commit": "old", "x": 1}}))
+    path = device_record.write_record(report(), folder, out, "2026-12-06", tmp_path)
+    assert path == folder / "h200.json"
+    written = json.loads(path.read_text())
+    assert written == json.loads((out / "device" / "h200.json").read_text())
+    assert written["serving"] == {"date": "2026-12-04", "commit": "old", "x": 1}
+    assert written["decode"]["commit"] == written["prefill"]["commit"] == "abc1234"
+    assert device_record.write_record({"machine": {}}, folder, out, "2026-12-06", tmp_path) is None
