@@ -178,7 +178,7 @@ def main() -> None:
     ap.add_argument("--while-timeout-s", type=float, default=20.0, help="wait for one WHILE graph to end")
     ap.add_argument("--no-pytest", action="store_true", help="skip the kernel GPU tests at the end")
     ap.add_argument("--device-record", default=str(REPO / "bench" / "device"),
-                    help="folder of the device records (<card>.json, merged after every stage; ../shared/GPU-RECORD.md)")
+                    help="folder of the device records (<card>.json, merged after every stage; GPU-RECORD.md)")
     for hidden in ("--stage", "--result", "--deadline-s"):
         ap.add_argument(hidden, help=argparse.SUPPRESS)
     ap.add_argument("--names", nargs="*", default=[], help=argparse.SUPPRESS)
