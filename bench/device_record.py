@@ -15,6 +15,7 @@ What maps to what (keys as GPU-RECORD.md names them):
            tokens_equal_cpu      every bundle's tokens equal the CPU reference on every path run
   prefill  ttft_ms_512/2048      bench ttft_512_ms / ttft_2048_ms of q06-fp8
            tokens_equal_cpu      as decode's
+  serving  bit_gates_passed, bit_gates   the gates stage (bench/bit_gates.py on tool-fp8)
 step_ms_p100 and tokens_per_s_p100 need the decode step timed at position 100; the check times it over moving
 positions (step_graph_ms), so they are not written until it does.
 """
@@ -72,7 +73,9 @@ def sections(report: dict) -> dict[str, dict]:
         decode["tokens_equal_cpu"] = equal
         if prefill:
             prefill["tokens_equal_cpu"] = equal
-    return {name: body for name, body in (("decode", decode), ("prefill", prefill)) if body}
+    gates = stages.get("gates") or {}
+    serving = {k: gates[k] for k in ("bit_gates_passed", "bit_gates") if isinstance(gates.get(k), int)}
+    return {name: body for name, body in (("decode", decode), ("prefill", prefill), ("serving", serving)) if body}
 
 
 def merge(earlier: dict | None, measured: dict[str, dict], card: str, driver: str, date: str, commit: str) -> dict:

@@ -25,7 +25,8 @@ job, so a stage that times out, crashes or exits non-zero still reports every re
   cpuref (CPU reference tokens) beside the untimed e2e stages (graph-free paths first, then
   Engine.load with its canary and the decode graph); then, with the CPU quiet, the timed bench
   stages of the q06 bundles; bench/gpu_kernel_times.py (every decode kernel's device time at
-  Qwen3-0.6B's T = 1 shapes); the kernel GPU tests through pytest if time is left.
+  Qwen3-0.6B's T = 1 shapes); bench/bit_gates.py (a row's bits alone and in twelve company, on the
+  tool-fp8 bundle); the kernel GPU tests through pytest if time is left.
 Speed targets are judged only for bundles whose tokens equal the CPU reference on every path.
 The report (gpu_check.json, gpu_check_table.txt, gpu_check_logs.txt under $OUT, else
 artifacts/) is rewritten after every stage, and so is the device record (bench/device_record.py:
@@ -54,8 +55,9 @@ from gpu_check_stages import BUNDLES  # noqa: E402
 
 # seconds per stage process, each also capped by what is left of the budget
 TIMEOUTS = {"build": 330, "kernels": 200, "kernels-while": 60, "cpuref": 300, "e2e": 150, "bench": 120,
-            "kernel-times": 120, "pytest": 180}
-EXTERNAL = ("pytest", "kernel-times")  # stages that are other programs: no "complete" in their results
+            "kernel-times": 120, "gates": 120, "pytest": 180}
+EXTERNAL = ("pytest", "kernel-times", "gates")  # stages that are other programs: no "complete" in their results
+GATES_BUNDLE = "tool-fp8"  # bench/bit_gates.py's bundle: the shipped tool model, real answers
 RESERVE_S = 15  # kept for the summary and the JSON
 SETUP_EXIT = 52  # common/errors.py EXIT_CODES["device_check_setup"]
 
@@ -173,7 +175,7 @@ def main() -> None:
     ap.add_argument("--work", default=str(REPO / "artifacts" / "gpu-check"), help="checkpoints, bundles, logs")
     ap.add_argument("--bundles", nargs="*", default=list(BUNDLES), choices=list(BUNDLES))
     ap.add_argument("--only", help="comma-separated stage kinds to run (build, kernels, kernels-while, cpuref, e2e, "
-                                   "bench, kernel-times, pytest); default all")
+                                   "bench, kernel-times, gates, pytest); default all")
     ap.add_argument("--cases", help="only the kernel cases whose id contains one of these comma-separated parts")
     ap.add_argument("--while-timeout-s", type=float, default=20.0, help="wait for one WHILE graph to end")
     ap.add_argument("--no-pytest", action="store_true", help="skip the kernel GPU tests at the end")
@@ -237,6 +239,10 @@ def main() -> None:
         done("kernel-times", st.launch("kernel-times", "kernel-times", cmd=[
             sys.executable, str(REPO / "bench" / "gpu_kernel_times.py"), "--json",
             str(work / "logs" / "kernel-times.json")]))
+    if want("gates") and GATES_BUNDLE in built and st.left() > 60:  # a row's bits alone and in twelve company
+        done("gates", st.launch("gates", "gates", cmd=[
+            sys.executable, str(REPO / "bench" / "bit_gates.py"), str(work / GATES_BUNDLE), "--json",
+            str(work / "logs" / "gates.json")]))
     if want("pytest") and not args.no_pytest and st.left() > 90:
         done("pytest", st.launch("pytest", "pytest", cmd=[
             sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",

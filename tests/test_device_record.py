@@ -25,7 +25,8 @@ def report(tokens_match: bool = True, with_bench: bool = True) -> dict:
     bundles = {name: {"vs_cpu": {"graph": {"equal": 5, "of": 5}}, "tokens_match_cpu": tokens_match,
                       **({"bench": bench[name]} if name in bench else {})} for name in ("q06-fp8", "q06-nvfp4")}
     return {"machine": {"gpu_name": "NVIDIA H200", "nvidia_smi": {"name": "NVIDIA H200", "driver_version": "580.1"}},
-            "stages": {"kernel-times": {"rows": rows}, "e2e-q06-fp8": {"launches_per_token": 145}},
+            "stages": {"kernel-times": {"rows": rows}, "e2e-q06-fp8": {"launches_per_token": 145},
+                       "gates": {"bit_gates_passed": 12, "bit_gates": 12}},
             "summary": {"bundles": bundles}}
 
 
@@ -35,7 +36,8 @@ def test_measured_figures_go_to_their_keys():
                              "matvec_layer_us": pytest.approx(18.8), "nvfp4_over_fp8": pytest.approx(0.75),
                              "launches_per_step": 145, "tokens_equal_cpu": True}
     assert got["prefill"] == {"ttft_ms_512": 65.3, "ttft_ms_2048": 328.5, "tokens_equal_cpu": True}
-    assert "step_ms_p100" not in got["decode"] and "serving" not in got  # not measured: left out
+    assert got["serving"] == {"bit_gates_passed": 12, "bit_gates": 12}  # the burst figures: not measured, left out
+    assert "step_ms_p100" not in got["decode"] and "burst_req_s" not in got["serving"]
 
 
 def test_a_run_without_figures_writes_no_section_and_wrong_tokens_say_so():
@@ -69,7 +71,9 @@ def test_the_record_lands_in_its_folder_and_under_out(tmp_path, monkeypatch):
     folder, out = tmp_path / "bench" / "device", tmp_path / "out"
     folder.mkdir(parents=True)
     (folder / "h200.json").write_text(json.dumps({"serving": {"date": "2026-12-04", "commit": "old", "x": 1}}))
-    path = device_record.write_record(report(), folder, out, "2026-12-06", tmp_path)
+    run = report()
+    del run["stages"]["gates"]  # this run measured no serving figure: the earlier section stays
+    path = device_record.write_record(run, folder, out, "2026-12-06", tmp_path)
     assert path == folder / "h200.json"
     written = json.loads(path.read_text())
     assert written == json.loads((out / "device" / "h200.json").read_text())
