@@ -16,6 +16,9 @@ What maps to what (keys as GPU-RECORD.md names them):
   prefill  ttft_ms_512/2048      bench ttft_512_ms / ttft_2048_ms of q06-fp8
            tokens_equal_cpu      as decode's
   serving  bit_gates_passed, bit_gates   the gates stage (bench/bit_gates.py on tool-fp8)
+           burst_clients, burst_req_s, burst_lost, burst_differ, burst_p50_ms, burst_p99_ms, noop_req_s
+                                 the serving stage (bench/serve_burst.py on tool-fp8: its engine round and no-op round)
+           engine_req_s          the engine stage (bench/engine_alone.py on tool-fp8)
 step_ms_p100 and tokens_per_s_p100 need the decode step timed at position 100; the check times it over moving
 positions (step_graph_ms), so they are not written until it does.
 """
@@ -75,6 +78,15 @@ def sections(report: dict) -> dict[str, dict]:
             prefill["tokens_equal_cpu"] = equal
     gates = stages.get("gates") or {}
     serving = {k: gates[k] for k in ("bit_gates_passed", "bit_gates") if isinstance(gates.get(k), int)}
+    burst = stages.get("serving") or {}
+    if burst.get("rounds"):
+        ours = burst["rounds"][0]["engine"]
+        serving.update(burst_clients=burst["clients"], burst_req_s=burst["requests_per_s"], burst_lost=burst["lost"],
+                       burst_differ=burst["different_from_solo"], burst_p50_ms=ours["p50_ms"],
+                       burst_p99_ms=ours["p99_ms"], noop_req_s=burst["noop_requests_per_s"])
+    engine = stages.get("engine") or {}
+    if isinstance(engine.get("requests_per_s"), (int, float)):
+        serving["engine_req_s"] = engine["requests_per_s"]
     return {name: body for name, body in (("decode", decode), ("prefill", prefill), ("serving", serving)) if body}
 
 

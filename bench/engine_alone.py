@@ -37,6 +37,7 @@ def main() -> None:
                          "warm-up is 64, so a cold pass is --warm 64 --repeats 1).")
     ap.add_argument("--profile", action="store_true", help="One more pass under cProfile; its top 20 by --sort.")
     ap.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"], help="The profile's order.")
+    ap.add_argument("--json", help="also write the figures here (requests, requests_per_s, ms_per_request, ...)")
     args = ap.parse_args()
     engine = Engine.load(args.bundle, threads=args.threads)
     bodies = requests_for(256)
@@ -68,6 +69,13 @@ def main() -> None:
     print(f"engine_alone: {n} requests, {args.lanes} lane(s) of {args.threads} thread(s): best {best:.3f} s, "
           f"{n / best:.0f} requests/s, {1e3 * best / n:.3f} ms a request, CPU {1e3 * cpu / n:.3f} ms a request "
           f"(engine thread {1e3 * engine_cpu / n:.3f}), {rows[0] / n:.1f} rows a request")
+    if args.json:  # rows: counted where the backend's forward is called (the CPU's; a GPU step keeps them)
+        import json
+        from pathlib import Path
+        Path(args.json).write_text(json.dumps({
+            "requests": n, "lanes": args.lanes, "threads": args.threads, "best_s": best, "requests_per_s": n / best,
+            "ms_per_request": 1e3 * best / n, "cpu_ms_per_request": 1e3 * cpu / n,
+            "engine_thread_ms_per_request": 1e3 * engine_cpu / n, "rows_per_request": rows[0] / n}, indent=1))
     if args.profile:
         profile, batch = cProfile.Profile(), requests()
         profile.enable()

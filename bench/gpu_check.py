@@ -25,8 +25,15 @@ job, so a stage that times out, crashes or exits non-zero still reports every re
   cpuref (CPU reference tokens) beside the untimed e2e stages (graph-free paths first, then
   Engine.load with its canary and the decode graph); then, with the CPU quiet, the timed bench
   stages of the q06 bundles; bench/gpu_kernel_times.py (every decode kernel's device time at
-  Qwen3-0.6B's T = 1 shapes); bench/bit_gates.py (a row's bits alone and in twelve company, on the
-  tool-fp8 bundle); the kernel GPU tests through pytest if time is left.
+  Qwen3-0.6B's T = 1 shapes); on the tool-fp8 bundle bench/bit_gates.py (a row's bits alone and in
+  twelve company), bench/engine_alone.py (the burst's 2,048 requests handed to the engine) and, where
+  the serving wheels were carried, bench/serve_burst.py (`runtime serve` on 127.0.0.1, 2,048 clients,
+  answers against the same requests alone, then a no-op engine's ceiling); the kernel GPU tests through
+  pytest if time is left. The serving stage's wheels (the device image has none of them), fetched
+  beside jsonschema's into .whl/ with the same pip download options:
+      aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl idna fastapi
+      fastapi-offline starlette pydantic pydantic-core annotated-types typing-inspection anyio sniffio
+      uvicorn h11 httptools uvloop prometheus-client
 Speed targets are judged only for bundles whose tokens equal the CPU reference on every path.
 The report (gpu_check.json, gpu_check_table.txt, gpu_check_logs.txt under $OUT, else
 artifacts/) is rewritten after every stage, and so is the device record (bench/device_record.py:
@@ -36,6 +43,7 @@ table prints last.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -55,9 +63,11 @@ from gpu_check_stages import BUNDLES  # noqa: E402
 
 # seconds per stage process, each also capped by what is left of the budget
 TIMEOUTS = {"build": 330, "kernels": 200, "kernels-while": 60, "cpuref": 300, "e2e": 150, "bench": 120,
-            "kernel-times": 120, "gates": 120, "pytest": 180}
-EXTERNAL = ("pytest", "kernel-times", "gates")  # stages that are other programs: no "complete" in their results
-GATES_BUNDLE = "tool-fp8"  # bench/bit_gates.py's bundle: the shipped tool model, real answers
+            "kernel-times": 120, "gates": 120, "serving": 240, "engine": 90, "pytest": 180}
+# stages that are other programs: no "complete" in their results
+EXTERNAL = ("pytest", "kernel-times", "gates", "serving", "engine")
+SERVING_BUNDLE = "tool-fp8"  # the gates', the burst's and the engine's bundle: the shipped tool model, real answers
+SERVE_MODULES = ("aiohttp", "fastapi", "uvicorn", "prometheus_client")  # the serving stage's (carried as wheels)
 RESERVE_S = 15  # kept for the summary and the JSON
 SETUP_EXIT = 52  # common/errors.py EXIT_CODES["device_check_setup"]
 
@@ -175,7 +185,7 @@ def main() -> None:
     ap.add_argument("--work", default=str(REPO / "artifacts" / "gpu-check"), help="checkpoints, bundles, logs")
     ap.add_argument("--bundles", nargs="*", default=list(BUNDLES), choices=list(BUNDLES))
     ap.add_argument("--only", help="comma-separated stage kinds to run (build, kernels, kernels-while, cpuref, e2e, "
-                                   "bench, kernel-times, gates, pytest); default all")
+                                   "bench, kernel-times, gates, engine, serving, pytest); default all")
     ap.add_argument("--cases", help="only the kernel cases whose id contains one of these comma-separated parts")
     ap.add_argument("--while-timeout-s", type=float, default=20.0, help="wait for one WHILE graph to end")
     ap.add_argument("--no-pytest", action="store_true", help="skip the kernel GPU tests at the end")
@@ -239,10 +249,23 @@ def main() -> None:
         done("kernel-times", st.launch("kernel-times", "kernel-times", cmd=[
             sys.executable, str(REPO / "bench" / "gpu_kernel_times.py"), "--json",
             str(work / "logs" / "kernel-times.json")]))
-    if want("gates") and GATES_BUNDLE in built and st.left() > 60:  # a row's bits alone and in twelve company
+    serving = work / SERVING_BUNDLE
+    if want("gates") and SERVING_BUNDLE in built and st.left() > 60:  # a row's bits alone and in twelve company
         done("gates", st.launch("gates", "gates", cmd=[
-            sys.executable, str(REPO / "bench" / "bit_gates.py"), str(work / GATES_BUNDLE), "--json",
+            sys.executable, str(REPO / "bench" / "bit_gates.py"), str(serving), "--json",
             str(work / "logs" / "gates.json")]))
+    if want("engine") and SERVING_BUNDLE in built and st.left() > 60:  # the engine alone: the burst's requests
+        done("engine", st.launch("engine", "engine", cmd=[
+            sys.executable, str(REPO / "bench" / "engine_alone.py"), str(serving), "--repeats", "3", "--json",
+            str(work / "logs" / "engine.json")]))
+    missing_serve = [m for m in SERVE_MODULES if importlib.util.find_spec(m) is None]
+    if want("serving") and SERVING_BUNDLE in built and missing_serve:
+        stages["serving"] = {"error": f"skipped: {', '.join(missing_serve)} not importable (carry the serving "
+                                      "wheels: this script's docstring)"}
+    elif want("serving") and SERVING_BUNDLE in built and st.left() > 120:  # runtime serve, 2,048 clients
+        done("serving", st.launch("serving", "serving", cmd=[
+            sys.executable, str(REPO / "bench" / "serve_burst.py"), str(serving), "--clients", "2048", "--json",
+            str(work / "logs" / "serving.json")]))
     if want("pytest") and not args.no_pytest and st.left() > 90:
         done("pytest", st.launch("pytest", "pytest", cmd=[
             sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",

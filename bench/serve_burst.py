@@ -61,9 +61,12 @@ def solo_answers(bundle: str, bodies: list[dict]) -> list[list[int]]:
 
     engine = Engine.load(bundle, threads=1)  # one kernel thread: no barrier stalls when the machine is busy
     out = []
-    for b in bodies:
-        (res,) = engine.generator.generate([engine.request(b["request"], sampling_of(b))])
-        out.append(res.token_ids)
+    try:
+        for b in bodies:
+            (res,) = engine.generator.generate([engine.request(b["request"], sampling_of(b))])
+            out.append(res.token_ids)
+    finally:
+        engine.close()  # a GPU bundle's device memory back before the server loads it
     return out
 
 

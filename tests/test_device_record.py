@@ -26,7 +26,10 @@ def report(tokens_match: bool = True, with_bench: bool = True) -> dict:
                       **({"bench": bench[name]} if name in bench else {})} for name in ("q06-fp8", "q06-nvfp4")}
     return {"machine": {"gpu_name": "NVIDIA H200", "nvidia_smi": {"name": "NVIDIA H200", "driver_version": "580.1"}},
             "stages": {"kernel-times": {"rows": rows}, "e2e-q06-fp8": {"launches_per_token": 145},
-                       "gates": {"bit_gates_passed": 12, "bit_gates": 12}},
+                       "gates": {"bit_gates_passed": 12, "bit_gates": 12}, "engine": {"requests_per_s": 5100.0},
+                       "serving": {"clients": 2048, "requests_per_s": 2100.0, "noop_requests_per_s": 2500.0, "lost": 0,
+                                   "different_from_solo": 0,
+                                   "rounds": [{"engine": {"p50_ms": 400.0, "p99_ms": 900.0}}]}},
             "summary": {"bundles": bundles}}
 
 
@@ -36,8 +39,10 @@ def test_measured_figures_go_to_their_keys():
                              "matvec_layer_us": pytest.approx(18.8), "nvfp4_over_fp8": pytest.approx(0.75),
                              "launches_per_step": 145, "tokens_equal_cpu": True}
     assert got["prefill"] == {"ttft_ms_512": 65.3, "ttft_ms_2048": 328.5, "tokens_equal_cpu": True}
-    assert got["serving"] == {"bit_gates_passed": 12, "bit_gates": 12}  # the burst figures: not measured, left out
-    assert "step_ms_p100" not in got["decode"] and "burst_req_s" not in got["serving"]
+    assert got["serving"] == {"bit_gates_passed": 12, "bit_gates": 12, "engine_req_s": 5100.0, "burst_clients": 2048,
+                              "burst_req_s": 2100.0, "burst_lost": 0, "burst_differ": 0, "burst_p50_ms": 400.0,
+                              "burst_p99_ms": 900.0, "noop_req_s": 2500.0}
+    assert "step_ms_p100" not in got["decode"] and "gpu_memory_bytes" not in got["serving"]  # not measured
 
 
 def test_a_run_without_figures_writes_no_section_and_wrong_tokens_say_so():
@@ -72,7 +77,8 @@ def test_the_record_lands_in_its_folder_and_under_out(tmp_path, monkeypatch):
     folder.mkdir(parents=True)
     (folder / "h200.json").write_text(json.dumps({"serving": {"date": "2026-12-04", "commit": "old", "x": 1}}))
     run = report()
-    del run["stages"]["gates"]  # this run measured no serving figure: the earlier section stays
+    for stage in ("gates", "engine", "serving"):  # this run measured no serving figure: the earlier section stays
+        del run["stages"][stage]
     path = device_record.write_record(run, folder, out, "2026-12-06", tmp_path)
     assert path == folder / "h200.json"
     written = json.loads(path.read_text())
