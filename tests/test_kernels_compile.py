@@ -15,8 +15,9 @@ from toolcall.kernels.cuda_source import Param, defines, entry_points, parse_def
 from toolcall.kernels.declarations import GRIDS, declarations
 from toolcall.kernels.geometry import MATVEC_FORMATS, MATVECS, matvec_kernel
 from toolcall.kernels.nvrtc_build import compile_all, compile_kernel, kernel_sources, resource_table
+from toolcall.kernels.targets import SM_ARCHS
 
-ARCHS = ("sm_90", "sm_100", "sm_120")
+ARCHS = SM_ARCHS  # every architecture a target names (kernels/targets.py)
 # Kernels on the per-token path whose spills would cost bandwidth: no spill allowed.
 HOT = (*MATVECS, "head_dense", "head_sparse", "attention_decode", "attention_prefill_partial", "attention_merge",
        "rmsnorm", "qk_norm_rope_kv")
