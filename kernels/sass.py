@@ -9,6 +9,7 @@ as sample_draw.cu does to draw what the CPU draws).
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
@@ -91,6 +92,14 @@ def stats(ops: list[str]) -> SassStats:
 def sass_stats(cubin: bytes) -> dict[str, SassStats]:
     """SassStats per kernel function of ``cubin``."""
     return {fn: stats(ops) for fn, ops in opcodes(disassemble(cubin)).items()}
+
+
+def sass_stats_all(cubins: list[bytes]) -> dict[str, SassStats]:
+    """SassStats per kernel function of every cubin, the disassembler run on them side by side (one process a
+    cubin, as many at once as this process may use CPUs)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=max(1, len(os.sched_getaffinity(0)))) as pool:
+        return {fn: s for found in pool.map(sass_stats, cubins) for fn, s in found.items()}
 
 
 def sass_table(rows: dict[str, SassStats]) -> str:

@@ -22,10 +22,9 @@ ATTENTION_DECODE_MAX_SM90 = 13_560
 @pytest.fixture(scope="module", params=ARCHS)
 def compiled(request):
     """(arch, {function: (SassStats, the resource report)}) for every kernels/*.cu."""
-    rows = {}
-    for k in compile_all(request.param):
-        for fn, stats in sass.sass_stats(k.cubin).items():
-            rows[fn] = (stats, k.resources[fn])
+    kernels = compile_all(request.param)
+    resources = {fn: r for k in kernels for fn, r in k.resources.items()}
+    rows = {fn: (stats, resources[fn]) for fn, stats in sass.sass_stats_all([k.cubin for k in kernels]).items()}
     print(f"\n{request.param}\n{sass.sass_table({fn: s for fn, (s, _) in rows.items()})}")
     return request.param, rows
 
