@@ -269,7 +269,8 @@ def main() -> None:
     if want("pytest") and not args.no_pytest and st.left() > 90:
         done("pytest", st.launch("pytest", "pytest", cmd=[
             sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-            "tests/test_kernels_gpu.py", "tests/test_kernels_gpu_loop.py", "tests/test_sampling.py"]))
+            "tests/test_kernels_gpu.py", "tests/test_kernels_gpu_loop.py", "tests/test_kernels_gpu_linear.py",
+            "tests/test_sampling.py"]))
     text = write_report(report, work, built, st.start, record_dir)
     out = Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO / "artifacts"
     print(f"wrote {out / 'gpu_check.json'}")
