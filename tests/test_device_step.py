@@ -2,7 +2,8 @@
 emulated device (each launch runs its kernel's numpy reference: the plan/record protocol, launch plans and
 host bookkeeping are checked here, kernel arithmetic on a GPU): the project's own tool model answers a mixed
 batch (greedy and sampled rows, tool subsets, "at least one", "at most one", a request's own tool list)
-exactly as the CPU backend does; a step copies one plan in and one record out, never the hidden rows; the
+exactly as the CPU backend does, through decode-only, mixed (decode rows by the decode kernel beside prefill
+chunks) and prefill-only steps; a step copies one plan in and one record out, never the hidden rows; the
 sample launches come from a few row buckets; every page and slot comes back; failed loads free what they
 took."""
 from __future__ import annotations
@@ -103,6 +104,9 @@ def test_the_device_step_answers_as_the_cpu_does(parts, cpu_answers):
     assert max(np.max(np.abs(np.where(c >= 0, a - b, 0))) for a, b, c in
                zip(kept.step_logits, want.step_logits, kept.step_candidates)) < 1e-3
     assert {"sample_draw", "grammar_candidates", "head_sparse", "grammar_advance"} <= set(launched)
+    forward = [k for k in model._programs if k[0] == "forward"]  # ("forward", rows, prefill tiles, decode rows)
+    assert any(k[3] > 0 for k in forward) and any(k[3] == 0 for k in forward)  # mixed steps and prefill-only ones
+    assert any(k[0] == "decode" for k in model._programs)
     io_bytes = model.device_step.io.layout.nbytes
     assert copied_out and set(copied_out) == {io_bytes}  # one record a step; no hidden rows, no logits apart
     lim = parts["limits"]

@@ -88,12 +88,12 @@ class DeviceStep:
         T = len(plan.tokens)
         groups = rows.groups(picker.stepper) if len(rows) else []
         layout = self._pack(plan, rows, groups)
-        n_tiles, launched = self._forward_rows(plan)
+        n_tiles, launched, decode = self._forward_rows(plan)
         self.io.upload()
         if n_tiles is None:  # decode rows only: the decode kernel, the rows padded to their bucket
             m.program(("decode", launched), lambda: self._decode_launches(launched)).run()
-        else:
-            m.program(("forward", T, n_tiles), lambda: m._forward_launches(T, n_tiles)).run()
+        else:  # prefill chunks, after the step's leading decode rows (the decode kernel) where it has some
+            m.program(("forward", T, n_tiles, decode), lambda: self._mixed_launches(T, n_tiles, decode)).run()
         total = sum(n for _, _, _, n in layout)
         if total:
             m.program(("step_norm", total), lambda: [m.steps.final_norm(total, self.io.device("out_row"))]).run()
@@ -106,10 +106,12 @@ class DeviceStep:
         return self._record(rows, groups, layout, time.perf_counter())
 
     # ---- the plan ----
-    def _forward_rows(self, plan: StepPlan) -> tuple[int | None, int]:
-        """The forward's rows into ws["rows"] (as CudaModel.forward): (prefill tiles, rows launched). A step whose
-        rows are of distinct sequences (decode rows) takes the decode kernel: no tiles (None), its rows padded to
-        their bucket (token, seq and pos -1: the kernels skip them), so its programs come from a few shapes."""
+    def _forward_rows(self, plan: StepPlan) -> tuple[int | None, int, int]:
+        """The forward's rows into ws["rows"] (as CudaModel.forward): (prefill tiles, rows launched, leading decode
+        rows). A step whose rows are of distinct sequences (decode rows) takes the decode kernel: no tiles (None),
+        its rows padded to their bucket (token, seq and pos -1: the kernels skip them), so its programs come from a
+        few shapes. Otherwise its leading rows that are alone in their sequence (the answering sequences' rows: the
+        batcher lays them first) take the decode kernel and the rest prefill tiles, counted from the first of them."""
         m, T = self.m, len(plan.tokens)
         t_max = m.limits.max_tokens_per_step
         assert 0 < T <= t_max, f"{T} rows; this backend takes 1..{t_max}"
@@ -118,23 +120,33 @@ class DeviceStep:
         m.kv.sync()
         seq, pos = slots.astype(np.int32), positions.astype(np.int32)
         table = np.zeros((5, t_max), np.int32)  # tokens, seq, pos, tile_start, tile_len
-        if len(np.unique(seq)) == T:
+        _, first, counts = np.unique(seq, return_index=True, return_counts=True)
+        if len(counts) == T:
             launched = bucket(T, t_max)
             table[:3, T:launched] = -1
             table[0, :T], table[1, :T], table[2, :T] = plan.tokens, seq, pos
             m.gpu.copy_in(m.ws["rows"], table)
-            return None, launched
-        start, length = prefill_tiles(seq, pos, rows_per_tile(m.cfg.num_heads, m.cfg.num_kv_heads))
+            return None, launched, launched
+        alone = np.zeros(T, bool)
+        alone[first[counts == 1]] = True
+        decode = T if alone.all() else int(np.argmin(alone))  # the leading run of rows alone in their sequence
+        start, length = prefill_tiles(seq[decode:], pos[decode:], rows_per_tile(m.cfg.num_heads, m.cfg.num_kv_heads))
         table[0, :T], table[1, :T], table[2, :T] = plan.tokens, seq, pos
         table[3, :len(start)], table[4, :len(start)] = start, length
         m.gpu.copy_in(m.ws["rows"], table)
-        return len(start), T
+        return len(start), T, decode
 
     def _decode_launches(self, T: int) -> list[Launch]:
-        m = self.m
-        r, step = m.ws["rows"], 4 * m.limits.max_tokens_per_step
-        tokens, seq, pos = (DeviceArray(r.ptr + i * step, step) for i in range(3))  # int32 [T_max] each
-        return m.steps.forward(StepRows(T, tokens, seq, pos, None))
+        return self.m.steps.forward(StepRows(T, *self._row_views()[:3], None))
+
+    def _mixed_launches(self, T: int, n_tiles: int, decode: int) -> list[Launch]:
+        tokens, seq, pos, start, length = self._row_views()
+        return self.m.steps.forward(StepRows(T, tokens, seq, pos, (start, length, n_tiles), decode))
+
+    def _row_views(self) -> list[DeviceArray]:
+        """ws["rows"]'s five int32 [T_max] rows: tokens, seq, pos, tile_start, tile_len."""
+        r, step = self.m.ws["rows"], 4 * self.m.limits.max_tokens_per_step
+        return [DeviceArray(r.ptr + i * step, step) for i in range(5)]
 
     def _pack(self, plan: StepPlan, rows: PickRows, groups) -> list[tuple[object, np.ndarray, int, int]]:
         """Fills the plan fields, group by group; [(stepper, the group's row indices, first buffer row, launched

@@ -32,13 +32,16 @@ __all__ = ["Launch", "StepLaunches", "StepRows", "rows_per_tile"]
 class StepRows:
     """One step's rows on the device: int32 [T] tokens, seq (slot, < 0 padding), pos; prefill
     tiles (tile_start, tile_len, n_tiles) for attention_prefill_partial, or None for the decode
-    kernel (one row per block row)."""
+    kernel (one row per block row). ``decode`` > 0 with tiles: a mixed step, rows 0 .. decode - 1 one
+    row each of their sequences (the decode kernel) and the rest prefill chunks (tiles counted from row
+    ``decode``)."""
 
     T: int
     tokens: DeviceArray
     seq: DeviceArray
     pos: DeviceArray
     tiles: tuple[DeviceArray, DeviceArray, int] | None = None
+    decode: int = 0
 
 
 def rows_per_tile(num_heads: int, num_kv_heads: int) -> int:
@@ -96,18 +99,23 @@ class StepLaunches:
                         k_norm_w=arena[layer.norms["k_norm"]] if "k_norm" in layer.norms else None,
                         inv_freq=arena[w.inv_freq], eps=self.eps, **heads, **layer_kv)
             out.append(self._mv_norm(layer.qkv, layer.norms["ln_in"], self.q, T))
-            if rows.tiles is None:  # decode: one fused launch up to the o_proj input
+            decode = T if rows.tiles is None else rows.decode
+            if decode:  # decode rows: one fused launch up to the o_proj input
                 out.append(Launch("attention_decode", dict(**rope, **splits, counters=m.ws["attn_count"], out=attn,
-                                                           out_stride=cfg.q_dim, T=T)))
-            else:
+                                                           out_stride=cfg.q_dim, T=decode)))
+            if rows.tiles is not None:  # prefill tiles over rows decode .. T - 1 (their views start there)
                 start, length, n_tiles = rows.tiles
-                out.append(Launch("qk_norm_rope_kv", dict(**rope, T=T)))
+                q, k, v = (offset(a, decode * self.q_stride * F32) for a in (self.q, self.k, self.v))
+                seq, pos = offset(rows.seq, decode * 4), offset(rows.pos, decode * 4)
+                chunk = dict(rope, q=q, k=k, v=v, seq=seq, pos=pos)
+                out.append(Launch("qk_norm_rope_kv", dict(**chunk, T=T - decode)))
                 out.append(Launch("attention_prefill_partial", dict(
-                    q=self.q, q_stride=self.q_stride, seq=rows.seq, pos=rows.pos, tile_start=start, tile_len=length,
+                    q=q, q_stride=self.q_stride, seq=seq, pos=pos, tile_start=start, tile_len=length,
                     **cache, **layer_kv, **heads, **splits, n_tiles=n_tiles)))
                 out.append(Launch("attention_merge", dict(
-                    part_o=self.part_o, part_ml=self.part_ml, seq=rows.seq, pos=rows.pos, n_heads=cfg.num_heads,
-                    head_dim=cfg.head_dim, max_splits=self.splits, out=attn, out_stride=cfg.q_dim, T=T)))
+                    part_o=self.part_o, part_ml=self.part_ml, seq=seq, pos=pos, n_heads=cfg.num_heads,
+                    head_dim=cfg.head_dim, max_splits=self.splits, out=offset(attn, decode * cfg.q_dim * F32),
+                    out_stride=cfg.q_dim, T=T - decode)))
             out.append(self._mv(PLAIN, layer.o, dict(x=attn, x_stride=cfg.q_dim), x, T, 1))
             out.append(self._mv_norm(layer.gate_up, layer.norms["ln_post"], self.gate, T))
             out.append(self._mv(SWIGLU, layer.down, dict(gate=self.gate, up=self.up, x_stride=self.gu_stride), x, T, 1))
