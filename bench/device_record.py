@@ -8,9 +8,11 @@ did not measure. The check writes the merged record under $OUT/device/ (the file
 into bench/device/ of the checkout it ran in.
 
 What maps to what (keys as GPU-RECORD.md names them):
-  decode   attention_us_p<P>     kernel-times row "attention_decode pos <P>" (device microseconds a node)
+  decode   step_ms_p<P>          bench step_ms_p<P> of q06-fp8: the decode step graph at position P; and
+           tokens_per_s_p100     1,000 / step_ms_p100
+           attention_us_p<P>     kernel-times row "attention_decode pos <P>" (device microseconds a node)
            matvec_layer_us       kernel-times: the four fp8_e4m3 matvec rows of a layer (qkv, o_proj, gate_up, down)
-           nvfp4_over_fp8        bench step_graph_ms of q06-nvfp4 / q06-fp8 (the same replayed positions)
+           nvfp4_over_fp8        bench step_ms_p100 of q06-nvfp4 / q06-fp8 (else their step_graph_ms)
            launches_per_step     e2e launches_per_token of q06-fp8
            tokens_equal_cpu      every bundle's tokens equal the CPU reference on every path run
   prefill  ttft_ms_512/2048      bench ttft_512_ms / ttft_2048_ms of q06-fp8
@@ -19,8 +21,6 @@ What maps to what (keys as GPU-RECORD.md names them):
            burst_clients, burst_req_s, burst_lost, burst_differ, burst_p50_ms, burst_p99_ms, noop_req_s
                                  the serving stage (bench/serve_burst.py on tool-fp8: its engine round and no-op round)
            engine_req_s          the engine stage (bench/engine_alone.py on tool-fp8)
-step_ms_p100 and tokens_per_s_p100 need the decode step timed at position 100; the check times it over moving
-positions (step_graph_ms), so they are not written until it does.
 """
 from __future__ import annotations
 
@@ -62,8 +62,15 @@ def sections(report: dict) -> dict[str, dict]:
     if len(layer) == len(MATVEC_ROWS):
         decode["matvec_layer_us"] = sum(layer)
     fp8, fp4 = (bundles.get(n, {}).get("bench") or {} for n in (FP8, NVFP4))
-    if fp8.get("step_graph_ms") and fp4.get("step_graph_ms"):
-        decode["nvfp4_over_fp8"] = fp4["step_graph_ms"] / fp8["step_graph_ms"]
+    for key, ms in fp8.items():
+        if re.fullmatch(r"step_ms_p\d+", key) and isinstance(ms, (int, float)):
+            decode[key] = ms
+    if isinstance(fp8.get("step_ms_p100"), (int, float)):
+        decode["tokens_per_s_p100"] = 1e3 / fp8["step_ms_p100"]
+    for key in ("step_ms_p100", "step_graph_ms"):
+        if fp8.get(key) and fp4.get(key):
+            decode["nvfp4_over_fp8"] = fp4[key] / fp8[key]
+            break
     launches = (stages.get(f"e2e-{FP8}") or {}).get("launches_per_token")
     if isinstance(launches, int):
         decode["launches_per_step"] = launches

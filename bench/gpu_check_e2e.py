@@ -11,6 +11,10 @@ e2e (untimed), in this order so that a fault or a WHILE loop that never ends cos
 bench (timed; gpu_check.py starts it only after the CPU reference has finished):
   Timings (CUDA events on the model's stream unless named "wall"):
   ttft_<L>_ms      prefill graph (chunks + first sample) of an L-token prompt, median of 5
+  step_ms_p<P>     the decode step graph at a fixed position P (100, 511, 2047 where the bundle's span holds
+                   it): before each of 50 replays the row is put back at P with its grammar at the root
+                   (host copies, outside the events), so every replay does one row's forward at P and a first
+                   sample: the device record's step_ms_p100 (median)
   step_graph_ms    one decode step replayed as a graph (body kernels, no loop), 200 replays;
                    step_graph_programmatic_ms: the same with programmatic edges (programmatic_built
                    False and programmatic_error say why the driver refused them)
@@ -148,7 +152,8 @@ def stage_bench(work: Path, name: str, rec) -> dict:
     m, loop = engine.model, engine.decode_graph
     canary = list(engine.contract.canary.prompt_token_ids)
     res = {}
-    for key, fn in (("copy", copy_bandwidth), ("ttft", ttft), ("steps", step_times), ("answers", answer_times)):
+    for key, fn in (("copy", copy_bandwidth), ("ttft", ttft), ("steps", step_times), ("fixed", fixed_position_steps),
+                    ("answers", answer_times)):
         try:
             res.update(fn(m, loop, canary))
         except Exception as e:
@@ -248,6 +253,36 @@ def step_times(m, loop, canary) -> dict:
             m.sync()
             m.gpu.download(m.ws["cond"], (1,), np.int32)
         res["host_loop_ms"] = 1e3 * (time.perf_counter() - t) / 50
+    finally:
+        m.kv.release(slot)
+    return res
+
+
+STEP_POSITIONS = (100, 511, 2047)
+FIXED_REPLAYS = 50
+
+
+def fixed_position_steps(m, loop, canary) -> dict:
+    """step_ms_p<P> (module docstring): the decode step graph timed at fixed positions (loop.launch: the graph
+    between two events, device milliseconds)."""
+    span = m.limits.max_input_tokens + m.limits.max_output_tokens
+    res, b = {}, loop.builder
+    slot = m.kv.admit(span)
+    try:
+        m.kv.sync()
+        step = b.instantiate(loop.body(0))
+        try:
+            for position in (p for p in STEP_POSITIONS if p < span):
+                times = []
+                for i in range(FIXED_REPLAYS + 3):  # 3 warm-up replays
+                    loop.reset_answer(slot)
+                    loop.place_row(int(canary[0]), position, slot)
+                    ms = loop.launch(step)
+                    if i >= 3:
+                        times.append(ms)
+                res[f"step_ms_p{position}"] = statistics.median(times)
+        finally:
+            b.destroy(step)
     finally:
         m.kv.release(slot)
     return res

@@ -20,8 +20,9 @@ def report(tokens_match: bool = True, with_bench: bool = True) -> dict:
     rows += [{"name": f"fp8_e4m3 {p} 1024->4096", "us": us} for p, us in
              (("qkv", 5.0), ("o_proj", 3.0), ("gate_up", 6.0), ("down", 4.8))]
     rows += [{"name": "nvfp4 qkv 1024->4096", "us": 4.0}]
-    bench = {"q06-fp8": {"step_graph_ms": 1.4, "ttft_512_ms": 65.3, "ttft_2048_ms": 328.5},
-             "q06-nvfp4": {"step_graph_ms": 1.05}} if with_bench else {}
+    bench = {"q06-fp8": {"step_graph_ms": 1.4, "step_ms_p100": 0.5, "step_ms_p511": 0.625, "ttft_512_ms": 65.3,
+                         "ttft_2048_ms": 328.5},
+             "q06-nvfp4": {"step_graph_ms": 1.05, "step_ms_p100": 0.35}} if with_bench else {}
     bundles = {name: {"vs_cpu": {"graph": {"equal": 5, "of": 5}}, "tokens_match_cpu": tokens_match,
                       **({"bench": bench[name]} if name in bench else {})} for name in ("q06-fp8", "q06-nvfp4")}
     return {"machine": {"gpu_name": "NVIDIA H200", "nvidia_smi": {"name": "NVIDIA H200", "driver_version": "580.1"}},
@@ -36,13 +37,14 @@ def report(tokens_match: bool = True, with_bench: bool = True) -> dict:
 def test_measured_figures_go_to_their_keys():
     got = device_record.sections(report())
     assert got["decode"] == {"attention_us_p100": 4.5, "attention_us_p511": 7.25, "attention_us_p2047": 15.0,
-                             "matvec_layer_us": pytest.approx(18.8), "nvfp4_over_fp8": pytest.approx(0.75),
+                             "matvec_layer_us": pytest.approx(18.8), "nvfp4_over_fp8": pytest.approx(0.7),
+                             "step_ms_p100": 0.5, "step_ms_p511": 0.625, "tokens_per_s_p100": 2000.0,
                              "launches_per_step": 145, "tokens_equal_cpu": True}
     assert got["prefill"] == {"ttft_ms_512": 65.3, "ttft_ms_2048": 328.5, "tokens_equal_cpu": True}
     assert got["serving"] == {"bit_gates_passed": 12, "bit_gates": 12, "engine_req_s": 5100.0, "burst_clients": 2048,
                               "burst_req_s": 2100.0, "burst_lost": 0, "burst_differ": 0, "burst_p50_ms": 400.0,
                               "burst_p99_ms": 900.0, "noop_req_s": 2500.0}
-    assert "step_ms_p100" not in got["decode"] and "gpu_memory_bytes" not in got["serving"]  # not measured
+    assert "step_ms_p2047" not in got["decode"] and "gpu_memory_bytes" not in got["serving"]  # not measured
 
 
 def test_a_run_without_figures_writes_no_section_and_wrong_tokens_say_so():

@@ -99,17 +99,26 @@ class DecodeGraph:
             rows = np.full((3, self.R), -1, np.int32)  # tokens, seq, pos; padding: -1 (skipped / zeros)
             rows[0, :P], rows[1, :P], rows[2, :P] = ids, slot, np.arange(P)
             m.gpu.copy_in(m.ws["prompt_rows"], rows)
-            m.gpu.copy_in(m.ws["decode_rows"], np.array([0, P - 1, slot, P - 1 - (n - 1) * self.C], np.int32))
-            words = 1 + m.grammar.bitset_words
-            m.gpu.copy_in(offset(m.ws["gram_state"], 8 * words * slot), np.zeros(words, np.uint64))  # root, none used
-            for name in ("gram_status", "out_len"):
-                m.gpu.copy_in(offset(m.ws[name], 4 * slot), np.zeros(1, np.int32))
-            m.gpu.copy_in(offset(m.ws["gram_max_tools"], 4 * slot), np.array([m.grammar.max_tools], np.int32))
-            m.gpu.copy_in(offset(m.ws["gram_allow_empty"], slot), np.array([m.grammar.allow_empty], np.uint8))
+            self.place_row(0, P - 1, slot, P - 1 - (n - 1) * self.C)
+            self.reset_answer(slot)
         except BaseException:
             m.kv.release(slot)
             raise
         return slot, n
+
+    def place_row(self, token: int, position: int, slot: int, row: int = 0) -> None:
+        """The decode row: ``token`` at ``position`` of ``slot``'s sequence (``row``: the prompt row the first
+        sample reads)."""
+        self.m.gpu.copy_in(self.m.ws["decode_rows"], np.array([token, position, slot, row], np.int32))
+
+    def reset_answer(self, slot: int) -> None:
+        """``slot``'s grammar at the root with no tool used, its answer empty, the catalog's rules."""
+        m, words = self.m, 1 + self.m.grammar.bitset_words
+        m.gpu.copy_in(offset(m.ws["gram_state"], 8 * words * slot), np.zeros(words, np.uint64))
+        for name in ("gram_status", "out_len"):
+            m.gpu.copy_in(offset(m.ws[name], 4 * slot), np.zeros(1, np.int32))
+        m.gpu.copy_in(offset(m.ws["gram_max_tools"], 4 * slot), np.array([m.grammar.max_tools], np.int32))
+        m.gpu.copy_in(offset(m.ws["gram_allow_empty"], slot), np.array([m.grammar.allow_empty], np.uint8))
 
     def collect(self, slot: int) -> tuple[list[int], str]:
         m = self.m
