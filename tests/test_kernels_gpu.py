@@ -270,18 +270,28 @@ CASES = ([pytest.param(case_matvec, spec, id=i) for spec, i in zip(MATVEC, MATVE
             for spec in ((16, 8, 128), (4, 2, 64), (8, 1, 64), (8, 4, 32))])
 
 
+def run_case(dev: KernelRunner, case, spec) -> None:
+    """A table case on the GPU, its random inputs seeded by the case's spec."""
+    case(dev, np.random.default_rng(zlib.crc32(repr(spec).encode())), *spec)
+
+
+def pack_case(case, spec) -> None:
+    """A table case on a dry-run device: every launch names its kernel's parameters (each once) with the right
+    kinds (the CPU's check of a GPU case)."""
+    dry = KernelRunner(DryRunGpu())
+    case(dry, np.random.default_rng(0), *spec)
+    assert dry.gpu.launches
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case,spec", CASES)
 def test_kernel_parity(dev, case, spec):
-    case(dev, np.random.default_rng(zlib.crc32(repr(spec).encode())), *spec)
+    run_case(dev, case, spec)
 
 
 @pytest.mark.parametrize("case,spec", CASES)
 def test_cases_pack_their_arguments(case, spec):
-    """CPU: every launch of every case names its kernel's parameters (each once) with the right kinds."""
-    dry = KernelRunner(DryRunGpu())
-    case(dry, np.random.default_rng(0), *spec)
-    assert dry.gpu.launches
+    pack_case(case, spec)
 
 
 GOOD = dict(x=None, x_stride=4, w=None, w_scale=None, bias=None, y=None, T=1, n_in=16, n_out=16, accumulate=0)

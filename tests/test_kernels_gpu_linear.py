@@ -6,15 +6,13 @@ On a GPU the cases compare; without one ``test_cases_pack_their_arguments`` stil
 device (names and kinds checked on the CPU; arithmetic is judged on a GPU only)."""
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
-from test_kernels_gpu import EPS, WEIGHTS, bf16
+from test_kernels_gpu import EPS, WEIGHTS, bf16, pack_case, run_case
 
 from toolcall.kernels import reference as ref
 from toolcall.kernels.geometry import MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU, matvec_kernel
-from toolcall.kernels.runner import DryRunGpu, KernelRunner, Out
+from toolcall.kernels.runner import KernelRunner, Out
 from toolcall.kernels.weight_args import weight_args
 
 ROWS = (1, 2, 15, 16, 17, 128, 512, 2048)  # the batch sizes of the linear-layer issue's reference table
@@ -68,11 +66,9 @@ CASES = ([pytest.param(case_rows, (f, p, T), id=f"{f.name}{p}-T{T}") for f in MA
 @pytest.mark.gpu
 @pytest.mark.parametrize("case,spec", CASES)
 def test_linear_kernels(dev, case, spec):
-    case(dev, np.random.default_rng(zlib.crc32(repr(spec).encode())), *spec)
+    run_case(dev, case, spec)
 
 
 @pytest.mark.parametrize("case,spec", CASES)
 def test_cases_pack_their_arguments(case, spec):
-    dry = KernelRunner(DryRunGpu())
-    case(dry, np.random.default_rng(0), *spec)
-    assert dry.gpu.launches
+    pack_case(case, spec)
