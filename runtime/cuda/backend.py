@@ -148,26 +148,43 @@ class CudaModel(HostStep):
         """Runs rows (T,) through every layer, writing their K/V into the pool; returns (T, hidden)
         float32 after the final norm, or only the rows ``outputs`` (R,). (``trace`` is a CPU-backend
         feature: ignored.)"""
-        t_max, T = self.limits.max_tokens_per_step, len(tokens)
-        assert kv is self.kv and 0 < T <= t_max, f"{T} rows; this backend takes 1..{t_max} on its own pool"
-        slots, positions = np.asarray(slots), np.asarray(positions)
-        kv.check_rows(slots, positions)
-        kv.sync()
-        seq, pos = slots.astype(np.int32), positions.astype(np.int32)
-        start, length = prefill_tiles(seq, pos, rows_per_tile(self.cfg.num_heads, self.cfg.num_kv_heads))
-        rows = np.zeros((5, t_max), np.int32)  # ws["rows"]: tokens, seq, pos, tile_start, tile_len
-        rows[0, :T], rows[1, :T], rows[2, :T] = tokens, seq, pos
-        rows[3, :len(start)], rows[4, :len(start)] = start, length
-        self.gpu.copy_in(self.ws["rows"], rows)
-        self.program(("forward", T, len(start)), lambda: self._forward_launches(T, len(start))).run()
+        assert kv is self.kv, "this backend steps on its own pool"
+        T = len(tokens)
+        n_tiles = self.write_rows(tokens, slots, positions)
+        self.program(("forward", T, n_tiles), lambda: self._forward_launches(T, n_tiles)).run()
         self.sync()
         hidden = self.gpu.download(self.ws["normed"], (T, self.cfg.hidden_size), np.float32)
         return hidden if outputs is None else hidden[outputs]
 
-    def _forward_launches(self, T: int, n_tiles: int):
+    def write_rows(self, tokens, slots, positions, tiles_from: int | None = 0, launched: int | None = None) -> int:
+        """A step's rows (T,) into ws["rows"], checked against the pool (its block table uploaded): tokens, seq,
+        pos, then the prefill tiles over rows ``tiles_from`` .. T - 1 (counted from that row; None: none, every row
+        the decode kernel's); rows T .. ``launched`` - 1 padding (-1: the kernels skip them). The tiles' count."""
+        t_max, T = self.limits.max_tokens_per_step, len(tokens)
+        assert 0 < T <= (launched or T) <= t_max, f"{T} rows ({launched} launched); this backend takes 1..{t_max}"
+        slots, positions = np.asarray(slots), np.asarray(positions)
+        self.kv.check_rows(slots, positions)
+        self.kv.sync()
+        seq, pos = slots.astype(np.int32), positions.astype(np.int32)
+        rows = np.zeros((5, t_max), np.int32)  # ws["rows"]: tokens, seq, pos, tile_start, tile_len
+        rows[:3, T:launched or T] = -1
+        rows[0, :T], rows[1, :T], rows[2, :T] = tokens, seq, pos
+        n_tiles = 0
+        if tiles_from is not None:
+            start, length = prefill_tiles(seq[tiles_from:], pos[tiles_from:],
+                                          rows_per_tile(self.cfg.num_heads, self.cfg.num_kv_heads))
+            rows[3, :len(start)], rows[4, :len(start)], n_tiles = start, length, len(start)
+        self.gpu.copy_in(self.ws["rows"], rows)
+        return n_tiles
+
+    def row_views(self) -> list[DeviceArray]:
+        """ws["rows"]'s five int32 [T_max] rows: tokens, seq, pos, tile_start, tile_len."""
         r, step = self.ws["rows"], 4 * self.limits.max_tokens_per_step
-        view = [DeviceArray(r.ptr + i * step, step) for i in range(5)]  # int32 [T_max] each
-        rows = StepRows(T, view[0], view[1], view[2], (view[3], view[4], n_tiles))
+        return [DeviceArray(r.ptr + i * step, step) for i in range(5)]
+
+    def _forward_launches(self, T: int, n_tiles: int):
+        tokens, seq, pos, start, length = self.row_views()
+        rows = StepRows(T, tokens, seq, pos, (start, length, n_tiles))
         return self.steps.forward(rows) + [self.steps.final_norm(T)]
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:

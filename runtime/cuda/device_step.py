@@ -18,12 +18,10 @@ import numpy as np
 
 from toolcall.common.errors import EngineError
 from toolcall.kernels.declarations import Launch
-from toolcall.kernels.geometry import prefill_tiles
-from toolcall.kernels.launch import DeviceArray
 from toolcall.runtime.batching.sampling import inverse_temperature, margins
 from toolcall.runtime.batching.step import PickRows, StepPlan, StepRecord
 from toolcall.runtime.cuda.buffers import DeviceArena, offset
-from toolcall.runtime.cuda.launches import StepRows, rows_per_tile
+from toolcall.runtime.cuda.launches import StepRows
 from toolcall.runtime.cuda.step_io import StepIO, bucket
 from toolcall.runtime.cuda.weights import GRAMMAR_ARRAYS
 
@@ -113,40 +111,22 @@ class DeviceStep:
         few shapes. Otherwise its leading rows that are alone in their sequence (the answering sequences' rows: the
         batcher lays them first) take the decode kernel and the rest prefill tiles, counted from the first of them."""
         m, T = self.m, len(plan.tokens)
-        t_max = m.limits.max_tokens_per_step
-        assert 0 < T <= t_max, f"{T} rows; this backend takes 1..{t_max}"
-        slots, positions = np.asarray(plan.slots), np.asarray(plan.positions)
-        m.kv.check_rows(slots, positions)
-        m.kv.sync()
-        seq, pos = slots.astype(np.int32), positions.astype(np.int32)
-        table = np.zeros((5, t_max), np.int32)  # tokens, seq, pos, tile_start, tile_len
-        _, first, counts = np.unique(seq, return_index=True, return_counts=True)
+        _, first, counts = np.unique(np.asarray(plan.slots), return_index=True, return_counts=True)
         if len(counts) == T:
-            launched = bucket(T, t_max)
-            table[:3, T:launched] = -1
-            table[0, :T], table[1, :T], table[2, :T] = plan.tokens, seq, pos
-            m.gpu.copy_in(m.ws["rows"], table)
+            launched = bucket(T, m.limits.max_tokens_per_step)
+            m.write_rows(plan.tokens, plan.slots, plan.positions, tiles_from=None, launched=launched)
             return None, launched, launched
         alone = np.zeros(T, bool)
         alone[first[counts == 1]] = True
-        decode = T if alone.all() else int(np.argmin(alone))  # the leading run of rows alone in their sequence
-        start, length = prefill_tiles(seq[decode:], pos[decode:], rows_per_tile(m.cfg.num_heads, m.cfg.num_kv_heads))
-        table[0, :T], table[1, :T], table[2, :T] = plan.tokens, seq, pos
-        table[3, :len(start)], table[4, :len(start)] = start, length
-        m.gpu.copy_in(m.ws["rows"], table)
-        return len(start), T, decode
+        decode = int(np.argmin(alone))  # the leading run of rows alone in their sequence (one row is not)
+        return m.write_rows(plan.tokens, plan.slots, plan.positions, tiles_from=decode), T, decode
 
     def _decode_launches(self, T: int) -> list[Launch]:
-        return self.m.steps.forward(StepRows(T, *self._row_views()[:3], None))
+        return self.m.steps.forward(StepRows(T, *self.m.row_views()[:3], None))
 
     def _mixed_launches(self, T: int, n_tiles: int, decode: int) -> list[Launch]:
-        tokens, seq, pos, start, length = self._row_views()
+        tokens, seq, pos, start, length = self.m.row_views()
         return self.m.steps.forward(StepRows(T, tokens, seq, pos, (start, length, n_tiles), decode))
-
-    def _row_views(self) -> list[DeviceArray]:
-        """ws["rows"]'s five int32 [T_max] rows: tokens, seq, pos, tile_start, tile_len."""
-        r, step = self.m.ws["rows"], 4 * self.m.limits.max_tokens_per_step
-        return [DeviceArray(r.ptr + i * step, step) for i in range(5)]
 
     def _pack(self, plan: StepPlan, rows: PickRows, groups) -> list[tuple[object, np.ndarray, int, int]]:
         """Fills the plan fields, group by group; [(stepper, the group's row indices, first buffer row, launched
