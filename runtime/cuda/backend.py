@@ -25,7 +25,7 @@ from toolcall.runtime.bundle.contract import Contract, Limits
 from toolcall.runtime.bundle.files import KERNELS_DIR, WEIGHTS_FILE
 from toolcall.runtime.bundle.model_config import ModelConfig
 from toolcall.runtime.bundle.tensor_file import SafetensorsFile
-from toolcall.runtime.cuda.buffers import DeviceArena, attention_splits, workspace_plan
+from toolcall.runtime.cuda.buffers import DeviceArena, arena_sizes, attention_splits, workspace_plan
 from toolcall.runtime.cuda.device_step import DeviceStep
 from toolcall.runtime.cuda.kv import KV_FORMAT, CudaKVPool
 from toolcall.runtime.cuda.launches import StepLaunches, StepRows, rows_per_tile
@@ -33,11 +33,6 @@ from toolcall.runtime.cuda.program import PROGRAM_CACHE, Program
 from toolcall.runtime.cuda.weights import DeviceWeights
 from toolcall.runtime.grammar.trie import Grammar
 
-
-def arena_sizes(plan: dict[str, int]) -> dict[str, int]:
-    """The workspace plan with q/k/v and gate/up merged into one buffer each (fused layouts)."""
-    sizes = {k: v for k, v in plan.items() if k not in ("q", "k", "v", "gate", "up")}
-    return {"qkv": plan["q"] + plan["k"] + plan["v"], "gate_up": plan["gate"] + plan["up"], **sizes}
 
 class CudaModel(HostStep):
     """Forward pass over rows and both heads on one GPU. ``gpu``: None (the model retains device

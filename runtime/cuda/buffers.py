@@ -72,6 +72,12 @@ def workspace_plan(cfg: ModelConfig, limits: Limits, max_edges: int, bitset_word
     }
 
 
+def arena_sizes(plan: dict[str, int]) -> dict[str, int]:
+    """The workspace plan with q/k/v and gate/up merged into one buffer each (fused layouts)."""
+    sizes = {k: v for k, v in plan.items() if k not in ("q", "k", "v", "gate", "up")}
+    return {"qkv": plan["q"] + plan["k"] + plan["v"], "gate_up": plan["gate"] + plan["up"], **sizes}
+
+
 BREAKDOWN_NAMES = ("hidden", "normed", "q", "k", "v", "attn_out", "gate", "up", "attn_partials",
                    "logits_sparse", "logits_dense")
 SPLIT_NOTE = f"attention splits of {ATTN_SPLIT} positions (kernels/common.cuh ATTN_SPLIT)"
