@@ -27,6 +27,7 @@ from toolcall.common.fp8 import E4M3_MAX
 from toolcall.runtime.batching.batcher import Request, Result
 from toolcall.runtime.batching.prefix_cache import prefill_prefix
 from toolcall.runtime.batching.prompt import PromptEncoder
+from toolcall.runtime.bundle.checks import recorded_logits
 from toolcall.runtime.bundle.contract import Canary, Limits
 from toolcall.runtime.bundle.kv_scales import KvScales
 from toolcall.runtime.cpu.backend import cpu_batcher, load_cpu_weights
@@ -111,7 +112,6 @@ def check_against_bf16(canary: Canary, weights_path: Path, cfg, grammar: Grammar
                              f"{list(res.token_ids)}: this model's answers depend on the cache's precision; build "
                              "with --kv-cache bf16", request=prompt.request,
                              fp8_tokens=list(prompt.expected_token_ids), bf16_tokens=list(res.token_ids))
-        for step, logits, cand in zip(prompt.steps, res.step_logits, res.step_candidates):
-            got = dict(zip(np.asarray(cand).tolist(), np.asarray(logits).tolist()))
-            worst = max([worst] + [abs(got[int(t)] - v) for t, v in zip(step.token_ids, step.logits)])
+        worst = max([worst] + [abs(found - value) for _, _, value, found in
+                               recorded_logits(prompt, res.step_logits, res.step_candidates)])
     return worst

@@ -217,11 +217,18 @@ def canary_mismatch(prompt, token_ids: list[int], step_logits, step_candidates, 
     expected = list(prompt.expected_token_ids)
     if token_ids != expected:
         return {"what": "tokens", "expected": expected, "found": list(token_ids)}
+    for position, token, value, found in recorded_logits(prompt, step_logits, step_candidates):
+        if found is None or not abs(found - value) <= tolerance:
+            return {"what": "logits", "step": position, "token": token, "expected": value, "found": found,
+                    "tolerance": tolerance}
+    return None
+
+
+def recorded_logits(prompt, step_logits, step_candidates):
+    """(step, token, recorded logit, this run's logit or None where the token was not a candidate) of every
+    candidate a canary prompt recorded, step by step. ``step_logits``/``step_candidates``: Result's."""
     for position, step in enumerate(prompt.steps):
         got = dict(zip(np.asarray(step_candidates[position]).tolist(), np.asarray(step_logits[position]).tolist()))
         for token, value in zip(step.token_ids, step.logits):
             found = got.get(int(token))
-            if found is None or not abs(found - value) <= tolerance:
-                return {"what": "logits", "step": position, "token": int(token), "expected": float(value),
-                        "found": None if found is None else float(found), "tolerance": tolerance}
-    return None
+            yield position, int(token), float(value), None if found is None else float(found)
