@@ -23,14 +23,13 @@ class PagedKVPool(PageAllocator):
     def __init__(self, cfg: ModelConfig, num_pages: int, page_size: int, max_seqs: int,
                  max_tokens_per_seq: int, kv_format: KvFormat = KV_BF16, scales: KvScales | None = None):
         super().__init__(num_pages, page_size, max_seqs, max_tokens_per_seq)
-        assert kv_format.scaled == (scales is not None), f"{kv_format}: scales {'needed' if kv_format.scaled else 'unused'}"
+        assert kv_format.scaled == (scales is not None), f"{kv_format}: scales needed exactly when scaled"
         self.format, self.dtype = kv_format, kv_format.dtype
         self.scales = scales if scales is not None else KvScales.ones(cfg)
-        self._inv_k, self._inv_v = self.scales.inv_k, self.scales.inv_v
         read = E4M3_READ if kv_format.scaled else np.float32(1.0)
         # (4, layers, kv_heads) f32 for the fast kernels: inverse K and V scales (writes), then what a decoded K
         # and V element is multiplied by (reads: 256 * scale for E4M3 codes, decoded as e4m3 / 256; else 1)
-        self.kernel_scales = np.ascontiguousarray(np.stack([self._inv_k, self._inv_v, read * self.scales.k,
+        self.kernel_scales = np.ascontiguousarray(np.stack([self.scales.inv_k, self.scales.inv_v, read * self.scales.k,
                                                             read * self.scales.v]), np.float32)
         shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
         # (2, layers, *shape): K then V of every layer in one array, so copy_rows is one numpy copy;
@@ -57,8 +56,9 @@ class PagedKVPool(PageAllocator):
     def write(self, layer: int, slots: np.ndarray, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Stores k, v (T, kv_heads, head_dim) float32 at each row's (slot, position), encoded in the pool's format."""
         pages, offsets = self.rows_at(slots, positions)
-        self.k[layer][pages, offsets] = self.format.encode(k, self._inv_k[layer])
-        self.v[layer][pages, offsets] = self.format.encode(v, self._inv_v[layer])
+        inv_k, inv_v = self.kernel_scales[:2, layer]  # the kernels' own inverse scales: the same codes
+        self.k[layer][pages, offsets] = self.format.encode(k, inv_k)
+        self.v[layer][pages, offsets] = self.format.encode(v, inv_v)
 
     def rows_at(self, slots: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(pages, offsets) (T,) of each row's (slot, position), checked; the same for every layer of a step."""
