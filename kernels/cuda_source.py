@@ -34,8 +34,8 @@ class Param(NamedTuple):
 
 @dataclass(frozen=True)
 class EntryPoint:
-    """One ``extern "C"`` kernel: function name, source file stem, parameters, and the argument of its
-    ``__launch_bounds__`` (a #define name or a number; None without one)."""
+    """One ``extern "C"`` kernel: function name, source file stem, parameters, and the first argument of its
+    ``__launch_bounds__`` (the block size: a #define name or a number; None without one)."""
 
     name: str
     file: str
@@ -76,8 +76,9 @@ def parse_entry_points(source: str, file: str = "<source>") -> dict[str, EntryPo
     for m in _ENTRY.finditer(_strip_comments(source)):
         bounds, name, params = m.group(1), m.group(2), m.group(3).strip()
         decls = [p for p in params.split(",") if p.strip()] if params else []
+        # __launch_bounds__(threads[, min blocks an SM]): the block size is the first argument
         out[name] = EntryPoint(name, file, tuple(_param(d, f"{file}:{name}") for d in decls),
-                               bounds.strip() if bounds else None)
+                               bounds.split(",")[0].strip() if bounds else None)
     return out
 
 

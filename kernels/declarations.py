@@ -20,7 +20,7 @@ from functools import lru_cache
 from types import SimpleNamespace
 
 from toolcall.kernels.cuda_source import Param, defines, entry_points
-from toolcall.kernels.geometry import MATVECS, RMSNORM, cdiv
+from toolcall.kernels.geometry import FMA, MATVEC_FORMATS, MMA, PROLOGUES, RMSNORM, cdiv, matvec_kernel
 
 C = SimpleNamespace(**defines())
 
@@ -29,13 +29,20 @@ def _matvec_grid(rows_per_block: int):
     return lambda n_out, T: (cdiv(n_out, rows_per_block), cdiv(T, C.MV_TILE_T))
 
 
+def _linear_mma_grid(n_out, T):
+    """linear_mma.cuh: 16 output rows a row group, LM_WIDE_GROUPS groups a block from LM_WIDE_T rows on."""
+    groups = C.LM_WIDE_GROUPS if T >= C.LM_WIDE_T else 1
+    return cdiv(n_out, 16 * groups), cdiv(T, C.LM_TOKENS)
+
+
 # Grid (x, y, z) of each entry point from its int parameters (the lambda's parameter names), as the
 # kernel's header comment states it; the block is the kernel's __launch_bounds__.
 GRIDS: dict[str, Callable[..., tuple[int, ...]]] = {
     # matvec.cuh: 8 warps x 2 output rows a block (*_rmsnorm, head_dense) or x 1 (plain and *_swiglu:
     # o_proj / down_proj get twice the blocks), MV_TILE_T activation rows a block
-    **{fn: _matvec_grid(C.MV_ROWS_PER_BLOCK if prologue == RMSNORM else C.MV_ROWS_PER_BLOCK_NARROW)
-       for fn, (_, prologue) in MATVECS.items()},
+    **{matvec_kernel(f, p, FMA): _matvec_grid(C.MV_ROWS_PER_BLOCK if p == RMSNORM else C.MV_ROWS_PER_BLOCK_NARROW)
+       for f in MATVEC_FORMATS for p in PROLOGUES},
+    **{matvec_kernel(f, p, MMA): _linear_mma_grid for f in MATVEC_FORMATS for p in PROLOGUES},
     "head_dense": lambda vocab, T: (cdiv(vocab, C.MV_ROWS_PER_BLOCK), cdiv(T, C.MV_TILE_T)),
     "embed_gather": lambda T: (T,),  # a block a row
     "rmsnorm": lambda B: (cdiv(B, C.NORM_ROWS_PER_BLOCK),),  # a warp a row

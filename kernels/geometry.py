@@ -6,7 +6,8 @@ kernels/declarations.py.
 
 One step over rows (token, seq, pos), per layer (<fmt> = a bundle weight format's kernel prefix,
 common/formats.py: fp8_e4m3 | nvfp4 | bf16):
-  <fmt>_matvec_rmsnorm  q|k|v, one fused weight (input_layernorm fused)
+  <fmt>_matvec_rmsnorm  q|k|v, one fused weight (input_layernorm fused); every <fmt>_matvec* below is
+                        one of a linear family's kernels (LINEAR_FAMILIES: <fmt>_linear_mma* on tensor cores)
   decode (one row per sequence; 5 launches a layer):
     attention_decode    q/k norm + rope, K/V -> the paged bf16 cache, attention, split merge
   prefill (7 launches a layer):
@@ -20,6 +21,8 @@ head_sparse -> grammar_advance (the WHILE condition), or head_dense + argmax_row
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from toolcall.common.formats import WEIGHT_FORMATS, WeightFormat
@@ -29,20 +32,38 @@ ATTN_SPLIT = defines()["ATTN_SPLIT"]  # positions of one attention split (common
 ATTN_QCHUNK = defines()["ATTN_QCHUNK"]  # query rows one prefill block stages (attention.cuh)
 HEAD_DIMS = (32, 64, 128)  # what the attention kernels take (attention.cuh: head_dim / 8 lanes a key)
 
-# Formats with matvec kernels: the bundle formats (fp32 runs on the CPU only). Each has three entry
-# points, one per prologue (matvec.cuh PRO_*): plain, input RMSNorm fused, SwiGLU fused.
+# Formats with linear-layer kernels: the bundle formats (fp32 runs on the CPU only). Each has three entry
+# points a kernel family, one per prologue (linear.cuh PRO_*): plain, input RMSNorm fused, SwiGLU fused.
 MATVEC_FORMATS: tuple[WeightFormat, ...] = tuple(f for f in WEIGHT_FORMATS if f.in_bundles)
 PLAIN, RMSNORM, SWIGLU = "", "_rmsnorm", "_swiglu"
 PROLOGUES = (PLAIN, RMSNORM, SWIGLU)
 
 
-def matvec_kernel(fmt: WeightFormat, prologue: str = PLAIN) -> str:
-    """The entry point of ``fmt``'s matvec with ``prologue``: ``<kernel_prefix>_matvec<prologue>``."""
-    return f"{fmt.kernel_prefix}_matvec{prologue}"
+@dataclass(frozen=True)
+class LinearFamily:
+    """One family of linear-layer kernels: the same parameters and the same result to float32 rounding,
+    each with one reduction order for every row count T (a row's bits never depend on the other rows of
+    its launch). Entry points: ``<fmt.kernel_prefix>_<stem><prologue>``."""
+
+    name: str
+    stem: str
+    summary: str
 
 
-# kernel name -> (weight format, prologue), for every matvec entry point
-MATVECS: dict[str, tuple[WeightFormat, str]] = {matvec_kernel(f, p): (f, p) for f in MATVEC_FORMATS for p in PROLOGUES}
+FMA = LinearFamily("fma", "matvec", "float32 FMAs on CUDA cores, 8 activation rows a weight load (matvec.cuh)")
+MMA = LinearFamily("mma", "linear_mma", "bf16 mma.sync on tensor cores, activations as bf16 hi + lo "
+                   "(linear_mma.cuh)")
+LINEAR_FAMILIES: dict[str, LinearFamily] = {f.name: f for f in (FMA, MMA)}
+
+
+def matvec_kernel(fmt: WeightFormat, prologue: str = PLAIN, family: LinearFamily = FMA) -> str:
+    """The entry point of ``fmt``'s linear layer with ``prologue`` in ``family``."""
+    return f"{fmt.kernel_prefix}_{family.stem}{prologue}"
+
+
+# kernel name -> (weight format, prologue), for every linear-layer entry point of every family
+MATVECS: dict[str, tuple[WeightFormat, str]] = {matvec_kernel(f, p, fam): (f, p) for fam in LINEAR_FAMILIES.values()
+                                                for f in MATVEC_FORMATS for p in PROLOGUES}
 
 
 def cdiv(a: int, b: int) -> int:

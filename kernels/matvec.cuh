@@ -1,13 +1,11 @@
-// matvec.cuh: small-batch linear layer, shared by matvec_{fp8_e4m3,nvfp4,bf16}.cu and head_dense.cu.
+// matvec.cuh: the linear layer on CUDA cores (float32 FMAs), shared by matvec_{fp8_e4m3,nvfp4,bf16}.cu
+// and head_dense.cu; the "fma" family of kernels/geometry.py LINEAR_FAMILIES.
 //
 //   y[t, o] (+)= scale(o) * sum_k prologue(x)[t, k] * Wq[o, k]  (+ bias[o])
 //
 // x: float32 [T, x_stride] (first `in` columns used); y: float32 [T, out], must not alias x.
-// W: one 16-byte vector = ELEMS consecutive elements of one row; rows are row-major, `in`
-// elements each. Prologue, applied while staging x into shared memory:
-//   PRO_PLAIN   x
-//   PRO_RMSNORM (x / sqrt(mean(x^2) + eps)) * norm_w[k]   (norm_w bf16 [in]; = rmsnorm.cu)
-//   PRO_SWIGLU  silu(x[t, k]) * x2[t, k]                   (gate x, up x2; = swiglu.cu)
+// W: one 16-byte vector = ELEMS consecutive elements of one row (the formats and the prologues:
+// linear.cuh); the prologue is applied while staging x into shared memory.
 //
 // Launch: grid (ceil(out / rows per block), ceil(T / MV_TILE_T)), block MV_THREADS; rows per
 // block = MV_WARPS x R (R below: 16 for *_rmsnorm and head_dense, 8 for plain and *_swiglu).
@@ -25,7 +23,7 @@
 // order, elements in order, fmaf), then one warp_sum; T and the tile a row lands in never
 // change its bits. Requires in % ELEMS == 0, x_stride % 4 == 0, 16-byte aligned bases.
 #pragma once
-#include "common.cuh"
+#include "linear.cuh"
 
 #define MV_THREADS 256
 #define MV_WARPS 8
@@ -34,76 +32,6 @@
 #define MV_ROWS_PER_BLOCK 16
 #define MV_ROWS_PER_BLOCK_NARROW 8
 #define MV_TILE_T 8
-
-#define PRO_PLAIN 0
-#define PRO_RMSNORM 1
-#define PRO_SWIGLU 2
-
-// ---- weight formats: ELEMS per 16-byte vector, K_CHUNK staged columns (multiple of
-// 32 * ELEMS; smem = MV_TILE_T * K_CHUNK * (1 + 4 / ELEMS) * 4 bytes <= 40 KiB) ----
-
-// FP8 e4m3 [out, in] + float32 per-row scale [out].
-struct FmtFP8 {
-    static constexpr int ELEMS = 16, K_CHUNK = 1024;
-    static __device__ __forceinline__ size_t row_bytes(int in) { return (size_t)in; }
-    static __device__ __forceinline__ u32 aux(const void*, int, int, int) { return 0u; }
-    // Sub-vector `sub` (0..1) = bytes 8*sub .. 8*sub+7 of the vector.
-    static __device__ __forceinline__ void decode(const uint4 r, u32, int sub, float w[8]) {
-        const u32 a = sub == 0 ? r.x : r.z, b = sub == 0 ? r.y : r.w;
-        float2 f0 = e4m3x2_to_float2((unsigned short)(a & 0xffffu));
-        float2 f1 = e4m3x2_to_float2((unsigned short)(a >> 16));
-        float2 f2 = e4m3x2_to_float2((unsigned short)(b & 0xffffu));
-        float2 f3 = e4m3x2_to_float2((unsigned short)(b >> 16));
-        w[0] = f0.x; w[1] = f0.y; w[2] = f1.x; w[3] = f1.y;
-        w[4] = f2.x; w[5] = f2.y; w[6] = f3.x; w[7] = f3.y;
-    }
-    static __device__ __forceinline__ float row_scale(const void* s, const float*, int o) {
-        return static_cast<const float*>(s)[o];
-    }
-};
-
-// NVFP4: e2m1 codes uint8 [out, in/2] (element 2k in the low nibble), e4m3 block scales
-// [out, in/16], float32 global scale per output row [out] (one value repeated per source
-// tensor, so fused q|k|v and gate|up keep each tensor's own). A vector holds 32 elements = 2
-// scale blocks. Codes become fp16 e2m1 x 2^-14 by bit placement (common.cuh, no conversion
-// instruction); times the block scale in fp16 that is exact (a.b x 2^-24 with a <= 12, b an
-// e4m3 significand: <= 6 significant bits, 2^-24 .. 2688 x 2^-14, all fp16 values), and the
-// 2^14 is folded into the row's global scale (exact: a power of two), so every product and
-// partial sum is the previous decoding's times 2^-14 exactly and the result has the same bits.
-struct FmtNVFP4 {
-    static constexpr int ELEMS = 32, K_CHUNK = 1024;
-    static __device__ __forceinline__ size_t row_bytes(int in) { return (size_t)(in / 2); }
-    // The vector's two block-scale bytes (in % 32 == 0 keeps the u16 load aligned).
-    static __device__ __forceinline__ u32 aux(const void* s, int o, int v, int in) {
-        const u8* row = static_cast<const u8*>(s) + (size_t)o * (in / 16);
-        return *reinterpret_cast<const unsigned short*>(row + 2 * v);
-    }
-    // Sub-vector `sub` (0..3) = word `sub` = 8 elements of block sub / 2.
-    static __device__ __forceinline__ void decode(const uint4 r, u32 scales, int sub, float w[8]) {
-        const u32 word = sub == 0 ? r.x : sub == 1 ? r.y : sub == 2 ? r.z : r.w;
-        const __half2 bs2 = e4m3x2_to_half2((unsigned short)scales);
-        const __half2 bs = sub < 2 ? __low2half2(bs2) : __high2half2(bs2);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float2 f = __half22float2(__hmul2(e2m1x2_to_half2_2m14(word >> (8 * i)), bs));
-            w[2 * i] = f.x; w[2 * i + 1] = f.y;
-        }
-    }
-    static __device__ __forceinline__ float row_scale(const void*, const float* g, int o) {
-        return __fmul_rn(g[o], 16384.0f);  // 2^14: exact
-    }
-};
-
-// BF16 [out, in], no scale (unquantized reference build and the lm head).
-struct FmtBF16 {
-    static constexpr int ELEMS = 8, K_CHUNK = 512;
-    static __device__ __forceinline__ size_t row_bytes(int in) { return (size_t)in * 2; }
-    static __device__ __forceinline__ u32 aux(const void*, int, int, int) { return 0u; }
-    static __device__ __forceinline__ void decode(const uint4 r, u32, int, float w[8]) {
-        bf16x8_to_float(r, w);
-    }
-    static __device__ __forceinline__ float row_scale(const void*, const float*, int) { return 1.0f; }
-};
 
 // Loads chunk c's weight vectors of this warp's rows into registers (zeros past the edges).
 template <class F, int R, int VPL>

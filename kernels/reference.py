@@ -12,7 +12,17 @@ import ml_dtypes
 import numpy as np
 
 from toolcall.common.formats import WeightFormat
-from toolcall.kernels.geometry import ATTN_SPLIT, MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.geometry import (
+    ATTN_SPLIT,
+    LINEAR_FAMILIES,
+    MATVEC_FORMATS,
+    MMA,
+    PLAIN,
+    RMSNORM,
+    SWIGLU,
+    LinearFamily,
+    matvec_kernel,
+)
 from toolcall.kernels.weight_args import weight_args
 
 F32 = np.float32
@@ -70,21 +80,33 @@ def linear(x: np.ndarray, w: np.ndarray, bias=None, y=None, accumulate: bool = F
     return (f32(y) + r) if accumulate else r
 
 
-def _matvec_family(fmt: WeightFormat) -> dict[str, object]:
+def bf16_hi_lo(x: np.ndarray) -> np.ndarray:
+    """float32 hi + lo with hi = bf16(x), lo = bf16(x - hi): the activations linear_mma.cuh multiplies
+    (16 significant bits; exact in float32)."""
+    hi = f32(np.asarray(x, F32).astype(BF16))
+    return hi + f32((np.asarray(x, F32) - hi).astype(BF16))
+
+
+def _matvec_family(fmt: WeightFormat, family: LinearFamily) -> dict[str, object]:
+    seen = bf16_hi_lo if family is MMA else f32  # what the family's products see of the activations
+
     def plain(x, w, *scales, bias=None, y=None, accumulate=False):
-        return linear(x, dequant(fmt, w, *scales), bias, y, accumulate)
+        return linear(seen(x), dequant(fmt, w, *scales), bias, y, accumulate)
 
     def with_rmsnorm(x, norm_w, eps, w, *scales, bias=None, y=None, accumulate=False):
-        return linear(rmsnorm(x, norm_w, eps), dequant(fmt, w, *scales), bias, y, accumulate)
+        return linear(seen(rmsnorm(x, norm_w, eps)), dequant(fmt, w, *scales), bias, y, accumulate)
 
     def with_swiglu(gate, up, w, *scales, bias=None, y=None, accumulate=False):
-        return linear(swiglu(gate, up), dequant(fmt, w, *scales), bias, y, accumulate)
-    return {matvec_kernel(fmt, p): f for p, f in zip((PLAIN, RMSNORM, SWIGLU), (plain, with_rmsnorm, with_swiglu))}
+        return linear(seen(swiglu(gate, up)), dequant(fmt, w, *scales), bias, y, accumulate)
+    return {matvec_kernel(fmt, p, family): f
+            for p, f in zip((PLAIN, RMSNORM, SWIGLU), (plain, with_rmsnorm, with_swiglu))}
 
 
-# kernel name -> reference, for every <fmt>_matvec<prologue>: (x, w, *scales, ...) plain, (x, norm_w, eps,
-# w, *scales, ...) with the input RMSNorm, (gate, up, w, *scales, ...) with SwiGLU; scales as the kernel's
-MATVEC_REFERENCES = {fn: ref for f in MATVEC_FORMATS for fn, ref in _matvec_family(f).items()}
+# kernel name -> reference, for every linear-layer kernel of every family: (x, w, *scales, ...) plain, (x,
+# norm_w, eps, w, *scales, ...) with the input RMSNorm, (gate, up, w, *scales, ...) with SwiGLU; scales as
+# the kernel's
+MATVEC_REFERENCES = {fn: ref for fam in LINEAR_FAMILIES.values() for f in MATVEC_FORMATS
+                     for fn, ref in _matvec_family(f, fam).items()}
 
 
 def head_dense(x: np.ndarray, norm_w: np.ndarray, eps: float, table: np.ndarray) -> np.ndarray:

@@ -100,22 +100,23 @@ class EmulatedGpu(DryRunGpu):
     def launch(self, kernel, grid, block, args, shared_bytes: int = 0, stream=0) -> None:
         super().launch(kernel, grid, block, args)  # packs: every parameter named once
         if kernel.name in MATVECS:
-            return self._matvec(*MATVECS[kernel.name], args)
+            return self._matvec(kernel.name, args)
         getattr(self, "_" + kernel.name)(args)
 
-    def _matvec(self, fmt, pro: str, a) -> None:
-        T, n_in, n_out = a["T"], a["n_in"], a["n_out"]
+    def _matvec(self, name: str, a) -> None:
+        """Any linear family's kernel through its reference (kernels/reference.py MATVEC_REFERENCES)."""
+        fmt, pro = MATVECS[name]
+        T, n_in, n_out, stride = a["T"], a["n_in"], a["n_out"], a["x_stride"]
         w = [self.view(a[arg.param], arg.dtype, arg.shape(n_out, n_in)) for arg in weight_args(fmt)]
         if pro == SWIGLU:
-            x = ref.swiglu(self.view(a["gate"], F32, (T, n_in), a["x_stride"]),
-                           self.view(a["up"], F32, (T, n_in), a["x_stride"]))
+            head = (self.view(a["gate"], F32, (T, n_in), stride), self.view(a["up"], F32, (T, n_in), stride))
+        elif pro == RMSNORM:
+            head = (self.view(a["x"], F32, (T, n_in), stride).copy(), self.view(a["norm_w"], BF16, (n_in,)), a["eps"])
         else:
-            x = self.view(a["x"], F32, (T, n_in), a["x_stride"]).copy()
-            if pro == RMSNORM:
-                x = ref.rmsnorm(x, self.view(a["norm_w"], BF16, (n_in,)), a["eps"])
+            head = (self.view(a["x"], F32, (T, n_in), stride).copy(),)
         bias = None if a["bias"] is None else self.view(a["bias"], F32, (n_out,))
         y = self.view(a["y"], F32, (T, n_out))
-        y[:] = ref.linear(x, ref.dequant(fmt, *w), bias, y.copy(), bool(a["accumulate"]))
+        y[:] = ref.MATVEC_REFERENCES[name](*head, *w, bias=bias, y=y.copy(), accumulate=bool(a["accumulate"]))
 
     def _embed_gather(self, a):
         tokens = self.view(a["tokens"], I32, (a["T"],))

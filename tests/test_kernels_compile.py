@@ -13,7 +13,7 @@ from toolcall.common.formats import FP8_E4M3, NVFP4
 from toolcall.kernels import cuda_source, nvrtc_build, targets
 from toolcall.kernels.cuda_source import Param, defines, entry_points, parse_defines, parse_entry_points
 from toolcall.kernels.declarations import GRIDS, declarations
-from toolcall.kernels.geometry import MATVEC_FORMATS, MATVECS, matvec_kernel
+from toolcall.kernels.geometry import FMA, LINEAR_FAMILIES, MATVEC_FORMATS, MATVECS, MMA, matvec_kernel
 from toolcall.kernels.nvrtc_build import compile_all, compile_kernel, kernel_sources, resource_table
 from toolcall.kernels.targets import SM_ARCHS
 
@@ -22,7 +22,8 @@ ARCHS = SM_ARCHS  # every architecture a target names (kernels/targets.py)
 HOT = (*MATVECS, "head_dense", "head_sparse", "attention_decode", "attention_prefill_partial", "attention_merge",
        "rmsnorm", "qk_norm_rope_kv")
 EXPECTED_FILES = {"argmax", "attention", "attention_decode", "attention_merge", "embedding", "grammar_advance",
-                  "grammar_candidates", "head_dense", "head_sparse", "matvec_bf16",
+                  "grammar_candidates", "head_dense", "head_sparse", "linear_mma_bf16", "linear_mma_fp8_e4m3",
+                  "linear_mma_nvfp4", "matvec_bf16",
                   "matvec_fp8_e4m3", "matvec_nvfp4", "qk_norm_rope", "rmsnorm", "sample_draw", "swiglu"}
 
 
@@ -157,25 +158,27 @@ def test_every_entry_point_is_declared_once_with_its_launch_bounds():
     the kernel's __launch_bounds__ constant as the source defines it; the grid reads int parameters only."""
     found = {}
     for path in kernel_sources():
-        for name in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\((\w+)\)\s*)?(\w+)',
-                               path.read_text()):
+        entry = r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\((\w+)(?:,\s*\d+)?\)\s*)?(\w+)'
+        for name in re.findall(entry, path.read_text()):
             found[name[1]] = (path.stem, defines()[name[0]])
     decls = declarations()
     assert {n: (d.file, d.threads) for n, d in decls.items()} == found and set(GRIDS) == set(found)
     for d in decls.values():
         assert set(d.sizes) <= {p.name for p in d.params if p.kind == "int32"}, d.name
         assert d.names == tuple(p.name for p in entry_points()[d.name].params)
-    assert {matvec_kernel(f, p) for f in MATVEC_FORMATS for p in ("", "_rmsnorm", "_swiglu")} <= set(decls)
+    assert {matvec_kernel(f, p, fam) for fam in LINEAR_FAMILIES.values() for f in MATVEC_FORMATS
+            for p in ("", "_rmsnorm", "_swiglu")} <= set(decls)
 
 
-def test_the_matvec_input_multiple_is_the_kernels_vector():
-    """A format's kernel_multiple (common/formats.py) is its matvec's elements per 16-byte vector
-    (matvec.cuh ``struct Fmt... { static constexpr int ELEMS``)."""
-    header = (cuda_source.KERNEL_DIR / "matvec.cuh").read_text()
+@pytest.mark.parametrize("family,template", [(FMA, "matvec_tile"), (MMA, "linear_mma")])
+def test_the_matvec_input_multiple_is_the_kernels_vector(family, template):
+    """A format's kernel_multiple (common/formats.py) is its linear kernels' elements per 16-byte vector
+    (linear.cuh ``struct Fmt... { static constexpr int ELEMS``), in each family."""
+    header = (cuda_source.KERNEL_DIR / "linear.cuh").read_text()
     elems = dict(re.findall(r"struct (\w+) \{\s*static constexpr int ELEMS = (\d+)", header))
     for f in MATVEC_FORMATS:
-        source = (cuda_source.KERNEL_DIR / f"{declarations()[matvec_kernel(f)].file}.cu").read_text()
-        kernel_fmt = set(re.findall(r"matvec_tile<(\w+),", source))
+        source = (cuda_source.KERNEL_DIR / f"{declarations()[matvec_kernel(f, family=family)].file}.cu").read_text()
+        kernel_fmt = set(re.findall(template + r"<(\w+),", source))
         assert len(kernel_fmt) == 1 and int(elems[kernel_fmt.pop()]) == f.kernel_multiple, f
 
 

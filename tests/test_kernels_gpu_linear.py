@@ -1,6 +1,7 @@
-"""The linear-layer kernels over the batch sizes a serving step takes, against kernels/reference.py, and the rule
-the serving step's bit gates rest on: a row's output bits are the same alone and beside 1, 7, 63 or 255 other
-rows, for every layer kind (plain, rmsnorm prologue, SwiGLU prologue) and every weight format.
+"""The linear-layer kernels of both families (kernels/geometry.py LINEAR_FAMILIES: FMAs, mma.sync) over the batch
+sizes a serving step takes, against kernels/reference.py, and the rule the serving step's bit gates rest on: a row's
+output bits are the same alone and beside 1, 7, 63 or 255 other rows (for the mma family 63 and 255 cross into its
+wide tiling), for every layer kind (plain, rmsnorm prologue, SwiGLU prologue) and every weight format.
 
 On a GPU the cases compare; without one ``test_cases_pack_their_arguments`` still runs every case on a dry-run
 device (names and kinds checked on the CPU; arithmetic is judged on a GPU only)."""
@@ -11,7 +12,7 @@ import pytest
 from test_kernels_gpu import EPS, WEIGHTS, bf16, pack_case, run_case
 
 from toolcall.kernels import reference as ref
-from toolcall.kernels.geometry import MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.geometry import LINEAR_FAMILIES, MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU, matvec_kernel
 from toolcall.kernels.runner import KernelRunner, Out
 from toolcall.kernels.weight_args import weight_args
 
@@ -35,10 +36,10 @@ def launch(d: KernelRunner, fn: str, head: dict, weights: dict, T: int) -> np.nd
                  n_in=N_IN, n_out=N_OUT, accumulate=0)["y"]
 
 
-def case_rows(d: KernelRunner, rng, fmt, pro, T):
+def case_rows(d: KernelRunner, rng, family, fmt, pro, T):
     """T rows against the reference (3e-5 of the products' magnitudes)."""
     head, ref_head, weights, stored = inputs(rng, fmt, pro, T)
-    fn = matvec_kernel(fmt, pro)
+    fn = matvec_kernel(fmt, pro, family)
     got = launch(d, fn, head, weights, T)
     want = ref.MATVEC_REFERENCES[fn](*ref_head, *stored, bias=None, y=np.zeros((T, N_OUT), np.float32),
                                      accumulate=False)
@@ -47,20 +48,21 @@ def case_rows(d: KernelRunner, rng, fmt, pro, T):
             label=f"{fn} T={T}")
 
 
-def case_beside(d: KernelRunner, rng, fmt, pro, others):
+def case_beside(d: KernelRunner, rng, family, fmt, pro, others):
     """Row 0 alone, then first in a launch of 1 + ``others`` rows: the same bits."""
     head, _, weights, _ = inputs(rng, fmt, pro, 1 + others)
-    fn = matvec_kernel(fmt, pro)
+    fn = matvec_kernel(fmt, pro, family)
     alone = launch(d, fn, {k: (a[:1] if isinstance(a, np.ndarray) and a.ndim == 2 else a) for k, a in head.items()},
                    weights, 1)
     together = launch(d, fn, head, weights, 1 + others)
     d.same(together[:1], alone, f"{fn}: a row alone vs beside {others} others")
 
 
-CASES = ([pytest.param(case_rows, (f, p, T), id=f"{f.name}{p}-T{T}") for f in MATVEC_FORMATS
-          for p in (PLAIN, RMSNORM, SWIGLU) for T in (ROWS if p == PLAIN else (1, 16, 17, 512))]
-         + [pytest.param(case_beside, (f, p, k), id=f"{f.name}{p}-beside{k}") for f in MATVEC_FORMATS
-            for p in (PLAIN, RMSNORM, SWIGLU) for k in BESIDE])
+FAMILIES = tuple(LINEAR_FAMILIES.values())
+CASES = ([pytest.param(case_rows, (fam, f, p, T), id=f"{fam.name}-{f.name}{p}-T{T}") for fam in FAMILIES
+          for f in MATVEC_FORMATS for p in (PLAIN, RMSNORM, SWIGLU) for T in (ROWS if p == PLAIN else (1, 16, 17, 512))]
+         + [pytest.param(case_beside, (fam, f, p, k), id=f"{fam.name}-{f.name}{p}-beside{k}") for fam in FAMILIES
+            for f in MATVEC_FORMATS for p in (PLAIN, RMSNORM, SWIGLU) for k in BESIDE])
 
 
 @pytest.mark.gpu

@@ -1,13 +1,14 @@
 """SASS statistics of every kernel, read with the CUDA disassembler wheel without a GPU (kernels/sass.py): the
 counts agree with the resource report, no kernel touches local memory (but one, stated), the sampled pick has no fused
-multiply-add (it must round every operation as the CPU draw does), and attention_decode stays within its
-instruction bound. The table prints with ``-s``."""
+multiply-add (it must round every operation as the CPU draw does), attention_decode stays within its
+instruction bound, and the tensor-core linear family is made of mma instructions. The table prints with ``-s``."""
 from __future__ import annotations
 
 import pytest
 
 from toolcall.kernels import sass
 from toolcall.kernels.declarations import declarations
+from toolcall.kernels.geometry import MATVECS, MMA, matvec_kernel
 from toolcall.kernels.nvrtc_build import compile_all, compile_kernel
 from toolcall.kernels.targets import SM_ARCHS
 
@@ -78,3 +79,16 @@ def test_the_listing_parser_reads_predicated_and_vector_instructions():
     assert name == "k" and ops[0] == "LDG.E.128"
     assert (s.instructions, s.global_loads, s.global_loads_128, s.local_memory, s.mma, s.ffma) == (5, 2, 1, 1, 1, 1)
     assert s.share_128 == 0.5
+
+
+def test_the_tensor_core_family_uses_mma_and_the_fma_family_none(compiled):
+    """kernels/geometry.py LINEAR_FAMILIES: every mma-family kernel issues HMMA (bf16 mma.sync; at least the
+    hi and lo products of one 16 x 8 x 16 step, in each of its two tilings), every FMA-family kernel none."""
+    arch, rows = compiled
+    tensor_core = {matvec_kernel(f, p, MMA) for f, p in MATVECS.values()}
+    for fn in MATVECS:
+        stats, _ = rows[fn]
+        if fn in tensor_core:
+            assert stats.mma >= 4 and not stats.local_memory, (arch, fn, stats)
+        else:
+            assert stats.mma == 0, (arch, fn, stats)
