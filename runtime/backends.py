@@ -75,10 +75,12 @@ class Backend(Protocol):
 @dataclass(frozen=True)
 class LoadOptions:
     """How to load: ``cpu_backend`` "fast" (numba, stored weights) or "reference" (numpy float32) on a CPU
-    target; ``threads``: host kernel threads (None: the CPUs this process may use)."""
+    target; ``threads``: host kernel threads (None: the CPUs this process may use); ``linear_kernels``: on a
+    GPU target, the linear-layer kernel family (toolcall.kernels.geometry LINEAR_FAMILIES: "fma", "mma")."""
 
     cpu_backend: str = "fast"
     threads: int | None = None
+    linear_kernels: str = "fma"
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,10 @@ class BackendKind:
 
 def _load_cpu(folder: Path, contract: Contract, grammar: Grammar, options: LoadOptions) -> Backend:
     from toolcall.runtime.cpu.backend import load_cpu_backend
+    if options.linear_kernels != LoadOptions.linear_kernels:
+        raise EngineError("usage", f"--linear-kernels {options.linear_kernels}: a kernel family of the GPU targets; "
+                          f"this bundle's target is {contract.target.name}: leave the option out",
+                          option="linear_kernels", value=options.linear_kernels)
     return load_cpu_backend(folder, contract, options)
 
 
@@ -105,9 +111,14 @@ def _cpu_first_use_note() -> str | None:
 
 
 def _load_cuda(folder: Path, contract: Contract, grammar: Grammar, options: LoadOptions) -> Backend:
+    from toolcall.kernels.geometry import LINEAR_FAMILIES
     from toolcall.runtime.cuda.backend import load_cuda_model
+    family = LINEAR_FAMILIES.get(options.linear_kernels)
+    if family is None:
+        raise EngineError("usage", f"--linear-kernels {options.linear_kernels!r}: the families are "
+                          f"{', '.join(LINEAR_FAMILIES)}", option="linear_kernels", value=options.linear_kernels)
     try:
-        return load_cuda_model(folder, contract, grammar)  # frees what it took if it fails
+        return load_cuda_model(folder, contract, grammar, linear=family)  # frees what it took if it fails
     except EngineError:
         raise
     except Exception as e:  # a binding or driver surprise: typed, never a traceback

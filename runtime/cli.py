@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from toolcall.common.errors import EngineError
+from toolcall.kernels.geometry import FMA, LINEAR_FAMILIES
 from toolcall.runtime import console
 from toolcall.runtime.backends import CPU_BACKENDS
 from toolcall.runtime.batching.batcher import Result
@@ -23,6 +24,9 @@ _backend = click.option("--backend", type=click.Choice(CPU_BACKENDS), default="f
                         help="CPU bundles: fast (numba on the stored weights) or reference (numpy float32).")
 _threads = click.option("--threads", type=int, default=None,
                         help="Fast CPU backend worker threads [default: the CPUs this process may use].")
+_linear = click.option("--linear-kernels", type=click.Choice(tuple(LINEAR_FAMILIES)), default=FMA.name,
+                       show_default=True, help="GPU bundles: the linear layers' kernels: "
+                       + "; ".join(f"{f.name}: {f.summary}" for f in LINEAR_FAMILIES.values()) + ".")
 
 
 EPILOG = f"""\b
@@ -102,14 +106,16 @@ NO_PREFIX_CACHE_HELP = ("Compute every prompt in full: no shared pinned prefix p
 @click.option("--no-prefix-cache", is_flag=True, help=NO_PREFIX_CACHE_HELP)
 @_backend
 @_threads
+@_linear
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
-def load(path, no_prefix_cache, backend, threads, as_json):
+def load(path, no_prefix_cache, backend, threads, linear_kernels, as_json):
     """Check, load and canary-gate a bundle; exit 0 only when it is bound and ready."""
     from toolcall.runtime.engine import Engine
 
     console.enable(console.wanted(as_json))
     try:
-        engine = Engine.load(path, prefix_cache=not no_prefix_cache, backend=backend, threads=threads)
+        engine = Engine.load(path, prefix_cache=not no_prefix_cache, backend=backend, threads=threads,
+                             linear_kernels=linear_kernels)
     except EngineError as e:
         fail(e, as_json)
     c = engine.contract
@@ -133,10 +139,12 @@ def load(path, no_prefix_cache, backend, threads, as_json):
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (same seed, same answer).")
 @_backend
 @_threads
+@_linear
 @click.option("--no-prefix-cache", is_flag=True, help=NO_PREFIX_CACHE_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="Tool names, token ids (prompt_token_ids, cached_prompt_tokens too) and timings as JSON.")
-def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_cache, backend, threads, as_json):
+def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_cache, backend, threads, linear_kernels,
+        as_json):
     """Answer each REQUEST with the bundle's tools, in the order the model names them.
 
     Each request is wrapped in the catalog's prompt template; requests that cannot run (too
@@ -152,7 +160,8 @@ def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_ca
                          top_p=repr(top_p), seed=seed), as_json)
     console.enable(console.wanted(as_json))
     try:
-        engine = Engine.load(path, head=head, prefix_cache=not no_prefix_cache, backend=backend, threads=threads)
+        engine = Engine.load(path, head=head, prefix_cache=not no_prefix_cache, backend=backend, threads=threads,
+                             linear_kernels=linear_kernels)
         start = time.perf_counter()
         results = engine.run(texts, Sampling(temperature, top_p, seed))
         wall = time.perf_counter() - start

@@ -63,14 +63,16 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse",
-             prefix_cache: bool = True, backend: str = "fast", threads: int | None = None) -> "Engine":
+             prefix_cache: bool = True, backend: str = "fast", threads: int | None = None,
+             linear_kernels: str = LoadOptions.linear_kernels) -> "Engine":
         """Checks, loads and canary-gates the bundle at ``path``; a Refusal names the first failed check.
 
         ``prefix_cache``: the template's fixed prefix is prefilled once into pinned KV pages every
         sequence shares, and finished prompts' full pages stay reusable; False computes every
         prompt in full (the cross-check: same answers). ``backend`` (CPU bundles): "fast" (stored
         weights, numba; ``threads`` workers, default the CPUs this process may use) or "reference" (numpy
-        float32, the source of truth)."""
+        float32, the source of truth). ``linear_kernels`` (GPU bundles): the linear-layer kernel family,
+        "fma" (CUDA cores) or "mma" (tensor cores)."""
         assert backend in CPU_BACKENDS, backend
         start = time.perf_counter()
         folder = Path(path)
@@ -78,7 +80,8 @@ class Engine:
         kind = target_kind(contract)
         console.stage("loading weights")
         tokenizer, grammar = read_tokenizer_and_grammar(folder)
-        model = kind.load(folder, contract, grammar, LoadOptions(backend, threads))  # frees what it took if it fails
+        options = LoadOptions(backend, threads, linear_kernels)
+        model = kind.load(folder, contract, grammar, options)  # frees what it took if it fails
         try:
             try:
                 kv_format = contract.precision.kv_format

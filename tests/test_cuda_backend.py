@@ -29,7 +29,7 @@ from toolcall.builder.trie import build_grammar
 from toolcall.common.errors import EXIT_CODES, CudaError, Refusal
 from toolcall.common.formats import FP8_E4M3, NVFP4
 from toolcall.kernels.declarations import declaration, declarations
-from toolcall.kernels.geometry import MATVEC_FORMATS, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.geometry import FMA, LINEAR_FAMILIES, MATVEC_FORMATS, MMA, RMSNORM, SWIGLU, matvec_kernel
 from toolcall.kernels.launch import probe_gpu
 from toolcall.kernels.weight_args import weight_args
 from toolcall.runtime.batching.batcher import Request, StepBatcher
@@ -93,10 +93,10 @@ def cpu_tokens(small):
     return out
 
 
-def emulated_model(small, fmt) -> tuple[CudaModel, EmulatedGpu]:
+def emulated_model(small, fmt, linear=FMA) -> tuple[CudaModel, EmulatedGpu]:
     gpu = EmulatedGpu()
     with SafetensorsFile(small["files"][fmt]) as st:  # CudaModel takes the contract's name of the format
-        model = CudaModel(small["cfg"], small["limits"], small["grammar"], fmt.name, st, CUBINS, gpu)
+        model = CudaModel(small["cfg"], small["limits"], small["grammar"], fmt.name, st, CUBINS, gpu, linear=linear)
     return model, gpu
 
 
@@ -136,9 +136,10 @@ def test_device_bytes_match_the_contract_plan(small, precision):
 
 
 # ---- launch lists ----
+@pytest.mark.parametrize("family", LINEAR_FAMILIES.values(), ids=LINEAR_FAMILIES)
 @pytest.mark.parametrize("precision,per_layer", [(f, 5) for f in PRECISIONS], ids=IDS)
-def test_decode_step_launches(small, precision, per_layer):
-    model, _ = emulated_model(small, precision)
+def test_decode_step_launches(small, precision, per_layer, family):
+    model, _ = emulated_model(small, precision, family)
     loop = DecodeGraph(model)
     body = loop.body(0x1234)
     tail = ["rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance"]
@@ -149,8 +150,8 @@ def test_decode_step_launches(small, precision, per_layer):
     assert last == [len(body) - 1] and deps[0] == []
     f = model.weights.fmt
     assert f is precision and f.kernel_prefix == f.name  # the contract's name is the kernels' prefix
-    assert [ln.fn for ln in body[1:1 + per_layer]] == [matvec_kernel(f, RMSNORM), "attention_decode", matvec_kernel(f),
-                                                      matvec_kernel(f, RMSNORM), matvec_kernel(f, SWIGLU)]
+    mv = lambda prologue="": matvec_kernel(f, prologue, family)  # noqa: E731
+    assert [ln.fn for ln in body[1:1 + per_layer]] == [mv(RMSNORM), "attention_decode", mv(), mv(RMSNORM), mv(SWIGLU)]
     L = small["cfg"].num_layers
     plan = loop.plan(3)  # prefill chunks: 7 launches a layer (rope + KV write, attention partials, merge)
     assert len(plan) == 3 * (1 + 7 * L) + 4 and plan[-1].args["cond_handle"] == 0
@@ -162,9 +163,12 @@ def test_decode_step_launches(small, precision, per_layer):
 
 
 # ---- the whole backend on the emulated device ----
+@pytest.mark.parametrize("family", LINEAR_FAMILIES.values(), ids=LINEAR_FAMILIES)
 @pytest.mark.parametrize("precision", PRECISIONS, ids=IDS)
-def test_emulated_backend_gives_the_cpu_tokens(small, cpu_tokens, precision):
-    model, gpu = emulated_model(small, precision)
+def test_emulated_backend_gives_the_cpu_tokens(small, cpu_tokens, precision, family):
+    """Every path, each linear family (the emulator runs each family's reference: the mma family's activations
+    as bf16 hi + lo), the CPU's tokens."""
+    model, gpu = emulated_model(small, precision, family)
     want = cpu_tokens[precision]
     prompts = small["prompts"]
     assert [r.token_ids for r in generator(model, small).generate([Request(p) for p in prompts])] == want
@@ -222,6 +226,10 @@ def test_failed_load_frees_what_it_took(small):
     assert not gpu.buffers
     with pytest.raises(Refusal, match="cubin is missing"):
         CudaModel(small["cfg"], small["limits"], small["grammar"], "fp8_e4m3", tensors, {}, gpu)
+    before_mma = {name: blob for name, blob in CUBINS.items() if not name.startswith("linear_mma")}
+    with pytest.raises(Refusal, match=r"linear_mma_\w+\.cubin is missing"):  # a bundle built before the family
+        CudaModel(small["cfg"], small["limits"], small["grammar"], "fp8_e4m3", tensors, before_mma, gpu, linear=MMA)
+    assert not gpu.buffers
 
 
 def test_a_bundle_with_kernels_under_a_formats_old_name_is_refused_naming_it(small):

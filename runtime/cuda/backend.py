@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from toolcall.common.errors import CudaError, Refusal
-from toolcall.common.formats import WEIGHT_FORMATS
+from toolcall.common.formats import BF16, WEIGHT_FORMATS
 from toolcall.kernels.declarations import declaration
-from toolcall.kernels.geometry import MATVEC_FORMATS, matvec_kernel, prefill_tiles, shape_problems
+from toolcall.kernels.geometry import FMA, MATVEC_FORMATS, LinearFamily, matvec_kernel, prefill_tiles, shape_problems
 from toolcall.kernels.launch import DeviceArray, Gpu, check, first_error
 from toolcall.kernels.runner import DryRunGpu
 from toolcall.runtime.batching.picks import HostStep
@@ -42,13 +42,14 @@ class CudaModel(HostStep):
 
     def __init__(self, cfg: ModelConfig, limits: Limits, grammar: Grammar, precision: str, tensors,
                  cubins: dict[str, bytes], gpu=None, strict: bool = True, candidate_columns: int | None = None,
-                 state_words: int | None = None):
+                 state_words: int | None = None, linear: LinearFamily = FMA):
         problems = shape_problems(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                                   cfg.head_dim, WEIGHT_FORMATS.get(precision))
         if problems:
             raise Refusal("bundle_invalid", f"the CUDA kernels cannot run this model: {'; '.join(problems)}",
                           problems=problems)
         self.cfg, self.limits, self.grammar, self.precision = cfg, limits, grammar, precision
+        self.linear = linear  # the linear-layer kernel family (kernels/geometry.py LINEAR_FAMILIES)
         self.columns = candidate_columns  # the sparse head's width (None: the grammar's; set in _load)
         # bitset words of the widest grammar a row may bring (None: the bundle grammar's; set in _load)
         self.state_words = state_words
@@ -65,7 +66,7 @@ class CudaModel(HostStep):
     def _load(self, tensors, cubins: dict[str, bytes], strict: bool) -> None:
         cfg, lim, g = self.cfg, self.limits, self.grammar
         self.modules = {}
-        needed = {declaration(fn).file for fn in REQUIRED_KERNELS}
+        needed = {declaration(fn).file for fn in required_kernels(self.linear)}
         for file in sorted(needed):
             if file not in cubins:
                 old = [f"{KERNELS_DIR}/{file.replace(f.name, alias)}.cubin" for f in WEIGHT_FORMATS
@@ -183,7 +184,7 @@ class CudaModel(HostStep):
         return self.steps.forward(rows) + [self.steps.final_norm(T)]
 
     def dense_logits(self, hidden: np.ndarray) -> np.ndarray:
-        """(B, vocab) float32: every row of the head (bf16_matvec over normed rows)."""
+        """(B, vocab) float32: every row of the head (DENSE_HEAD over normed rows)."""
         from toolcall.runtime.cuda.launches import Launch
         cfg, w = self.cfg, self.weights
         out = []
@@ -191,7 +192,7 @@ class CudaModel(HostStep):
             x = np.ascontiguousarray(hidden[b0:b0 + self.rows_cap], np.float32)
             nb = len(x)
             self.gpu.copy_in(self.ws["normed"], x)
-            self.program(("dense", nb), lambda: [Launch("bf16_matvec", dict(
+            self.program(("dense", nb), lambda: [Launch(DENSE_HEAD, dict(
                 x=self.ws["normed"], x_stride=cfg.hidden_size, w=w.arena[w.head], bias=None, y=self.ws["logits_dense"],
                 T=nb, n_in=cfg.hidden_size, n_out=cfg.vocab_size, accumulate=0))]).run()
             self.sync()
@@ -274,9 +275,14 @@ class CudaModel(HostStep):
             check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
 
 
-REQUIRED_KERNELS = ("embed_gather", "qk_norm_rope_kv", "attention_decode", "attention_prefill_partial",
-                    "attention_merge", "rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance", "sample_draw",
-                    *(matvec_kernel(f) for f in MATVEC_FORMATS))
+DENSE_HEAD = matvec_kernel(BF16)  # every row of the head (dense_logits), in every linear family's model
+
+
+def required_kernels(linear: LinearFamily) -> tuple[str, ...]:
+    """The kernels a CudaModel loads: the step's, with the ``linear`` family's linear layers."""
+    return ("embed_gather", "qk_norm_rope_kv", "attention_decode", "attention_prefill_partial", "attention_merge",
+            "rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance", "sample_draw", DENSE_HEAD,
+            *(matvec_kernel(f, family=linear) for f in MATVEC_FORMATS))
 
 
 def request_state_words(contract: Contract) -> int | None:
@@ -291,9 +297,11 @@ def read_cubins(folder: Path) -> dict[str, bytes]:
 
 
 def load_cuda_model(folder: str | Path, contract: Contract, grammar: Grammar, gpu=None,
-                    strict: bool = True) -> CudaModel:
-    """The bundle's CudaModel: cubins, weights (mmapped, uploaded once), KV pool and workspace."""
+                    strict: bool = True, linear: LinearFamily = FMA) -> CudaModel:
+    """The bundle's CudaModel: cubins, weights (mmapped, uploaded once), KV pool and workspace; its linear
+    layers from the ``linear`` family."""
     folder = Path(folder)
     with SafetensorsFile(folder / WEIGHTS_FILE) as st:
         return CudaModel(contract.model, contract.limits, grammar, contract.precision.weights, st,
-                         read_cubins(folder), gpu, strict, contract.candidate_columns, request_state_words(contract))
+                         read_cubins(folder), gpu, strict, contract.candidate_columns, request_state_words(contract),
+                         linear)

@@ -70,7 +70,7 @@ class StepLaunches:
     # ---- matvecs ----
     def _mv(self, prologue: str, mv, head: dict, y, T: int, accumulate: int) -> Launch:
         """``mv``'s matvec with ``prologue`` over the input arguments ``head``, into (or onto) ``y``."""
-        return Launch(matvec_kernel(mv.fmt, prologue), dict(
+        return Launch(matvec_kernel(mv.fmt, prologue, self.m.linear), dict(
             **head, **mv.weight_args(), bias=mv.bias(), y=y, T=T, n_in=mv.n_in, n_out=mv.n_out, accumulate=accumulate))
 
     def _mv_norm(self, mv, norm: str, y, T: int) -> Launch:
