@@ -11,11 +11,16 @@ What maps to what (keys as GPU-RECORD.md names them):
   decode   step_ms_p<P>          bench step_ms_p<P> of q06-fp8: the decode step graph at position P; and
            tokens_per_s_p100     1,000 / step_ms_p100
            attention_us_p<P>     kernel-times row "attention_decode pos <P>" (device microseconds a node)
-           matvec_layer_us       kernel-times: the four fp8_e4m3 matvec rows of a layer (qkv, o_proj, gate_up, down)
+           matvec_layer_us       kernel-times: the four fp8_e4m3 rows of a layer (qkv, o_proj, gate_up, down) at
+                                 T = 1 in the default (fma) family: "fp8_e4m3 <proj> <in>-><out>"
            nvfp4_over_fp8        bench step_ms_p100 of q06-nvfp4 / q06-fp8 (else their step_graph_ms)
            launches_per_step     e2e launches_per_token of q06-fp8
            tokens_equal_cpu      every bundle's tokens equal the CPU reference on every path run
   prefill  ttft_ms_512/2048      bench ttft_512_ms / ttft_2048_ms of q06-fp8
+           linear_tflops_t512    kernel-times: the four "fp8_e4m3 mma <proj> ... T=512" rows (the tensor-core
+                                 family), their multiply-adds x 2 over their summed time
+           bits_identical_batch  the kernels stage: every "a row alone vs beside N others" check of both linear
+                                 families (tests/test_kernels_gpu_linear.py) held
            tokens_equal_cpu      as decode's
   serving  bit_gates_passed, bit_gates   the gates stage (bench/bit_gates.py on tool-fp8)
            burst_clients, burst_req_s, burst_lost, burst_differ, burst_p50_ms, burst_p99_ms, noop_req_s
@@ -58,7 +63,7 @@ def sections(report: dict) -> dict[str, dict]:
         hit = re.fullmatch(r"attention_decode pos (\d+)", name)
         if hit:
             decode[f"attention_us_p{hit.group(1)}"] = us
-    layer = [us for name, us in kernels.items() for proj in MATVEC_ROWS if name.startswith(f"fp8_e4m3 {proj} ")]
+    layer = [us for name, us in kernels.items() if re.fullmatch(rf"fp8_e4m3 ({'|'.join(MATVEC_ROWS)}) \S+", name)]
     if len(layer) == len(MATVEC_ROWS):
         decode["matvec_layer_us"] = sum(layer)
     fp8, fp4 = (bundles.get(n, {}).get("bench") or {} for n in (FP8, NVFP4))
@@ -74,6 +79,14 @@ def sections(report: dict) -> dict[str, dict]:
     launches = (stages.get(f"e2e-{FP8}") or {}).get("launches_per_token")
     if isinstance(launches, int):
         decode["launches_per_step"] = launches
+    wide = [r for r in (report.get("stages", {}).get("kernel-times", {}).get("rows") or [])
+            if re.fullmatch(r"fp8_e4m3 mma (qkv|o_proj|gate_up|down) \S+ T=512", str(r.get("name")))
+            and isinstance(r.get("tflops"), (int, float)) and isinstance(r.get("us"), (int, float))]
+    if len(wide) == len(MATVEC_ROWS):
+        prefill["linear_tflops_t512"] = sum(r["tflops"] * r["us"] for r in wide) / sum(r["us"] for r in wide)
+    beside = [r for r in (stages.get("kernels") or {}).get("records") or [] if "alone vs beside" in str(r.get("check"))]
+    if beside:
+        prefill["bits_identical_batch"] = all(r.get("ok") for r in beside)
     for length in (512, 2048):
         if isinstance(fp8.get(f"ttft_{length}_ms"), (int, float)):
             prefill[f"ttft_ms_{length}"] = fp8[f"ttft_{length}_ms"]

@@ -19,12 +19,14 @@ naming the missing wheels, if not). Stages run in their own processes, each with
 under one global budget (--budget-s, default 450 s); each writes its result file after every
 job, so a stage that times out, crashes or exits non-zero still reports every record gathered
 (marked "partial"). Order:
-  kernels (GPU, graph-free cases and host-stepped loops) beside build-small, build-tool and
+  kernels (GPU, graph-free cases, both linear families' table of T and batch neighbours, and
+  host-stepped loops) beside build-small, build-tool and
   build-q06 (CPU);
   kernels-while (the WHILE-graph jobs alone, a short stage that exits hard after its timeout);
   cpuref (CPU reference tokens) beside the untimed e2e stages (graph-free paths first, then
-  Engine.load with its canary and the decode graph); then, with the CPU quiet, the timed bench
-  stages of the q06 bundles; bench/gpu_kernel_times.py (every decode kernel's device time at
+  Engine.load with its canary and the decode graph; the q06 bundles again with the tensor-core linear
+  kernels, as "<bundle>+mma"); then, with the CPU quiet, the timed bench stages of the q06 bundles (and
+  their +mma runs); bench/gpu_kernel_times.py (every decode kernel's device time at
   Qwen3-0.6B's T = 1 shapes); on the tool-fp8 bundle bench/bit_gates.py (a row's bits alone and in
   twelve company), bench/engine_alone.py (the burst's 2,048 requests handed to the engine) and, where
   the serving wheels were carried, bench/serve_burst.py (`runtime serve` on 127.0.0.1, 2,048 clients,
@@ -67,6 +69,9 @@ TIMEOUTS = {"build": 330, "kernels": 200, "kernels-while": 60, "cpuref": 300, "e
 # stages that are other programs: no "complete" in their results
 EXTERNAL = ("pytest", "kernel-times", "gates", "serving", "engine")
 SERVING_BUNDLE = "tool-fp8"  # the gates', the burst's and the engine's bundle: the shipped tool model, real answers
+# bundles whose e2e and bench stages run again with the tensor-core linear kernels (runtime load --linear-kernels
+# mma), as "<bundle>+mma": Qwen3-0.6B shapes, prompts long enough for the wide tiling (T >= 64)
+MMA_VARIANTS = ("q06-fp8", "q06-nvfp4")
 SERVE_MODULES = ("aiohttp", "fastapi", "uvicorn", "prometheus_client")  # the serving stage's (carried as wheels)
 RESERVE_S = 15  # kept for the summary and the JSON
 SETUP_EXIT = 52  # common/errors.py EXIT_CODES["device_check_setup"]
@@ -233,14 +238,15 @@ def main() -> None:
         built += [n for n in args.bundles if (work / n / "contract.json").is_file()]
     write_report(report, work, built, st.start, record_dir)
     h_cpu = st.launch("cpuref", "cpuref", names=built, threads=8) if built and want("cpuref") else None
-    for name in built if want("e2e") else []:  # untimed: may run beside the CPU reference
+    variants = [f"{n}+mma" for n in MMA_VARIANTS if n in built]
+    for name in built + variants if want("e2e") else []:  # untimed: may run beside the CPU reference
         if st.left() < 40:
             stages[f"e2e-{name}"] = {"error": "skipped: global time budget spent"}
             continue
         done(f"e2e-{name}", st.launch(f"e2e-{name}", "e2e", names=[name]))
     if h_cpu is not None:
         done("cpuref", h_cpu)  # before any timing: nothing else loads the CPU while the bench runs
-    for name in [n for n in built if n.startswith("q06")] if want("bench") else []:
+    for name in [n for n in built + variants if n.startswith("q06")] if want("bench") else []:
         if st.left() < 40:
             stages[f"bench-{name}"] = {"error": "skipped: global time budget spent"}
             continue

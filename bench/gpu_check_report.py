@@ -63,7 +63,8 @@ def _compare(cpu: list, got: list | None, margins: list) -> dict:
 
 def _hidden_err(work: Path, name: str):
     try:
-        g, c = np.load(work / f"{name}-gpu-hidden.npy"), np.load(work / f"{name}-cpu-hidden.npy")
+        cpu = name.partition("+")[0]  # a "<bundle>+<family>" run against its bundle's CPU reference
+        g, c = np.load(work / f"{name}-gpu-hidden.npy"), np.load(work / f"{cpu}-cpu-hidden.npy")
         return {"rel_err": float(np.linalg.norm(g - c) / np.linalg.norm(c)), "max_abs": float(np.abs(g - c).max())}
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
@@ -92,6 +93,8 @@ def _target(value: dict, ok: bool, judged: bool, why: str) -> dict:
 
 
 def summarize(stages: dict, work: Path, built: list[str]) -> dict:
+    """Kernel parity, per bundle (and per "<bundle>+<family>" run of gpu_check_e2e.variant) the tokens against the
+    CPU reference and the bench, and the speed targets."""
     s: dict = {"kernels": {}, "bundles": {}, "targets": {}}
     recs, errors = [], {}
     for key in ("kernels", "kernels-while"):
@@ -105,8 +108,9 @@ def summarize(stages: dict, work: Path, built: list[str]) -> dict:
     s["kernels"] = {"checks": len(recs), "failed": [f"{r['case']}: {r['check']}" for r in recs if not r["ok"]],
                     "errors": errors, "worst": worst}
     cpuref = stages.get("cpuref", {})
-    for name in built:
-        e, cpu = stages.get(f"e2e-{name}", {}), cpuref.get(name, {})
+    runs = built + [key[len("e2e-"):] for key in stages if key.startswith("e2e-") and "+" in key]
+    for name in runs:
+        e, cpu = stages.get(f"e2e-{name}", {}), cpuref.get(name.partition("+")[0], {})
         row = {"load": _load_state(e)}
         if e.get("stuck"):
             row["stuck"] = e["stuck"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -43,6 +44,9 @@ E2E_REQUESTS = 4  # canary candidate requests per bundle, plus one long multi-ch
 
 
 def load_test_module(name: str):
+    """tests/<name>.py as a module; tests/ on the path, as pytest puts it, for the modules it imports."""
+    if str(REPO / "tests") not in sys.path:
+        sys.path.insert(0, str(REPO / "tests"))
     spec = importlib.util.spec_from_file_location(f"gpu_check_{name}", REPO / "tests" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -129,6 +133,8 @@ def kernel_jobs(graphs: bool, cases: str | None) -> list[tuple[str, object, tupl
                          lambda d, rng, s=spec: loop.test_while_graph_loop_stops_on_the_device(d, s), ()))
     else:
         jobs = [(p.id, p.values[0], p.values[1]) for p in load_test_module("test_kernels_gpu").CASES]
+        # both linear families over T = 1 .. 2048 and a row alone vs beside 1 .. 255 others (the bit rule)
+        jobs += [(f"linear-{p.id}", p.values[0], p.values[1]) for p in load_test_module("test_kernels_gpu_linear").CASES]
         for spec, gid in zip(loop.GRAMMARS, ("prefix", "wide")):
             jobs.append((f"loop-host-{gid}", lambda d, rng, s=spec: loop.host_loop(d, s), ()))
     if cases:

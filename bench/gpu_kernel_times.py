@@ -15,8 +15,11 @@ parity tests and bench/gpu_check.py do that).
 
 Each chain is timed with full edges and with programmatic ones (kernels/common.cuh), and a chain of
 --layers decode layers (qkv, attention_decode, o_proj, gate_up, down; each layer its own weights)
-gives a layer's time both ways. The table prints last: kernel, launch shape, us per node (full
-edges, programmatic), weight MB per node, GB/s of weights at full edges.
+gives a layer's time both ways. The linear layers run in each family of --families (kernels/geometry.py
+LINEAR_FAMILIES; rows "<fmt> <proj>" for fma, "<fmt> mma <proj>" for mma), at T = 1 and at
+T = --prefill-rows (rows "... T=<rows>", with the TFLOP/s of their 2 T in out multiply-adds). The table
+prints last: kernel, launch shape, us per node (full edges, programmatic), weight MB per node, GB/s of
+weights at full edges, TFLOP/s where counted.
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ checkout.use()
 from toolcall.common.errors import CudaError  # noqa: E402
 from toolcall.common.formats import WEIGHT_FORMATS  # noqa: E402
 from toolcall.kernels.declarations import Launch  # noqa: E402
-from toolcall.kernels.geometry import MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU, attention_max_splits, matvec_kernel  # noqa: E402
+from toolcall.kernels.geometry import FMA, LINEAR_FAMILIES, MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU  # noqa: E402
+from toolcall.kernels.geometry import attention_max_splits, matvec_kernel  # noqa: E402
 from toolcall.kernels.graph_nodes import add_kernel_node  # noqa: E402
 from toolcall.kernels.launch import DeviceArray, Gpu, check  # noqa: E402
 from toolcall.kernels.runner import KernelRunner  # noqa: E402
@@ -65,9 +69,11 @@ class Pool:
         return arr
 
 
-def matvec_launch(fmt, prologue: str, pool: Pool, floats, n_in: int, n_out: int) -> tuple[Launch, int]:
-    """(one <fmt>_matvec<prologue> node, its weight bytes): weight arguments (codes, e4m3 block scales, bf16)
-    from the pool (bytes <= 0x77: finite in every format), float32 per-row scales and x/y from ``floats``."""
+def matvec_launch(fmt, prologue: str, pool: Pool, floats, n_in: int, n_out: int, family=FMA,
+                  T: int = 1) -> tuple[Launch, int]:
+    """(one node of ``family``'s <fmt> linear layer with ``prologue`` over T rows, its weight bytes): weight arguments
+    (codes, e4m3 block scales, bf16) from the pool (bytes <= 0x77: finite in every format), float32 per-row scales
+    and x/y ([T, n_in], [T, n_out]) from ``floats``."""
     x, x2, y, norm_w, scale = floats
     weights, w_bytes = {}, 0
     for arg in weight_args(fmt):
@@ -77,8 +83,9 @@ def matvec_launch(fmt, prologue: str, pool: Pool, floats, n_in: int, n_out: int)
             weights[arg.param] = pool.take(arg.nbytes(n_out, n_in))
             w_bytes += arg.nbytes(n_out, n_in)
     head = {PLAIN: dict(x=x), RMSNORM: dict(x=x, norm_w=norm_w, eps=EPS), SWIGLU: dict(gate=x, up=x2)}[prologue]
-    return Launch(matvec_kernel(fmt, prologue), dict(**head, x_stride=n_in, **weights, bias=None, y=y, T=1, n_in=n_in,
-                                                     n_out=n_out, accumulate=int(prologue != RMSNORM))), w_bytes
+    return Launch(matvec_kernel(fmt, prologue, family), dict(
+        **head, x_stride=n_in, **weights, bias=None, y=y, T=T, n_in=n_in, n_out=n_out,
+        accumulate=int(prologue != RMSNORM))), w_bytes
 
 
 def fmt_us(us: float | None) -> str:
@@ -126,6 +133,8 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated parts of the names to time (e.g. attention,layer); default all")
     ap.add_argument("--formats", default="fp8_e4m3,nvfp4", help="comma-separated weight formats (common/formats.py)")
     ap.add_argument("--layers", type=int, default=28, help="layers of the layer chain (at most --nodes)")
+    ap.add_argument("--families", default="fma,mma", help="comma-separated linear-layer families (kernels/geometry.py)")
+    ap.add_argument("--prefill-rows", type=int, default=512, help="T of the prefill-sized linear rows (0: none)")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     s, rng = Q06, np.random.default_rng(0)
@@ -134,7 +143,8 @@ def main() -> None:
     pool = Pool(gpu, args.pool_mb << 20, rng)
     width = max(2 * s["inter"], (s["heads"] + 2 * s["kv_heads"]) * s["head_dim"])
     f32 = lambda n: gpu.upload(rng.standard_normal(n).astype(np.float32))  # noqa: E731
-    x, x2, y = f32(width), f32(width), f32(width)
+    rows_max = max(1, args.prefill_rows)
+    x, x2, y = f32(width * rows_max), f32(width * rows_max), f32(width * rows_max)
     norm_w = gpu.upload(np.full(s["hidden"], 0x3f80, np.uint16))  # bf16 1.0
     scale = gpu.upload(np.abs(rng.standard_normal(width)).astype(np.float32) * 0.01)
     floats = (x, x2, y, norm_w, scale)
@@ -152,14 +162,15 @@ def main() -> None:
             refused.append(f"{type(e).__name__}: {e}")
             return None
 
-    def record(name: str, chain: list[Launch], w_bytes: int) -> None:
+    def record(name: str, chain: list[Launch], w_bytes: int, flops: float = 0.0) -> None:
         """One kernel's chain (one kernel, each node its own arguments), timed with full and programmatic edges."""
         if not want(name):
             return
         us, us_pdl = time_chain(runner, chain, args.reps, False), timed_programmatic(chain)
         grid, block = chain[0].shape
         rows.append(dict(name=name, kernel=chain[0].fn, grid=list(grid), block=block[0], us=us, us_pdl=us_pdl,
-                         weight_mb=w_bytes / 1e6, gbs=w_bytes / us / 1e3))
+                         weight_mb=w_bytes / 1e6, gbs=w_bytes / us / 1e3,
+                         **({"tflops": flops / us / 1e6} if flops else {})))
         print(f"{name:24} {us:8.2f} us, {fmt_us(us_pdl)} us with programmatic edges", flush=True)
 
     emb = gpu.upload(bf16_bits(rng.standard_normal(64 * s["hidden"])))
@@ -168,15 +179,24 @@ def main() -> None:
                                                                  x=y, T=1))] * args.nodes, 0)
     h, i, q_dim = s["hidden"], s["inter"], s["heads"] * s["head_dim"]
     qkv_out = q_dim + 2 * s["kv_heads"] * s["head_dim"]
-    layer_mv = {}  # format -> [the nodes of each projection], for the layer chains below
+    layer_mv = {}  # (format, family) -> [the nodes of each projection], for the layer chains below
+    families = [LINEAR_FAMILIES[n] for n in args.families.split(",")]
     for fmt in map(WEIGHT_FORMATS.get, args.formats.split(",")):
         if fmt not in MATVEC_FORMATS:
             raise SystemExit(f"--formats: the GPU kernels take {', '.join(f.name for f in MATVEC_FORMATS)}")
-        for name, prologue, n_in, n_out in (("qkv", RMSNORM, h, qkv_out), ("o_proj", PLAIN, q_dim, h),
-                                            ("gate_up", RMSNORM, h, 2 * i), ("down", SWIGLU, i, h)):
-            nodes = [matvec_launch(fmt, prologue, pool, floats, n_in, n_out) for _ in range(args.nodes)]
-            record(f"{fmt.name} {name} {n_in}->{n_out}", [ln for ln, _ in nodes], nodes[0][1])
-            layer_mv.setdefault(fmt, []).append([ln for ln, _ in nodes])
+        for family in families:
+            label = fmt.name if family is FMA else f"{fmt.name} {family.name}"
+            for name, prologue, n_in, n_out in (("qkv", RMSNORM, h, qkv_out), ("o_proj", PLAIN, q_dim, h),
+                                                ("gate_up", RMSNORM, h, 2 * i), ("down", SWIGLU, i, h)):
+                nodes = [matvec_launch(fmt, prologue, pool, floats, n_in, n_out, family) for _ in range(args.nodes)]
+                record(f"{label} {name} {n_in}->{n_out}", [ln for ln, _ in nodes], nodes[0][1])
+                layer_mv.setdefault((fmt, family), []).append([ln for ln, _ in nodes])
+                if args.prefill_rows > 1:  # a prefill chunk's rows through the same projection
+                    T = args.prefill_rows
+                    wide = [matvec_launch(fmt, prologue, pool, floats, n_in, n_out, family, T)
+                            for _ in range(min(8, args.nodes))]
+                    record(f"{label} {name} {n_in}->{n_out} T={T}", [ln for ln, _ in wide], wide[0][1],
+                           flops=2.0 * T * n_in * n_out)
     # attention_decode: one row at each of --positions; node i attends over sequence i's pages (the pool: --nodes
     # sequences of 2,048 positions, pages shuffled over it); q|k|v raw in x
     nh, nkv, hd, ps = s["heads"], s["kv_heads"], s["head_dim"], 32
@@ -202,20 +222,21 @@ def main() -> None:
                for seq in seqs]
         record(f"attention_decode pos {position}", att, 0)
     # a decode step's layers: qkv, attention, o_proj, gate_up, down, each layer its own weights
-    for fmt, (qkv_n, o_n, gu_n, down_n) in layer_mv.items() if want("layer") else ():
+    for (fmt, family), (qkv_n, o_n, gu_n, down_n) in layer_mv.items() if want("layer") else ():
         chain = [n for L in range(args.layers)
                  for n in (qkv_n[L], att[L], o_n[L], gu_n[L], down_n[L])]
         us, us_pdl = 5 * time_chain(runner, chain, args.reps, False), timed_programmatic(chain, 5)
-        rows.append(dict(name=f"{fmt.name} layer ({args.layers} layers)", kernel="layer", grid=[0], block=0, us=us,
+        label = fmt.name if family is FMA else f"{fmt.name} {family.name}"
+        rows.append(dict(name=f"{label} layer ({args.layers} layers)", kernel="layer", grid=[0], block=0, us=us,
                          us_pdl=us_pdl, weight_mb=0.0, gbs=0.0))
-        print(f"{fmt.name} layer: {us:8.2f} us, {fmt_us(us_pdl)} us with programmatic edges", flush=True)
+        print(f"{label} layer: {us:8.2f} us, {fmt_us(us_pdl)} us with programmatic edges", flush=True)
     gpu.synchronize()
     gpu.close()
     print(f"\n== per-kernel device time, {gpu.name}, chains of {args.nodes} nodes, median of {args.reps}")
-    print(f"{'kernel':30} {'grid':>14} {'us/node':>8} {'us pdl':>8} {'MB':>7} {'GB/s':>7}")
+    print(f"{'kernel':36} {'grid':>14} {'us/node':>8} {'us pdl':>8} {'MB':>7} {'GB/s':>7} {'TFLOP/s':>8}")
     for r in rows:
-        print(f"{r['name']:30} {'x'.join(map(str, r['grid'])):>14} {r['us']:8.2f} {fmt_us(r['us_pdl'])} "
-              f"{r['weight_mb']:7.2f} {r['gbs']:7.0f}")
+        print(f"{r['name']:36} {'x'.join(map(str, r['grid'])):>14} {r['us']:8.2f} {fmt_us(r['us_pdl'])} "
+              f"{r['weight_mb']:7.2f} {r['gbs']:7.0f} {r.get('tflops', 0.0):8.1f}")
     if refused:
         print(f"programmatic edges refused: {refused[0]}")
     if args.json:

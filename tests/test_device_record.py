@@ -19,7 +19,11 @@ def report(tokens_match: bool = True, with_bench: bool = True) -> dict:
             {"name": "attention_decode pos 511", "us": 7.25}, {"name": "attention_decode pos 2047", "us": 15.0}]
     rows += [{"name": f"fp8_e4m3 {p} 1024->4096", "us": us} for p, us in
              (("qkv", 5.0), ("o_proj", 3.0), ("gate_up", 6.0), ("down", 4.8))]
-    rows += [{"name": "nvfp4 qkv 1024->4096", "us": 4.0}]
+    rows += [{"name": "nvfp4 qkv 1024->4096", "us": 4.0}, {"name": "fp8_e4m3 mma qkv 1024->4096", "us": 2.0}]
+    # prefill-sized rows (T = 512; us, TFLOP/s) of both families: only the mma family's make linear_tflops_t512
+    wide = {"qkv": (40.0, 100.0), "o_proj": (10.0, 50.0), "gate_up": (30.0, 200.0), "down": (20.0, 100.0)}
+    rows += [{"name": f"fp8_e4m3 {family}{p} 1024->4096 T=512", "us": us, "tflops": tf if family else tf / 20}
+             for family in ("", "mma ") for p, (us, tf) in wide.items()]
     bench = {"q06-fp8": {"step_graph_ms": 1.4, "step_ms_p100": 0.5, "step_ms_p511": 0.625, "ttft_512_ms": 65.3,
                          "ttft_2048_ms": 328.5},
              "q06-nvfp4": {"step_graph_ms": 1.05, "step_ms_p100": 0.35}} if with_bench else {}
@@ -27,6 +31,8 @@ def report(tokens_match: bool = True, with_bench: bool = True) -> dict:
                       **({"bench": bench[name]} if name in bench else {})} for name in ("q06-fp8", "q06-nvfp4")}
     return {"machine": {"gpu_name": "NVIDIA H200", "nvidia_smi": {"name": "NVIDIA H200", "driver_version": "580.1"}},
             "stages": {"kernel-times": {"rows": rows}, "e2e-q06-fp8": {"launches_per_token": 145},
+                       "kernels": {"records": [{"check": "fp8_e4m3_linear_mma: a row alone vs beside 255 others",
+                                                "ok": True}, {"check": "fp8_e4m3_matvec T=1", "ok": False}]},
                        "gates": {"bit_gates_passed": 12, "bit_gates": 12}, "engine": {"requests_per_s": 5100.0},
                        "serving": {"clients": 2048, "requests_per_s": 2100.0, "noop_requests_per_s": 2500.0, "lost": 0,
                                    "different_from_solo": 0,
@@ -40,7 +46,9 @@ def test_measured_figures_go_to_their_keys():
                              "matvec_layer_us": pytest.approx(18.8), "nvfp4_over_fp8": pytest.approx(0.7),
                              "step_ms_p100": 0.5, "step_ms_p511": 0.625, "tokens_per_s_p100": 2000.0,
                              "launches_per_step": 145, "tokens_equal_cpu": True}
-    assert got["prefill"] == {"ttft_ms_512": 65.3, "ttft_ms_2048": 328.5, "tokens_equal_cpu": True}
+    # (100 x 40 + 50 x 10 + 200 x 30 + 100 x 20) / 100 us: the four projections' multiply-adds over their time
+    assert got["prefill"] == {"ttft_ms_512": 65.3, "ttft_ms_2048": 328.5, "linear_tflops_t512": pytest.approx(125.0),
+                              "bits_identical_batch": True, "tokens_equal_cpu": True}
     assert got["serving"] == {"bit_gates_passed": 12, "bit_gates": 12, "engine_req_s": 5100.0, "burst_clients": 2048,
                               "burst_req_s": 2100.0, "burst_lost": 0, "burst_differ": 0, "burst_p50_ms": 400.0,
                               "burst_p99_ms": 900.0, "noop_req_s": 2500.0}
