@@ -230,8 +230,9 @@ def _use_system_allocator() -> None:
 @click.option("--drain-grace", type=float, default=1.0, show_default=True,
               help="After SIGTERM: seconds (at least 1) of no new arrival before the listener closes; arrivals "
                    "meanwhile are answered 503.")
+@_linear
 def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes, head, threads,
-          lanes, served_model_names, drain_grace):
+          lanes, served_model_names, drain_grace, linear_kernels):
     """Serve the bundle over HTTP (discover, OpenAI chat completions, health, metrics) until SIGTERM.
 
     Loads and canary-gates the bundle while /health answers 503, then prints one `ready:` line.
@@ -260,4 +261,4 @@ def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeou
     config = ServeConfig(max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes,
                          adaptive_threads=threads is None, lanes=lanes,
                          served_model_names=tuple(served_model_names) or (Path(path).name,), drain_grace_s=drain_grace)
-    serve_main(path, host, port, config, head=head, threads=threads)
+    serve_main(path, host, port, config, head=head, threads=threads, linear_kernels=linear_kernels)
