@@ -40,12 +40,14 @@
 #define ATTN_MAX_HEAD_DIM 128
 #define ATTN_UNROLL 4
 
+// page_shift >= 0: page_size == 1 << page_shift (a shift and a mask per key instead of / and %).
 template <bool NC>
 __device__ __forceinline__ uint4 kv_load(const __nv_bfloat16* cache, const int* bt_row,
-                                         int page_size, int n_kv_heads, int head_dim, int kvh,
-                                         int p, int c) {
-    const int page = bt_row[p / page_size];
-    const size_t off = (((size_t)page * page_size + p % page_size) * n_kv_heads + kvh) * head_dim;
+                                         int page_size, int page_shift, int n_kv_heads, int head_dim,
+                                         int kvh, int p, int c) {
+    const int in_page = page_shift >= 0 ? p & (page_size - 1) : p % page_size;
+    const int page = bt_row[page_shift >= 0 ? p >> page_shift : p / page_size];
+    const size_t off = (((size_t)page * page_size + in_page) * n_kv_heads + kvh) * head_dim;
     const uint4* src = reinterpret_cast<const uint4*>(cache + off) + c;
     return NC ? __ldg(src) : __ldcg(src);  // cg: from L2, where this launch's stores went
 }
@@ -73,6 +75,10 @@ __device__ __forceinline__ void attn_tile(
     const int k0 = split * ATTN_SPLIT;
     if (k0 > maxpos || split >= max_splits) return;
     const int k1 = min(k0 + ATTN_SPLIT, maxpos + 1);  // keys k0 .. k1-1 are read
+    // the loops over the split's slots stop after its last key (block-uniform): slots past k1 - k0 only
+    // ever held -inf scores and zero probabilities, so the bits are those of the full walk
+    const int nkeys = k1 - k0;
+    const int page_shift = (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
     const int G = n_heads / n_kv_heads, LPK = head_dim / 8, KG = ATTN_THREADS / LPK;
     const int g = tid / LPK, c = tid - g * LPK;
     const int* bt_row = block_table + (size_t)seq[first] * max_pages_per_seq;
@@ -94,13 +100,13 @@ __device__ __forceinline__ void attn_tile(
             __syncthreads();
         }
 
-        // Phase 1: scores of every key of the split (-inf where masked or past k1).
-        for (int j0 = 0; j0 < ATTN_SPLIT; j0 += KG * ATTN_UNROLL) {
+        // Phase 1: scores of the split's keys (-inf where masked or past k1).
+        for (int j0 = 0; j0 < nkeys; j0 += KG * ATTN_UNROLL) {
             uint4 kr[ATTN_UNROLL];
 #pragma unroll
             for (int u = 0; u < ATTN_UNROLL; ++u) {
                 const int p = k0 + j0 + u * KG + g;
-                kr[u] = p < k1 ? kv_load<NC>(k_cache, bt_row, page_size, n_kv_heads, head_dim, kvh, p, c)
+                kr[u] = p < k1 ? kv_load<NC>(k_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, p, c)
                                : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
@@ -130,7 +136,10 @@ __device__ __forceinline__ void attn_tile(
             float sv[ATTN_SPLIT / 32];
             float m = NEG_INF;
 #pragma unroll
-            for (int i = 0; i < ATTN_SPLIT / 32; ++i) { sv[i] = S[qi][lane + 32 * i]; m = fmaxf(m, sv[i]); }
+            for (int i = 0; i < ATTN_SPLIT / 32; ++i) {
+                sv[i] = lane + 32 * i < nkeys ? S[qi][lane + 32 * i] : NEG_INF;  // phase 1 wrote the first nkeys
+                m = fmaxf(m, sv[i]);
+            }
             m = warp_max(m);
             float l = 0.f;
 #pragma unroll
@@ -155,12 +164,12 @@ __device__ __forceinline__ void attn_tile(
         for (int qi = 0; qi < QC; ++qi)
 #pragma unroll
             for (int d = 0; d < 8; ++d) acc[qi][d] = 0.f;
-        for (int j0 = 0; j0 < ATTN_SPLIT; j0 += KG * ATTN_UNROLL) {
+        for (int j0 = 0; j0 < nkeys; j0 += KG * ATTN_UNROLL) {
             uint4 vr[ATTN_UNROLL];
 #pragma unroll
             for (int u = 0; u < ATTN_UNROLL; ++u) {
                 const int p = k0 + j0 + u * KG + g;
-                vr[u] = p < k1 ? kv_load<NC>(v_cache, bt_row, page_size, n_kv_heads, head_dim, kvh, p, c)
+                vr[u] = p < k1 ? kv_load<NC>(v_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, p, c)
                                : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
