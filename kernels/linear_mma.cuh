@@ -117,6 +117,7 @@ __device__ __forceinline__ void linear_mma_tile(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int o0 = blockIdx.x * ROWS, t0 = blockIdx.y * LM_TOKENS;
     const int nt = min(LM_TOKENS, T - t0);
+    if (nt <= 0) return;  // T = 0 (the grid is at least one block): nothing to read or write
     const int nvec = in / E, nkb = (nvec + 3) / 4;
     const int kb_begin = nkb * warp / LM_K_SLICES, kb_end = nkb * (warp + 1) / LM_K_SLICES;  // by n_in only
     const size_t rb = F::row_bytes(in);
