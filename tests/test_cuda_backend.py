@@ -303,8 +303,10 @@ def test_a_shape_the_kernels_cannot_run_is_refused_by_builder_and_runtime(tmp_pa
     assert info.value.code == "bundle_invalid" and "head_dim = 16" in info.value.message
 
 
-def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monkeypatch):
-    """Engine.load's GPU branch end to end: target check, CUDA backend, canary on both decode paths."""
+@pytest.mark.parametrize("linear", LINEAR_FAMILIES)
+def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monkeypatch, linear):
+    """Engine.load's GPU branch end to end, with each linear family: target check, CUDA backend, canary on both
+    decode paths."""
     import toolcall.runtime.cuda.backend
     from toolcall.builder.compile import compile_bundle
     from toolcall.runtime.bundle.contract import BuildOptions
@@ -318,8 +320,9 @@ def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monk
         (folder / "kernels" / f"{name}.cubin").write_bytes(b"")
     retarget_h200(folder)
     monkeypatch.setattr(toolcall.runtime.cuda.backend, "Gpu", EmulatedGpu)
-    engine = Engine.load(folder, facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000))
+    engine = Engine.load(folder, facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000), linear_kernels=linear)
     try:
+        assert engine.model.linear is LINEAR_FAMILIES[linear]
         (result,) = engine.run(["Book a flight to Paris"])
         assert result.finish == "done" and result.tools
         assert engine.decode_graph.generate(engine.encode("Book a flight to Paris")).token_ids == result.token_ids
