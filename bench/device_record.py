@@ -16,7 +16,8 @@ What maps to what (keys as GPU-RECORD.md names them):
            nvfp4_over_fp8        bench step_ms_p100 of q06-nvfp4 / q06-fp8 (else their step_graph_ms)
            launches_per_step     e2e launches_per_token of q06-fp8
            tokens_equal_cpu      every bundle's tokens equal the CPU reference on every path run
-  prefill  ttft_ms_512/2048      bench ttft_512_ms / ttft_2048_ms of q06-fp8
+  prefill  ttft_ms_512/2048      bench ttft_512_ms / ttft_2048_ms of q06-fp8 (prefill chunks of 512, the GPU default)
+           batch_step_ms_64/256  bench batch_step_64_ms / _256_ms of q06-fp8: one step over a 64- / 256-row chunk
            linear_tflops_t512    kernel-times: the four "fp8_e4m3 mma <proj> ... T=512" rows (the tensor-core
                                  family), their multiply-adds x 2 over their summed time
            bits_identical_batch  the kernels stage: every "a row alone vs beside N others" check of both linear
@@ -90,6 +91,9 @@ def sections(report: dict) -> dict[str, dict]:
     for length in (512, 2048):
         if isinstance(fp8.get(f"ttft_{length}_ms"), (int, float)):
             prefill[f"ttft_ms_{length}"] = fp8[f"ttft_{length}_ms"]
+    for rows in (64, 256):
+        if isinstance(fp8.get(f"batch_step_{rows}_ms"), (int, float)):
+            prefill[f"batch_step_ms_{rows}"] = fp8[f"batch_step_{rows}_ms"]
     judged = [row for row in bundles.values() if row.get("vs_cpu")]
     if judged:
         equal = all(row.get("tokens_match_cpu") for row in judged)

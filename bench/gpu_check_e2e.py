@@ -213,11 +213,17 @@ def copy_bandwidth(m, loop, canary) -> dict:
         m.gpu.free(dst)
 
 
+BATCH_STEP_ROWS = (64, 256)  # prompts of one prefill chunk: a step over that many rows (batch_step_<rows>_ms)
+
+
 def ttft(m, loop, canary) -> dict:
-    """Prefill chunks + first sample as one graph, for 512- and 2048-token prompts (median of 5)."""
+    """Prefill chunks + first sample as one graph, for 512- and 2048-token prompts (ttft_<n>_ms), and for prompts
+    of 64 and 256 tokens where one chunk holds them (batch_step_<n>_ms: one step over that many rows), median of
+    5."""
     res, b = {}, loop.builder
-    for length in (512, 2048):
-        if length > m.limits.max_input_tokens:
+    for length in (*BATCH_STEP_ROWS, 512, 2048):
+        batch_step = length in BATCH_STEP_ROWS
+        if length > m.limits.max_input_tokens or (batch_step and length > loop.C):
             continue
         prompt = (canary * (length // len(canary) + 1))[:length]
         exe = b.instantiate(loop.plan(-(-length // loop.C)))
@@ -227,7 +233,7 @@ def ttft(m, loop, canary) -> dict:
             times.append(loop.launch(exe))
             m.kv.release(slot)
         b.destroy(exe)
-        res[f"ttft_{length}_ms"] = statistics.median(times[1:])
+        res[f"batch_step_{length}_ms" if batch_step else f"ttft_{length}_ms"] = statistics.median(times[1:])
     return res
 
 

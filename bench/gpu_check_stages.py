@@ -32,7 +32,7 @@ SMALL_SHAPE = dict(hidden_size=256, intermediate_size=512, num_layers=4, num_hea
 # bundle -> (checkpoint, precision, max_input_tokens, prefill_chunk)
 BUNDLES = {"small-fp8": ("small", "fp8_e4m3", 256, 64), "small-nvfp4": ("small", "nvfp4", 256, 64),
            "tool-fp8": ("tool", "fp8_e4m3", 256, 64), "tool-nvfp4": ("tool", "nvfp4", 256, 64),
-           "q06-fp8": ("q06", "fp8_e4m3", 2048, 128), "q06-nvfp4": ("q06", "nvfp4", 2048, 128)}
+           "q06-fp8": ("q06", "fp8_e4m3", 2048, 512), "q06-nvfp4": ("q06", "nvfp4", 2048, 512)}
 # checkpoints the repository ships (the trained tool model: 3 q heads on 1 kv head); the others
 # are synthesized into --work
 SHIPPED = {"tool": REPO / "models" / "toolcall-qwen3-tiny"}
@@ -109,7 +109,8 @@ def stage_build(work: Path, names: list[str], rec) -> dict:
             continue
         t = time.perf_counter()
         options = BuildOptions(precision=precision, target="h200", max_sequences=8, max_input_tokens=max_in,
-                               max_output_tokens=None, page_size=32, max_tokens_per_step=256, prefill_chunk=chunk,
+                               max_output_tokens=None, page_size=32, max_tokens_per_step=max(256, chunk),
+                               prefill_chunk=chunk,
                                memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
         try:
             r = compile_bundle(checkpoint_dir(work, ckpt), CATALOG, options, work / name, force=True)
@@ -202,7 +203,8 @@ def stage_kernels(rec, graphs: bool = False, cases: str | None = None, while_tim
 # ---- prompts shared by e2e and cpuref ----
 def e2e_prompts(grammar, tokenizer, max_input: int) -> list[tuple[int, ...]]:
     from toolcall.builder.canary import CANARY_REQUESTS
-    texts = list(CANARY_REQUESTS[:E2E_REQUESTS]) + [" ".join(CANARY_REQUESTS * 2)]
+    # the long prompt: about 660 tokens, two chunks of q06's 512 (a chunk after cached pages), cut to the input limit
+    texts = list(CANARY_REQUESTS[:E2E_REQUESTS]) + [" ".join(CANARY_REQUESTS * 6)]
     return [tuple(tokenizer.encode(grammar.render_prompt(t)).ids)[-max_input:] for t in texts]
 
 

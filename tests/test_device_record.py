@@ -25,7 +25,7 @@ def report(tokens_match: bool = True, with_bench: bool = True) -> dict:
     rows += [{"name": f"fp8_e4m3 {family}{p} 1024->4096 T=512", "us": us, "tflops": tf if family else tf / 20}
              for family in ("", "mma ") for p, (us, tf) in wide.items()]
     bench = {"q06-fp8": {"step_graph_ms": 1.4, "step_ms_p100": 0.5, "step_ms_p511": 0.625, "ttft_512_ms": 65.3,
-                         "ttft_2048_ms": 328.5},
+                         "ttft_2048_ms": 328.5, "batch_step_64_ms": 0.9, "batch_step_256_ms": 2.5},
              "q06-nvfp4": {"step_graph_ms": 1.05, "step_ms_p100": 0.35}} if with_bench else {}
     bundles = {name: {"vs_cpu": {"graph": {"equal": 5, "of": 5}}, "tokens_match_cpu": tokens_match,
                       **({"bench": bench[name]} if name in bench else {})} for name in ("q06-fp8", "q06-nvfp4")}
@@ -48,7 +48,8 @@ def test_measured_figures_go_to_their_keys():
                              "launches_per_step": 145, "tokens_equal_cpu": True}
     # (100 x 40 + 50 x 10 + 200 x 30 + 100 x 20) / 100 us: the four projections' multiply-adds over their time
     assert got["prefill"] == {"ttft_ms_512": 65.3, "ttft_ms_2048": 328.5, "linear_tflops_t512": pytest.approx(125.0),
-                              "bits_identical_batch": True, "tokens_equal_cpu": True}
+                              "batch_step_ms_64": 0.9, "batch_step_ms_256": 2.5, "bits_identical_batch": True,
+                              "tokens_equal_cpu": True}
     assert got["serving"] == {"bit_gates_passed": 12, "bit_gates": 12, "engine_req_s": 5100.0, "burst_clients": 2048,
                               "burst_req_s": 2100.0, "burst_lost": 0, "burst_differ": 0, "burst_p50_ms": 400.0,
                               "burst_p99_ms": 900.0, "noop_req_s": 2500.0}
