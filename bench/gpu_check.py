@@ -69,7 +69,7 @@ TIMEOUTS = {"build": 330, "kernels": 200, "kernels-while": 60, "cpuref": 300, "e
 # stages that are other programs: no "complete" in their results
 EXTERNAL = ("pytest", "kernel-times", "gates", "serving", "engine")
 SERVING_BUNDLE = "tool-fp8"  # the gates', the burst's and the engine's bundle: the shipped tool model, real answers
-# bundles whose e2e and bench stages run again with the tensor-core linear kernels (runtime load --linear-kernels
+# bundles whose e2e and bench stages run again with the tensor-core linear kernels (runtime load --gpu-kernels
 # mma), as "<bundle>+mma": the Qwen3-0.6B shape, prompts long enough for the wide tiling (T >= 64); the nvfp4
 # kernels of the family are judged by the kernels stage's table (a second bundle would cost the budget a minute)
 MMA_VARIANTS = ("q06-fp8",)

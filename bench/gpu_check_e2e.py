@@ -53,10 +53,10 @@ def attempt(rec, key: str, fn):
     return value
 
 
-def manual_engine(folder: Path, linear: str = "fma"):
+def manual_engine(folder: Path, family: str = "fma"):
     """The engine's parts without the canary gate (graph-free paths first, or after a failed
-    Engine.load, to learn more): modules that fail to load are recorded instead of fatal. ``linear``: the
-    linear-layer kernel family (kernels/geometry.py LINEAR_FAMILIES)."""
+    Engine.load, to learn more): modules that fail to load are recorded instead of fatal. ``family``: the
+    GPU kernel family (kernels/geometry.py KERNEL_FAMILIES)."""
     from types import SimpleNamespace
 
     from tokenizers import Tokenizer
@@ -65,10 +65,10 @@ def manual_engine(folder: Path, linear: str = "fma"):
     from toolcall.runtime.bundle.files import read_contract
     from toolcall.runtime.cuda.backend import load_cuda_model
     from toolcall.runtime.cuda.graph import DecodeGraph
-    from toolcall.kernels.geometry import LINEAR_FAMILIES
+    from toolcall.kernels.geometry import KERNEL_FAMILIES
     from toolcall.runtime.grammar.trie import Grammar
     c, g = read_contract(folder), Grammar.read(folder / "grammar.msgpack")
-    m = load_cuda_model(folder, c, g, strict=False, linear=LINEAR_FAMILIES[linear])
+    m = load_cuda_model(folder, c, g, strict=False, family=KERNEL_FAMILIES[family])
     lim = c.limits
     gen = StepBatcher(m, m.kv, g, max_input_tokens=lim.max_input_tokens, max_output_tokens=lim.max_output_tokens,
                     max_tokens_per_step=lim.max_tokens_per_step, prefill_chunk=lim.prefill_chunk)
@@ -95,18 +95,18 @@ def _generate(engine, prompts, head: str) -> dict:
 
 
 def variant(name: str) -> tuple[str, str]:
-    """(bundle, linear family) of a stage's bundle name: "q06-fp8" runs the default family, "q06-fp8+mma" the
+    """(bundle, kernel family) of a stage's bundle name: "q06-fp8" runs the default family, "q06-fp8+mma" the
     same bundle with the mma one (gpu_check.MMA_VARIANTS)."""
-    bundle, _, linear = name.partition("+")
-    return bundle, linear or "fma"
+    bundle, _, family = name.partition("+")
+    return bundle, family or "fma"
 
 
 def stage_e2e(work: Path, name: str, rec) -> dict:
     from toolcall.runtime.engine import Engine
     t = time.perf_counter()
-    bundle, linear = variant(name)
+    bundle, family = variant(name)
     # 1. graph-free paths, saved before any graph is launched
-    parts = attempt(rec, "load_graph_free", lambda: manual_engine(work / bundle, linear))
+    parts = attempt(rec, "load_graph_free", lambda: manual_engine(work / bundle, family))
     if isinstance(parts, dict):
         return rec.data
     m, c = parts.model, parts.contract
@@ -137,7 +137,7 @@ def stage_e2e(work: Path, name: str, rec) -> dict:
         return rec.data  # a sticky error: a second context would only repeat it
     # 2. the load gate (canary on both decode paths) and the decode graph
     t = time.perf_counter()
-    engine = attempt(rec, "load", lambda: Engine.load(work / bundle, linear_kernels=linear))
+    engine = attempt(rec, "load", lambda: Engine.load(work / bundle, gpu_kernels=family))
     if isinstance(engine, dict):
         return rec.data
     rec.put("load", {"seconds": time.perf_counter() - t})
@@ -152,10 +152,10 @@ def stage_bench(work: Path, name: str, rec) -> dict:
     """The timings of the module docstring, each part put as it ends (Engine.load's gate first;
     after a refusal the parts without the gate, to time what runs)."""
     from toolcall.runtime.engine import Engine
-    bundle, linear = variant(name)
-    engine = attempt(rec, "load", lambda: Engine.load(work / bundle, linear_kernels=linear))
+    bundle, family = variant(name)
+    engine = attempt(rec, "load", lambda: Engine.load(work / bundle, gpu_kernels=family))
     if isinstance(engine, dict):
-        engine = attempt(rec, "load_without_canary", lambda: manual_engine(work / bundle, linear))
+        engine = attempt(rec, "load_without_canary", lambda: manual_engine(work / bundle, family))
         if isinstance(engine, dict) or engine.decode_graph is None:
             return rec.data
     else:

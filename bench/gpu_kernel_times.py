@@ -16,7 +16,7 @@ parity tests and bench/gpu_check.py do that).
 Each chain is timed with full edges and with programmatic ones (kernels/common.cuh), and a chain of
 --layers decode layers (qkv, attention_decode, o_proj, gate_up, down; each layer its own weights)
 gives a layer's time both ways. The linear layers run in each family of --families (kernels/geometry.py
-LINEAR_FAMILIES; rows "<fmt> <proj>" for fma, "<fmt> mma <proj>" for mma), at T = 1 and at
+KERNEL_FAMILIES; rows "<fmt> <proj>" for fma, "<fmt> mma <proj>" for mma), at T = 1 and at
 T = --prefill-rows (rows "... T=<rows>", with the TFLOP/s of their 2 T in out multiply-adds). The table
 prints last: kernel, launch shape, us per node (full edges, programmatic), weight MB per node, GB/s of
 weights at full edges, TFLOP/s where counted.
@@ -37,7 +37,7 @@ checkout.use()
 from toolcall.common.errors import CudaError  # noqa: E402
 from toolcall.common.formats import WEIGHT_FORMATS  # noqa: E402
 from toolcall.kernels.declarations import Launch  # noqa: E402
-from toolcall.kernels.geometry import FMA, LINEAR_FAMILIES, MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU  # noqa: E402
+from toolcall.kernels.geometry import FMA, KERNEL_FAMILIES, MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU  # noqa: E402
 from toolcall.kernels.geometry import attention_max_splits, matvec_kernel  # noqa: E402
 from toolcall.kernels.graph_nodes import add_kernel_node  # noqa: E402
 from toolcall.kernels.launch import DeviceArray, Gpu, check  # noqa: E402
@@ -180,7 +180,7 @@ def main() -> None:
     h, i, q_dim = s["hidden"], s["inter"], s["heads"] * s["head_dim"]
     qkv_out = q_dim + 2 * s["kv_heads"] * s["head_dim"]
     layer_mv = {}  # (format, family) -> [the nodes of each projection], for the layer chains below
-    families = [LINEAR_FAMILIES[n] for n in args.families.split(",")]
+    families = [KERNEL_FAMILIES[n] for n in args.families.split(",")]
     for fmt in map(WEIGHT_FORMATS.get, args.formats.split(",")):
         if fmt not in MATVEC_FORMATS:
             raise SystemExit(f"--formats: the GPU kernels take {', '.join(f.name for f in MATVEC_FORMATS)}")

@@ -51,6 +51,7 @@ GRIDS: dict[str, Callable[..., tuple[int, ...]]] = {
     "attention_decode": lambda T, n_kv_heads, max_splits: (T, n_kv_heads, max_splits),
     "attention_prefill_partial": lambda n_tiles, n_kv_heads, max_splits: (n_tiles, n_kv_heads, max_splits),
     "attention_merge": lambda n_heads, T: (n_heads, T),
+    "attention_prefill_mma": lambda n_tiles, n_kv_heads: (n_tiles, n_kv_heads),
     "head_sparse": lambda n_cand, B: (cdiv(n_cand, C.HEAD_CANDS_PER_BLOCK), B),  # a warp a candidate
     "head_gather": lambda n_cand, B: (cdiv(n_cand, C.HEAD_THREADS), B),
     "argmax_rows": lambda T: (T,),

@@ -7,12 +7,13 @@ kernels/declarations.py.
 One step over rows (token, seq, pos), per layer (<fmt> = a bundle weight format's kernel prefix,
 common/formats.py: fp8_e4m3 | nvfp4 | bf16):
   <fmt>_matvec_rmsnorm  q|k|v, one fused weight (input_layernorm fused); every <fmt>_matvec* below is
-                        one of a linear family's kernels (LINEAR_FAMILIES: <fmt>_linear_mma* on tensor cores)
+                        one of a kernel family's (KERNEL_FAMILIES: <fmt>_linear_mma* on tensor cores)
   decode (one row per sequence; 5 launches a layer):
     attention_decode    q/k norm + rope, K/V -> the paged bf16 cache, attention, split merge
   prefill (7 launches a layer):
     qk_norm_rope_kv     q/k norm + rope in place, K/V -> the cache (before attention reads it)
-    attention_prefill_partial + attention_merge -> attn [T, heads * head_dim]
+    attention_prefill_partial + attention_merge -> attn [T, heads * head_dim] (the mma family:
+                        attention_prefill_mma, one pass)
   <fmt>_matvec          o_proj, accumulate=1 into the residual stream x
   <fmt>_matvec_rmsnorm  gate|up, one fused weight (post_attention_layernorm fused)
   <fmt>_matvec_swiglu   down_proj, accumulate=1 into x
@@ -40,29 +41,39 @@ PROLOGUES = (PLAIN, RMSNORM, SWIGLU)
 
 
 @dataclass(frozen=True)
-class LinearFamily:
-    """One family of linear-layer kernels: the same parameters and the same result to float32 rounding,
-    each with one reduction order for every row count T (a row's bits never depend on the other rows of
-    its launch). Entry points: ``<fmt.kernel_prefix>_<stem><prologue>``."""
+class KernelFamily:
+    """One family of GPU kernels for the step's linear layers and prefill attention: the same result to
+    float32 rounding, each with one reduction order for every row count T (a row's bits never depend on
+    the other rows of its launch). Linear entry points: ``<fmt.kernel_prefix>_<stem><prologue>``;
+    ``prefill_attention``: the kernels of a prefill chunk's attention, in launch order, over tiles of at most
+    ``prefill_vectors`` query vectors (rows x the query heads of one kv head)."""
 
     name: str
     stem: str
+    prefill_attention: tuple[str, ...]
+    prefill_vectors: int
     summary: str
 
-
-FMA = LinearFamily("fma", "matvec", "float32 FMAs on CUDA cores, 8 activation rows a weight load (matvec.cuh)")
-MMA = LinearFamily("mma", "linear_mma", "bf16 mma.sync on tensor cores, activations as bf16 hi + lo "
-                   "(linear_mma.cuh)")
-LINEAR_FAMILIES: dict[str, LinearFamily] = {f.name: f for f in (FMA, MMA)}
+    def rows_per_tile(self, num_heads: int, num_kv_heads: int) -> int:
+        """Query rows of one prefill attention tile."""
+        return max(1, self.prefill_vectors // (num_heads // num_kv_heads))
 
 
-def matvec_kernel(fmt: WeightFormat, prologue: str = PLAIN, family: LinearFamily = FMA) -> str:
+# fma: matvec.cuh, attention.cuh (+ attention_merge.cu); mma: linear_mma.cuh, attention_prefill_mma.cu
+FMA = KernelFamily("fma", "matvec", ("attention_prefill_partial", "attention_merge"), ATTN_QCHUNK,
+                   "CUDA cores, float32 FMAs")
+MMA = KernelFamily("mma", "linear_mma", ("attention_prefill_mma",), defines()["PM_QVECS"],
+                   "tensor cores, bf16 mma.sync with activations, queries and probabilities split into bf16 hi + lo")
+KERNEL_FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (FMA, MMA)}
+
+
+def matvec_kernel(fmt: WeightFormat, prologue: str = PLAIN, family: KernelFamily = FMA) -> str:
     """The entry point of ``fmt``'s linear layer with ``prologue`` in ``family``."""
     return f"{fmt.kernel_prefix}_{family.stem}{prologue}"
 
 
 # kernel name -> (weight format, prologue), for every linear-layer entry point of every family
-MATVECS: dict[str, tuple[WeightFormat, str]] = {matvec_kernel(f, p, fam): (f, p) for fam in LINEAR_FAMILIES.values()
+MATVECS: dict[str, tuple[WeightFormat, str]] = {matvec_kernel(f, p, fam): (f, p) for fam in KERNEL_FAMILIES.values()
                                                 for f in MATVEC_FORMATS for p in PROLOGUES}
 
 
@@ -76,9 +87,9 @@ def attention_max_splits(max_positions: int) -> int:
 
 
 def prefill_tiles(seq: np.ndarray, pos: np.ndarray, rows_per_tile: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tile_start, tile_len) int32 for attention_prefill_partial: runs of consecutive rows of
-    one sequence with rising positions, cut every ``rows_per_tile`` rows (ATTN_QCHUNK // group
-    keeps one tile in one query chunk). Padding rows (seq < 0) get no tile."""
+    """(tile_start, tile_len) int32 for a kernel family's prefill attention: runs of consecutive rows of
+    one sequence with rising positions, cut every ``rows_per_tile`` rows (KernelFamily.rows_per_tile:
+    what one block holds). Padding rows (seq < 0) get no tile."""
     starts, lens = [], []
     t, T = 0, len(seq)
     while t < T:

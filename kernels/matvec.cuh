@@ -1,5 +1,5 @@
 // matvec.cuh: the linear layer on CUDA cores (float32 FMAs), shared by matvec_{fp8_e4m3,nvfp4,bf16}.cu
-// and head_dense.cu; the "fma" family of kernels/geometry.py LINEAR_FAMILIES.
+// and head_dense.cu; the "fma" family of kernels/geometry.py KERNEL_FAMILIES.
 //
 //   y[t, o] (+)= scale(o) * sum_k prologue(x)[t, k] * Wq[o, k]  (+ bias[o])
 //

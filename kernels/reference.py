@@ -14,13 +14,13 @@ import numpy as np
 from toolcall.common.formats import WeightFormat
 from toolcall.kernels.geometry import (
     ATTN_SPLIT,
-    LINEAR_FAMILIES,
+    KERNEL_FAMILIES,
     MATVEC_FORMATS,
     MMA,
     PLAIN,
     RMSNORM,
     SWIGLU,
-    LinearFamily,
+    KernelFamily,
     matvec_kernel,
 )
 from toolcall.kernels.weight_args import weight_args
@@ -87,7 +87,7 @@ def bf16_hi_lo(x: np.ndarray) -> np.ndarray:
     return hi + f32((np.asarray(x, F32) - hi).astype(BF16))
 
 
-def _matvec_family(fmt: WeightFormat, family: LinearFamily) -> dict[str, object]:
+def _matvec_family(fmt: WeightFormat, family: KernelFamily) -> dict[str, object]:
     seen = bf16_hi_lo if family is MMA else f32  # what the family's products see of the activations
 
     def plain(x, w, *scales, bias=None, y=None, accumulate=False):
@@ -105,7 +105,7 @@ def _matvec_family(fmt: WeightFormat, family: LinearFamily) -> dict[str, object]
 # kernel name -> reference, for every linear-layer kernel of every family: (x, w, *scales, ...) plain, (x,
 # norm_w, eps, w, *scales, ...) with the input RMSNorm, (gate, up, w, *scales, ...) with SwiGLU; scales as
 # the kernel's
-MATVEC_REFERENCES = {fn: ref for fam in LINEAR_FAMILIES.values() for f in MATVEC_FORMATS
+MATVEC_REFERENCES = {fn: ref for fam in KERNEL_FAMILIES.values() for f in MATVEC_FORMATS
                      for fn, ref in _matvec_family(f, fam).items()}
 
 
@@ -182,6 +182,20 @@ def attention(q, seq, pos, block_table, page_size, k_cache, v_cache, n_heads, n_
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         s /= s.sum(axis=-1, keepdims=True)
         out[t] = np.einsum("kgn,nkd->kgd", s, vals).reshape(-1)
+    return out
+
+
+def attention_prefill_mma(q, seq, pos, tile_start, tile_len, block_table, page_size, k_cache, v_cache, n_heads,
+                          n_kv_heads, head_dim, sm_scale, out: np.ndarray) -> np.ndarray:
+    """``out`` [T, n_heads*head_dim] with the tiles' rows attended (``attention`` on q as bf16 hi + lo, what
+    the kernel's products see; its probabilities are hi + lo too, 16 bits); the other rows as they were."""
+    rows = np.concatenate([np.arange(s, s + n) for s, n in zip(tile_start, tile_len)] or [[]]).astype(int)
+    keep = np.full(len(seq), -1, np.int32)
+    keep[rows] = np.asarray(seq)[rows]
+    got = attention(bf16_hi_lo(q), keep, pos, block_table, page_size, k_cache, v_cache, n_heads, n_kv_heads,
+                    head_dim, sm_scale)
+    out = out.copy()
+    out[rows] = got[rows]
     return out
 
 

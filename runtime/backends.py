@@ -75,12 +75,13 @@ class Backend(Protocol):
 @dataclass(frozen=True)
 class LoadOptions:
     """How to load: ``cpu_backend`` "fast" (numba, stored weights) or "reference" (numpy float32) on a CPU
-    target; ``threads``: host kernel threads (None: the CPUs this process may use); ``linear_kernels``: on a
-    GPU target, the linear-layer kernel family (toolcall.kernels.geometry LINEAR_FAMILIES: "fma", "mma")."""
+    target; ``threads``: host kernel threads (None: the CPUs this process may use); ``gpu_kernels``: on a
+    GPU target, the kernel family of the linear layers and prefill attention (toolcall.kernels.geometry
+    KERNEL_FAMILIES: "fma", "mma")."""
 
     cpu_backend: str = "fast"
     threads: int | None = None
-    linear_kernels: str = "fma"
+    gpu_kernels: str = "fma"
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,10 @@ class BackendKind:
 
 def _load_cpu(folder: Path, contract: Contract, grammar: Grammar, options: LoadOptions) -> Backend:
     from toolcall.runtime.cpu.backend import load_cpu_backend
-    if options.linear_kernels != LoadOptions.linear_kernels:
-        raise EngineError("usage", f"--linear-kernels {options.linear_kernels}: a kernel family of the GPU targets; "
+    if options.gpu_kernels != LoadOptions.gpu_kernels:
+        raise EngineError("usage", f"--gpu-kernels {options.gpu_kernels}: a kernel family of the GPU targets; "
                           f"this bundle's target is {contract.target.name}: leave the option out",
-                          option="linear_kernels", value=options.linear_kernels)
+                          option="gpu_kernels", value=options.gpu_kernels)
     return load_cpu_backend(folder, contract, options)
 
 
@@ -111,14 +112,14 @@ def _cpu_first_use_note() -> str | None:
 
 
 def _load_cuda(folder: Path, contract: Contract, grammar: Grammar, options: LoadOptions) -> Backend:
-    from toolcall.kernels.geometry import LINEAR_FAMILIES
+    from toolcall.kernels.geometry import KERNEL_FAMILIES
     from toolcall.runtime.cuda.backend import load_cuda_model
-    family = LINEAR_FAMILIES.get(options.linear_kernels)
+    family = KERNEL_FAMILIES.get(options.gpu_kernels)
     if family is None:
-        raise EngineError("usage", f"--linear-kernels {options.linear_kernels!r}: the families are "
-                          f"{', '.join(LINEAR_FAMILIES)}", option="linear_kernels", value=options.linear_kernels)
+        raise EngineError("usage", f"--gpu-kernels {options.gpu_kernels!r}: the families are "
+                          f"{', '.join(KERNEL_FAMILIES)}", option="gpu_kernels", value=options.gpu_kernels)
     try:
-        return load_cuda_model(folder, contract, grammar, linear=family)  # frees what it took if it fails
+        return load_cuda_model(folder, contract, grammar, family=family)  # frees what it took if it fails
     except EngineError:
         raise
     except Exception as e:  # a binding or driver surprise: typed, never a traceback

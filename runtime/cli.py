@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from toolcall.common.errors import EngineError
-from toolcall.kernels.geometry import FMA, LINEAR_FAMILIES
+from toolcall.kernels.geometry import FMA, KERNEL_FAMILIES
 from toolcall.runtime import console
 from toolcall.runtime.backends import CPU_BACKENDS
 from toolcall.runtime.batching.batcher import Result
@@ -24,9 +24,9 @@ _backend = click.option("--backend", type=click.Choice(CPU_BACKENDS), default="f
                         help="CPU bundles: fast (numba on the stored weights) or reference (numpy float32).")
 _threads = click.option("--threads", type=int, default=None,
                         help="Fast CPU backend worker threads [default: the CPUs this process may use].")
-_linear = click.option("--linear-kernels", type=click.Choice(tuple(LINEAR_FAMILIES)), default=FMA.name,
-                       show_default=True, help="GPU bundles: the linear layers' kernels: "
-                       + "; ".join(f"{f.name}: {f.summary}" for f in LINEAR_FAMILIES.values()) + ".")
+_gpu_kernels = click.option("--gpu-kernels", type=click.Choice(tuple(KERNEL_FAMILIES)), default=FMA.name,
+                            show_default=True, help="GPU bundles: the kernels of the linear layers and prefill "
+                            "attention; " + "; ".join(f"{f.name}: {f.summary}" for f in KERNEL_FAMILIES.values()) + ".")
 
 
 EPILOG = f"""\b
@@ -106,16 +106,16 @@ NO_PREFIX_CACHE_HELP = ("Compute every prompt in full: no shared pinned prefix p
 @click.option("--no-prefix-cache", is_flag=True, help=NO_PREFIX_CACHE_HELP)
 @_backend
 @_threads
-@_linear
+@_gpu_kernels
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
-def load(path, no_prefix_cache, backend, threads, linear_kernels, as_json):
+def load(path, no_prefix_cache, backend, threads, gpu_kernels, as_json):
     """Check, load and canary-gate a bundle; exit 0 only when it is bound and ready."""
     from toolcall.runtime.engine import Engine
 
     console.enable(console.wanted(as_json))
     try:
         engine = Engine.load(path, prefix_cache=not no_prefix_cache, backend=backend, threads=threads,
-                             linear_kernels=linear_kernels)
+                             gpu_kernels=gpu_kernels)
     except EngineError as e:
         fail(e, as_json)
     c = engine.contract
@@ -139,11 +139,11 @@ def load(path, no_prefix_cache, backend, threads, linear_kernels, as_json):
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (same seed, same answer).")
 @_backend
 @_threads
-@_linear
+@_gpu_kernels
 @click.option("--no-prefix-cache", is_flag=True, help=NO_PREFIX_CACHE_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="Tool names, token ids (prompt_token_ids, cached_prompt_tokens too) and timings as JSON.")
-def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_cache, backend, threads, linear_kernels,
+def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_cache, backend, threads, gpu_kernels,
         as_json):
     """Answer each REQUEST with the bundle's tools, in the order the model names them.
 
@@ -161,7 +161,7 @@ def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_ca
     console.enable(console.wanted(as_json))
     try:
         engine = Engine.load(path, head=head, prefix_cache=not no_prefix_cache, backend=backend, threads=threads,
-                             linear_kernels=linear_kernels)
+                             gpu_kernels=gpu_kernels)
         start = time.perf_counter()
         results = engine.run(texts, Sampling(temperature, top_p, seed))
         wall = time.perf_counter() - start
@@ -230,9 +230,9 @@ def _use_system_allocator() -> None:
 @click.option("--drain-grace", type=float, default=1.0, show_default=True,
               help="After SIGTERM: seconds (at least 1) of no new arrival before the listener closes; arrivals "
                    "meanwhile are answered 503.")
-@_linear
+@_gpu_kernels
 def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes, head, threads,
-          lanes, served_model_names, drain_grace, linear_kernels):
+          lanes, served_model_names, drain_grace, gpu_kernels):
     """Serve the bundle over HTTP (discover, OpenAI chat completions, health, metrics) until SIGTERM.
 
     Loads and canary-gates the bundle while /health answers 503, then prints one `ready:` line.
@@ -261,4 +261,4 @@ def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeou
     config = ServeConfig(max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes,
                          adaptive_threads=threads is None, lanes=lanes,
                          served_model_names=tuple(served_model_names) or (Path(path).name,), drain_grace_s=drain_grace)
-    serve_main(path, host, port, config, head=head, threads=threads, linear_kernels=linear_kernels)
+    serve_main(path, host, port, config, head=head, threads=threads, gpu_kernels=gpu_kernels)

@@ -64,15 +64,15 @@ class Engine:
     @classmethod
     def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse",
              prefix_cache: bool = True, backend: str = "fast", threads: int | None = None,
-             linear_kernels: str = LoadOptions.linear_kernels) -> "Engine":
+             gpu_kernels: str = LoadOptions.gpu_kernels) -> "Engine":
         """Checks, loads and canary-gates the bundle at ``path``; a Refusal names the first failed check.
 
         ``prefix_cache``: the template's fixed prefix is prefilled once into pinned KV pages every
         sequence shares, and finished prompts' full pages stay reusable; False computes every
         prompt in full (the cross-check: same answers). ``backend`` (CPU bundles): "fast" (stored
         weights, numba; ``threads`` workers, default the CPUs this process may use) or "reference" (numpy
-        float32, the source of truth). ``linear_kernels`` (GPU bundles): the linear-layer kernel family,
-        "fma" (CUDA cores) or "mma" (tensor cores)."""
+        float32, the source of truth). ``gpu_kernels`` (GPU bundles): the kernel family of the linear layers and
+        prefill attention, "fma" (CUDA cores) or "mma" (tensor cores)."""
         assert backend in CPU_BACKENDS, backend
         start = time.perf_counter()
         folder = Path(path)
@@ -80,7 +80,7 @@ class Engine:
         kind = target_kind(contract)
         console.stage("loading weights")
         tokenizer, grammar = read_tokenizer_and_grammar(folder)
-        options = LoadOptions(backend, threads, linear_kernels)
+        options = LoadOptions(backend, threads, gpu_kernels)
         model = kind.load(folder, contract, grammar, options)  # frees what it took if it fails
         try:
             try:

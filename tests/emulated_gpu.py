@@ -177,6 +177,20 @@ class EmulatedGpu(DryRunGpu):
         length = self.view(a["tile_len"], I32, (a["n_tiles"],))
         self._attention(a, np.concatenate([np.arange(s, s + n) for s, n in zip(start, length)] or [[]]).astype(int))
 
+    def _attention_prefill_mma(self, a):
+        start = self.view(a["tile_start"], I32, (a["n_tiles"],))
+        length = self.view(a["tile_len"], I32, (a["n_tiles"],))
+        n = int((start + length).max()) if a["n_tiles"] else 0
+        if n == 0:
+            return
+        nh, hd = a["n_heads"], a["head_dim"]
+        bt, kc, vc = self._cache(a)
+        out = self.view(a["out"], F32, (n, nh * hd), a["out_stride"])
+        out[:] = ref.attention_prefill_mma(self.view(a["q"], F32, (n, nh * hd), a["q_stride"]),
+                                           self.view(a["seq"], I32, (n,)), self.view(a["pos"], I32, (n,)), start,
+                                           length, bt, a["page_size"], kc, vc, nh, a["n_kv_heads"], hd,
+                                           a["sm_scale"], out)
+
     def _attention_merge(self, a):
         T, nh, hd, S = a["T"], a["n_heads"], a["head_dim"], a["max_splits"]
         out = ref.attention_merge(self.view(a["part_o"], F32, (T, nh, S, hd)),

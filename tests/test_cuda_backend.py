@@ -29,7 +29,7 @@ from toolcall.builder.trie import build_grammar
 from toolcall.common.errors import EXIT_CODES, CudaError, Refusal
 from toolcall.common.formats import FP8_E4M3, NVFP4
 from toolcall.kernels.declarations import declaration, declarations
-from toolcall.kernels.geometry import FMA, LINEAR_FAMILIES, MATVEC_FORMATS, MMA, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.geometry import FMA, KERNEL_FAMILIES, MATVEC_FORMATS, MMA, RMSNORM, SWIGLU, matvec_kernel
 from toolcall.kernels.launch import probe_gpu
 from toolcall.kernels.weight_args import weight_args
 from toolcall.runtime.batching.batcher import Request, StepBatcher
@@ -93,10 +93,10 @@ def cpu_tokens(small):
     return out
 
 
-def emulated_model(small, fmt, linear=FMA) -> tuple[CudaModel, EmulatedGpu]:
+def emulated_model(small, fmt, family=FMA) -> tuple[CudaModel, EmulatedGpu]:
     gpu = EmulatedGpu()
     with SafetensorsFile(small["files"][fmt]) as st:  # CudaModel takes the contract's name of the format
-        model = CudaModel(small["cfg"], small["limits"], small["grammar"], fmt.name, st, CUBINS, gpu, linear=linear)
+        model = CudaModel(small["cfg"], small["limits"], small["grammar"], fmt.name, st, CUBINS, gpu, family=family)
     return model, gpu
 
 
@@ -136,7 +136,7 @@ def test_device_bytes_match_the_contract_plan(small, precision):
 
 
 # ---- launch lists ----
-@pytest.mark.parametrize("family", LINEAR_FAMILIES.values(), ids=LINEAR_FAMILIES)
+@pytest.mark.parametrize("family", KERNEL_FAMILIES.values(), ids=KERNEL_FAMILIES)
 @pytest.mark.parametrize("precision,per_layer", [(f, 5) for f in PRECISIONS], ids=IDS)
 def test_decode_step_launches(small, precision, per_layer, family):
     model, _ = emulated_model(small, precision, family)
@@ -153,9 +153,11 @@ def test_decode_step_launches(small, precision, per_layer, family):
     mv = lambda prologue="": matvec_kernel(f, prologue, family)  # noqa: E731
     assert [ln.fn for ln in body[1:1 + per_layer]] == [mv(RMSNORM), "attention_decode", mv(), mv(RMSNORM), mv(SWIGLU)]
     L = small["cfg"].num_layers
-    plan = loop.plan(3)  # prefill chunks: 7 launches a layer (rope + KV write, attention partials, merge)
-    assert len(plan) == 3 * (1 + 7 * L) + 4 and plan[-1].args["cond_handle"] == 0
-    assert [ln.fn for ln in plan[2:5]] == ["qk_norm_rope_kv", "attention_prefill_partial", "attention_merge"]
+    # prefill chunks: a layer's qkv, rope + KV write, the family's attention (fma: partials, merge; mma: one
+    # pass), o_proj, gate_up, down
+    plan, attention = loop.plan(3), list(family.prefill_attention)
+    assert len(plan) == 3 * (1 + (5 + len(attention)) * L) + 4 and plan[-1].args["cond_handle"] == 0
+    assert [ln.fn for ln in plan[1:3 + len(attention)]] == [mv(RMSNORM), "qk_norm_rope_kv", *attention]
     # every launch of every list names exactly its kernel's declared parameters
     for ln in body + plan + model._forward_launches(5, 2):
         assert sorted(ln.args) == sorted(declaration(ln.fn).names), ln.fn
@@ -163,10 +165,10 @@ def test_decode_step_launches(small, precision, per_layer, family):
 
 
 # ---- the whole backend on the emulated device ----
-@pytest.mark.parametrize("family", LINEAR_FAMILIES.values(), ids=LINEAR_FAMILIES)
+@pytest.mark.parametrize("family", KERNEL_FAMILIES.values(), ids=KERNEL_FAMILIES)
 @pytest.mark.parametrize("precision", PRECISIONS, ids=IDS)
 def test_emulated_backend_gives_the_cpu_tokens(small, cpu_tokens, precision, family):
-    """Every path, each linear family (the emulator runs each family's reference: the mma family's activations
+    """Every path, each kernel family (the emulator runs each family's reference: the mma family's activations
     as bf16 hi + lo), the CPU's tokens."""
     model, gpu = emulated_model(small, precision, family)
     want = cpu_tokens[precision]
@@ -228,7 +230,7 @@ def test_failed_load_frees_what_it_took(small):
         CudaModel(small["cfg"], small["limits"], small["grammar"], "fp8_e4m3", tensors, {}, gpu)
     before_mma = {name: blob for name, blob in CUBINS.items() if not name.startswith("linear_mma")}
     with pytest.raises(Refusal, match=r"linear_mma_\w+\.cubin is missing"):  # a bundle built before the family
-        CudaModel(small["cfg"], small["limits"], small["grammar"], "fp8_e4m3", tensors, before_mma, gpu, linear=MMA)
+        CudaModel(small["cfg"], small["limits"], small["grammar"], "fp8_e4m3", tensors, before_mma, gpu, family=MMA)
     assert not gpu.buffers
 
 
@@ -303,9 +305,9 @@ def test_a_shape_the_kernels_cannot_run_is_refused_by_builder_and_runtime(tmp_pa
     assert info.value.code == "bundle_invalid" and "head_dim = 16" in info.value.message
 
 
-@pytest.mark.parametrize("linear", LINEAR_FAMILIES)
-def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monkeypatch, linear):
-    """Engine.load's GPU branch end to end, with each linear family: target check, CUDA backend, canary on both
+@pytest.mark.parametrize("family", KERNEL_FAMILIES)
+def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monkeypatch, family):
+    """Engine.load's GPU branch end to end, with each kernel family: target check, CUDA backend, canary on both
     decode paths."""
     import toolcall.runtime.cuda.backend
     from toolcall.builder.compile import compile_bundle
@@ -320,9 +322,9 @@ def test_engine_serves_a_gpu_bundle_on_the_emulated_device(small, tmp_path, monk
         (folder / "kernels" / f"{name}.cubin").write_bytes(b"")
     retarget_h200(folder)
     monkeypatch.setattr(toolcall.runtime.cuda.backend, "Gpu", EmulatedGpu)
-    engine = Engine.load(folder, facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000), linear_kernels=linear)
+    engine = Engine.load(folder, facts=MachineFacts(1 << 40, "NVIDIA H200", "9.0", 13000), gpu_kernels=family)
     try:
-        assert engine.model.linear is LINEAR_FAMILIES[linear]
+        assert engine.model.family is KERNEL_FAMILIES[family]
         (result,) = engine.run(["Book a flight to Paris"])
         assert result.finish == "done" and result.tools
         assert engine.decode_graph.generate(engine.encode("Book a flight to Paris")).token_ids == result.token_ids

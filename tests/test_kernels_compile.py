@@ -13,15 +13,17 @@ from toolcall.common.formats import FP8_E4M3, NVFP4
 from toolcall.kernels import cuda_source, nvrtc_build, targets
 from toolcall.kernels.cuda_source import Param, defines, entry_points, parse_defines, parse_entry_points
 from toolcall.kernels.declarations import GRIDS, declarations
-from toolcall.kernels.geometry import FMA, LINEAR_FAMILIES, MATVEC_FORMATS, MATVECS, MMA, matvec_kernel
+from toolcall.kernels.geometry import FMA, KERNEL_FAMILIES, MATVEC_FORMATS, MATVECS, MMA, matvec_kernel
 from toolcall.kernels.nvrtc_build import compile_all, compile_kernel, kernel_sources, resource_table
 from toolcall.kernels.targets import SM_ARCHS
 
 ARCHS = SM_ARCHS  # every architecture a target names (kernels/targets.py)
 # Kernels on the per-token path whose spills would cost bandwidth: no spill allowed.
 HOT = (*MATVECS, "head_dense", "head_sparse", "attention_decode", "attention_prefill_partial", "attention_merge",
+       "attention_prefill_mma",
        "rmsnorm", "qk_norm_rope_kv")
-EXPECTED_FILES = {"argmax", "attention", "attention_decode", "attention_merge", "embedding", "grammar_advance",
+EXPECTED_FILES = {"argmax", "attention", "attention_decode", "attention_merge", "attention_prefill_mma", "embedding",
+                  "grammar_advance",
                   "grammar_candidates", "head_dense", "head_sparse", "linear_mma_bf16", "linear_mma_fp8_e4m3",
                   "linear_mma_nvfp4", "matvec_bf16",
                   "matvec_fp8_e4m3", "matvec_nvfp4", "qk_norm_rope", "rmsnorm", "sample_draw", "swiglu"}
@@ -166,7 +168,7 @@ def test_every_entry_point_is_declared_once_with_its_launch_bounds():
     for d in decls.values():
         assert set(d.sizes) <= {p.name for p in d.params if p.kind == "int32"}, d.name
         assert d.names == tuple(p.name for p in entry_points()[d.name].params)
-    assert {matvec_kernel(f, p, fam) for fam in LINEAR_FAMILIES.values() for f in MATVEC_FORMATS
+    assert {matvec_kernel(f, p, fam) for fam in KERNEL_FAMILIES.values() for f in MATVEC_FORMATS
             for p in ("", "_rmsnorm", "_swiglu")} <= set(decls)
 
 

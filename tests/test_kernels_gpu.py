@@ -261,13 +261,50 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
         d.gpu.free(arr)
 
 
+def case_attention_mma(d: KernelRunner, rng, nh, nkv, hd):
+    """attention_prefill_mma (one pass, tensor cores) over a 300-row prompt against the reference, and the rows of
+    a chunk that starts mid-sequence (row 170, its keys before it already cached) with the same bits as in the
+    whole prompt's launch (other tiles, other neighbours)."""
+    ps, T = 32, 300
+    n_pages = geometry.cdiv(T, ps)
+    bt = rng.permutation(n_pages + 3)[:n_pages].astype(np.int32)[None, :]
+    kc, vc = (rng.standard_normal((n_pages + 3, ps, nkv, hd)).astype(BF16) for _ in range(2))
+    q = rng.standard_normal((T, nh * hd)).astype(np.float32)
+    seq, pos = np.zeros(T, np.int32), np.arange(T, dtype=np.int32)
+    scale = np.float32(hd ** -0.5)
+    rows_per_tile = geometry.MMA.rows_per_tile(nh, nkv)
+
+    def launch(start, length, seq=seq, pos=pos) -> np.ndarray:
+        return d.run("attention_prefill_mma", q=q, q_stride=nh * hd, seq=seq, pos=pos, tile_start=start,
+                     tile_len=length, block_table=bt, max_pages_per_seq=n_pages, page_size=ps, k_cache=kc,
+                     v_cache=vc, n_heads=nh, n_kv_heads=nkv, head_dim=hd, sm_scale=scale,
+                     out=Out(np.ones((T, nh * hd), np.float32)), out_stride=nh * hd, n_tiles=len(start))["out"]
+
+    start, length = geometry.prefill_tiles(seq, pos, rows_per_tile)
+    whole = launch(start, length)
+    want = ref.attention_prefill_mma(q, seq, pos, start, length, bt, ps, kc, vc, nh, nkv, hd, scale,
+                                     np.ones((T, nh * hd), np.float32))
+    d.close(whole, want, atol=2e-5, rtol=1e-5, label="attention_prefill_mma")
+    start, length = geometry.prefill_tiles(seq[170:], pos[170:], rows_per_tile)
+    d.same(launch(start + 170, length)[170:], whole[170:],
+           "attention_prefill_mma: a chunk from row 170 vs the same rows of the prompt")
+    # the graph's fixed tiles run past a last chunk's rows into padding rows (seq, pos -1): zeros there
+    pad_seq, pad_pos = np.where(np.arange(T) < 290, seq, -1).astype(np.int32), np.where(np.arange(T) < 290, pos, -1)
+    start = np.arange(256, T, rows_per_tile, dtype=np.int32)  # with G = 8, 8-row tiles: 296 .. 299 all padding
+    got = launch(start, np.minimum(rows_per_tile, T - start).astype(np.int32), pad_seq, pad_pos.astype(np.int32))
+    d.same(got[256:290], whole[256:290], "attention_prefill_mma: rows beside padding rows in their tile")
+    d.same(got[290:], np.zeros_like(got[290:]), "attention_prefill_mma: padding rows in a tile are zeros")
+
+
 MATVEC_IDS = [f"{f.name}{p}-T{t}-in{i}-out{o}" for f, p, t, i, o, *_ in MATVEC]
 CASES = ([pytest.param(case_matvec, spec, id=i) for spec, i in zip(MATVEC, MATVEC_IDS)]
          + [pytest.param(case_fusions, (), id="fusions"), pytest.param(case_rows, (), id="rows")]
          + [pytest.param(case_rope_kv, spec, id=f"rope_kv-{spec}")
             for spec in ((16, 8, 128, True), (4, 2, 64, False), (8, 4, 32, True))]
          + [pytest.param(case_attention, spec, id=f"attention-{spec}")
-            for spec in ((16, 8, 128), (4, 2, 64), (8, 1, 64), (8, 4, 32))])
+            for spec in ((16, 8, 128), (4, 2, 64), (8, 1, 64), (8, 4, 32))]
+         + [pytest.param(case_attention_mma, spec, id=f"attention_mma-{spec}")
+            for spec in ((16, 8, 128), (3, 1, 64), (8, 2, 64), (8, 1, 64), (8, 4, 32), (16, 2, 128))])
 
 
 def run_case(dev: KernelRunner, case, spec) -> None:

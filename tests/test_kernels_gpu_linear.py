@@ -1,4 +1,4 @@
-"""The linear-layer kernels of both families (kernels/geometry.py LINEAR_FAMILIES: FMAs, mma.sync) over the batch
+"""The linear-layer kernels of both families (kernels/geometry.py KERNEL_FAMILIES: FMAs, mma.sync) over the batch
 sizes a serving step takes, against kernels/reference.py, and the rule the serving step's bit gates rest on: a row's
 output bits are the same alone and beside 1, 7, 63 or 255 other rows (for the mma family 63 and 255 cross into its
 wide tiling), for every layer kind (plain, rmsnorm prologue, SwiGLU prologue) and every weight format.
@@ -12,7 +12,7 @@ import pytest
 from test_kernels_gpu import EPS, WEIGHTS, bf16, pack_case, run_case
 
 from toolcall.kernels import reference as ref
-from toolcall.kernels.geometry import LINEAR_FAMILIES, MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.geometry import KERNEL_FAMILIES, MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU, matvec_kernel
 from toolcall.kernels.runner import KernelRunner, Out
 from toolcall.kernels.weight_args import weight_args
 
@@ -58,7 +58,7 @@ def case_beside(d: KernelRunner, rng, family, fmt, pro, others):
     d.same(together[:1], alone, f"{fn}: a row alone vs beside {others} others")
 
 
-FAMILIES = tuple(LINEAR_FAMILIES.values())
+FAMILIES = tuple(KERNEL_FAMILIES.values())
 CASES = ([pytest.param(case_rows, (fam, f, p, T), id=f"{fam.name}-{f.name}{p}-T{T}") for fam in FAMILIES
           for f in MATVEC_FORMATS for p in (PLAIN, RMSNORM, SWIGLU) for T in (ROWS if p == PLAIN else (1, 16, 17, 512))]
          + [pytest.param(case_beside, (fam, f, p, k), id=f"{fam.name}-{f.name}{p}-beside{k}") for fam in FAMILIES
@@ -67,7 +67,7 @@ CASES = ([pytest.param(case_rows, (fam, f, p, T), id=f"{fam.name}-{f.name}{p}-T{
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case,spec", CASES)
-def test_linear_kernels(dev, case, spec):
+def test_gpu_kernels(dev, case, spec):
     run_case(dev, case, spec)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from toolcall.kernels import sass
 from toolcall.kernels.declarations import declarations
-from toolcall.kernels.geometry import MATVECS, MMA, matvec_kernel
+from toolcall.kernels.geometry import KERNEL_FAMILIES, MATVECS, MMA, matvec_kernel
 from toolcall.kernels.nvrtc_build import compile_all, compile_kernel
 from toolcall.kernels.targets import SM_ARCHS
 
@@ -82,13 +82,15 @@ def test_the_listing_parser_reads_predicated_and_vector_instructions():
 
 
 def test_the_tensor_core_family_uses_mma_and_the_fma_family_none(compiled):
-    """kernels/geometry.py LINEAR_FAMILIES: every mma-family kernel issues HMMA (bf16 mma.sync; at least the
-    hi and lo products of one 16 x 8 x 16 step, in each of its two tilings), every FMA-family kernel none."""
+    """kernels/geometry.py KERNEL_FAMILIES: every mma-family kernel (linear layers, prefill attention) issues
+    HMMA (bf16 mma.sync; at least the hi and lo products of one 16 x 8 x 16 step twice), every FMA-family
+    kernel none."""
     arch, rows = compiled
-    tensor_core = {matvec_kernel(f, p, MMA) for f, p in MATVECS.values()}
-    for fn in MATVECS:
-        stats, _ = rows[fn]
-        if fn in tensor_core:
-            assert stats.mma >= 4 and not stats.local_memory, (arch, fn, stats)
-        else:
-            assert stats.mma == 0, (arch, fn, stats)
+    for family in KERNEL_FAMILIES.values():
+        kernels = [matvec_kernel(f, p, family) for f, p in set(MATVECS.values())] + list(family.prefill_attention)
+        for fn in kernels:
+            stats, _ = rows[fn]
+            if family is MMA:
+                assert stats.mma >= 4 and not stats.local_memory, (arch, fn, stats)
+            else:
+                assert stats.mma == 0, (arch, fn, stats)

@@ -79,12 +79,12 @@ def test_progress_only_on_a_terminal(tiny_bundle, capsys, monkeypatch):
 
 @pytest.mark.parametrize("command", ["load", "run"])
 def test_the_linear_kernel_family_is_a_gpu_option(tiny_bundle, command):
-    """--linear-kernels picks the GPU bundles' linear-layer kernels; on a CPU bundle anything but the default is a
+    """--gpu-kernels picks the GPU bundles' linear-layer kernels; on a CPU bundle anything but the default is a
     usage error that says so, before the weights are loaded."""
     args = [command, tiny_bundle, *(["Play some music"] if command == "run" else []), "--json"]
-    assert run(*args, "--linear-kernels", "fma").exit_code == 0
-    refused = run(*args, "--linear-kernels", "mma")
+    assert run(*args, "--gpu-kernels", "fma").exit_code == 0
+    refused = run(*args, "--gpu-kernels", "mma")
     assert refused.exit_code == 2 and "a kernel family of the GPU targets" in refused.output
     assert json.loads(refused.output)["error"] == "usage"
-    unknown = run(*args, "--linear-kernels", "wmma")
+    unknown = run(*args, "--gpu-kernels", "wmma")
     assert unknown.exit_code == 2 and "fma" in unknown.output and "mma" in unknown.output

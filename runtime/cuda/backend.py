@@ -17,7 +17,7 @@ import numpy as np
 from toolcall.common.errors import CudaError, Refusal
 from toolcall.common.formats import BF16, WEIGHT_FORMATS
 from toolcall.kernels.declarations import declaration
-from toolcall.kernels.geometry import FMA, MATVEC_FORMATS, LinearFamily, matvec_kernel, prefill_tiles, shape_problems
+from toolcall.kernels.geometry import FMA, MATVEC_FORMATS, KernelFamily, matvec_kernel, prefill_tiles, shape_problems
 from toolcall.kernels.launch import DeviceArray, Gpu, check, first_error
 from toolcall.kernels.runner import DryRunGpu
 from toolcall.runtime.batching.picks import HostStep
@@ -28,7 +28,7 @@ from toolcall.runtime.bundle.tensor_file import SafetensorsFile
 from toolcall.runtime.cuda.buffers import DeviceArena, arena_sizes, attention_splits, workspace_plan
 from toolcall.runtime.cuda.device_step import DeviceStep
 from toolcall.runtime.cuda.kv import KV_FORMAT, CudaKVPool
-from toolcall.runtime.cuda.launches import StepLaunches, StepRows, rows_per_tile
+from toolcall.runtime.cuda.launches import StepLaunches, StepRows
 from toolcall.runtime.cuda.program import PROGRAM_CACHE, Program
 from toolcall.runtime.cuda.weights import DeviceWeights
 from toolcall.runtime.grammar.trie import Grammar
@@ -42,14 +42,14 @@ class CudaModel(HostStep):
 
     def __init__(self, cfg: ModelConfig, limits: Limits, grammar: Grammar, precision: str, tensors,
                  cubins: dict[str, bytes], gpu=None, strict: bool = True, candidate_columns: int | None = None,
-                 state_words: int | None = None, linear: LinearFamily = FMA):
+                 state_words: int | None = None, family: KernelFamily = FMA):
         problems = shape_problems(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                                   cfg.head_dim, WEIGHT_FORMATS.get(precision))
         if problems:
             raise Refusal("bundle_invalid", f"the CUDA kernels cannot run this model: {'; '.join(problems)}",
                           problems=problems)
         self.cfg, self.limits, self.grammar, self.precision = cfg, limits, grammar, precision
-        self.linear = linear  # the linear-layer kernel family (kernels/geometry.py LINEAR_FAMILIES)
+        self.family = family  # the GPU kernel family (kernels/geometry.py KERNEL_FAMILIES)
         self.columns = candidate_columns  # the sparse head's width (None: the grammar's; set in _load)
         # bitset words of the widest grammar a row may bring (None: the bundle grammar's; set in _load)
         self.state_words = state_words
@@ -66,7 +66,7 @@ class CudaModel(HostStep):
     def _load(self, tensors, cubins: dict[str, bytes], strict: bool) -> None:
         cfg, lim, g = self.cfg, self.limits, self.grammar
         self.modules = {}
-        needed = {declaration(fn).file for fn in required_kernels(self.linear)}
+        needed = {declaration(fn).file for fn in required_kernels(self.family)}
         for file in sorted(needed):
             if file not in cubins:
                 old = [f"{KERNELS_DIR}/{file.replace(f.name, alias)}.cubin" for f in WEIGHT_FORMATS
@@ -168,7 +168,7 @@ class CudaModel(HostStep):
         n_tiles = 0
         if tiles_from is not None:
             start, length = prefill_tiles(seq[tiles_from:], pos[tiles_from:],
-                                          rows_per_tile(self.cfg.num_heads, self.cfg.num_kv_heads))
+                                          self.family.rows_per_tile(self.cfg.num_heads, self.cfg.num_kv_heads))
             rows[3, :len(start)], rows[4, :len(start)], n_tiles = start, length, len(start)
         self.gpu.copy_in(self.ws["rows"], rows)
         return n_tiles
@@ -275,14 +275,14 @@ class CudaModel(HostStep):
             check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
 
 
-DENSE_HEAD = matvec_kernel(BF16)  # every row of the head (dense_logits), in every linear family's model
+DENSE_HEAD = matvec_kernel(BF16)  # every row of the head (dense_logits), in every kernel family's model
 
 
-def required_kernels(linear: LinearFamily) -> tuple[str, ...]:
-    """The kernels a CudaModel loads: the step's, with the ``linear`` family's linear layers."""
-    return ("embed_gather", "qk_norm_rope_kv", "attention_decode", "attention_prefill_partial", "attention_merge",
-            "rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance", "sample_draw", DENSE_HEAD,
-            *(matvec_kernel(f, family=linear) for f in MATVEC_FORMATS))
+def required_kernels(family: KernelFamily) -> tuple[str, ...]:
+    """The kernels a CudaModel loads: the step's, with ``family``'s linear layers and prefill attention."""
+    return ("embed_gather", "qk_norm_rope_kv", "attention_decode", "rmsnorm", "grammar_candidates", "head_sparse",
+            "grammar_advance", "sample_draw", DENSE_HEAD, *family.prefill_attention,
+            *(matvec_kernel(f, family=family) for f in MATVEC_FORMATS))
 
 
 def request_state_words(contract: Contract) -> int | None:
@@ -297,11 +297,11 @@ def read_cubins(folder: Path) -> dict[str, bytes]:
 
 
 def load_cuda_model(folder: str | Path, contract: Contract, grammar: Grammar, gpu=None,
-                    strict: bool = True, linear: LinearFamily = FMA) -> CudaModel:
+                    strict: bool = True, family: KernelFamily = FMA) -> CudaModel:
     """The bundle's CudaModel: cubins, weights (mmapped, uploaded once), KV pool and workspace; its linear
-    layers from the ``linear`` family."""
+    layers and prefill attention from the kernel ``family``."""
     folder = Path(folder)
     with SafetensorsFile(folder / WEIGHTS_FILE) as st:
         return CudaModel(contract.model, contract.limits, grammar, contract.precision.weights, st,
                          read_cubins(folder), gpu, strict, contract.candidate_columns, request_state_words(contract),
-                         linear)
+                         family)

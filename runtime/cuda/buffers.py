@@ -45,7 +45,7 @@ def workspace_plan(cfg: ModelConfig, limits: Limits, max_edges: int, bitset_word
         "q": t * cfg.q_dim * F32,  # [T, heads * head_dim]  } one [T, q_dim + 2 kv_dim] buffer
         "k": t * cfg.kv_dim * F32,  # [T, kv_heads * head_dim] } when q/k/v are one fused
         "v": t * cfg.kv_dim * F32,  # [T, kv_heads * head_dim] } weight (fp8, bf16)
-        "attn_out": t * cfg.q_dim * F32,  # [T, heads * head_dim] attention_merge output
+        "attn_out": t * cfg.q_dim * F32,  # [T, heads * head_dim] attention output
         "gate": t * i * F32,  # [T, inter]  } one [T, 2 inter] buffer when gate/up are fused
         "up": t * i * F32,  # [T, inter]    }
         # part_o [T, heads, S, head_dim] + part_ml [T, heads, S, 2]; S counts ATTN_SPLIT-position splits

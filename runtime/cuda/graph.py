@@ -25,7 +25,7 @@ from toolcall.common.errors import RequestError
 from toolcall.kernels.launch import first_error
 from toolcall.runtime.cuda.buffers import graph_chunks, offset
 from toolcall.runtime.cuda.graph_build import GraphBuilder
-from toolcall.runtime.cuda.launches import StepRows, rows_per_tile
+from toolcall.runtime.cuda.launches import StepRows
 
 FINISH = {1: "done", 2: "length", 3: "dead_end"}  # grammar_advance status codes
 EXEC_CACHE = 4  # instantiated request graphs kept, by chunk count
@@ -47,7 +47,7 @@ class DecodeGraph:
         lim = m.limits
         self.C, self.chunks = lim.prefill_chunk, graph_chunks(lim)
         self.R = self.chunks * self.C  # prompt rows the buffers hold
-        rpt = rows_per_tile(m.cfg.num_heads, m.cfg.num_kv_heads)
+        rpt = m.family.rows_per_tile(m.cfg.num_heads, m.cfg.num_kv_heads)
         start = np.arange(0, self.C, rpt, dtype=np.int32)
         tiles = np.zeros((2, self.C), np.int32)  # one full chunk's fixed tiles: (start, len)
         tiles[0, :len(start)], tiles[1, :len(start)] = start, np.minimum(rpt, self.C - start)

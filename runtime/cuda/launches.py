@@ -10,7 +10,8 @@ Per layer (<f> = the weight format's kernel prefix; one fused q|k|v and one gate
     <f>_matvec_rmsnorm qkv -> attention_decode (norm, rope, K/V write, attention, merge)
     -> <f>_matvec o_proj (+= x) -> <f>_matvec_rmsnorm gate|up -> <f>_matvec_swiglu down (+= x)
   prefill tiles, 7 launches: qkv -> qk_norm_rope_kv -> attention_prefill_partial ->
-    attention_merge -> o_proj -> gate|up -> down
+    attention_merge -> o_proj -> gate|up -> down (the mma kernel family: 6, attention_prefill_mma in
+    one pass for the partials and the merge)
 then, for sampling: rmsnorm (rows gathered) -> grammar_candidates -> head_sparse -> grammar_advance.
 """
 from __future__ import annotations
@@ -20,18 +21,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from toolcall.kernels.declarations import Launch
-from toolcall.kernels.geometry import ATTN_QCHUNK, PLAIN, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.geometry import PLAIN, RMSNORM, SWIGLU, matvec_kernel
 from toolcall.kernels.launch import DeviceArray
 from toolcall.runtime.cuda.buffers import offset
 
 F32 = 4
-__all__ = ["Launch", "StepLaunches", "StepRows", "rows_per_tile"]
+__all__ = ["Launch", "StepLaunches", "StepRows"]
 
 
 @dataclass(frozen=True)
 class StepRows:
     """One step's rows on the device: int32 [T] tokens, seq (slot, < 0 padding), pos; prefill
-    tiles (tile_start, tile_len, n_tiles) for attention_prefill_partial, or None for the decode
+    tiles (tile_start, tile_len, n_tiles) for the prefill attention, or None for the decode
     kernel (one row per block row). ``decode`` > 0 with tiles: a mixed step, rows 0 .. decode - 1 one
     row each of their sequences (the decode kernel) and the rest prefill chunks (tiles counted from row
     ``decode``)."""
@@ -42,11 +43,6 @@ class StepRows:
     pos: DeviceArray
     tiles: tuple[DeviceArray, DeviceArray, int] | None = None
     decode: int = 0
-
-
-def rows_per_tile(num_heads: int, num_kv_heads: int) -> int:
-    """Query rows of one prefill tile: ATTN_QCHUNK // group keeps a tile in one query chunk."""
-    return max(1, ATTN_QCHUNK // (num_heads // num_kv_heads))
 
 
 class StepLaunches:
@@ -66,17 +62,35 @@ class StepLaunches:
         self.splits = m.splits
         self.part_o = part  # [T, heads, S, head_dim] then part_ml [T, heads, S, 2]
         self.part_ml = offset(part, self.t_max * cfg.num_heads * self.splits * cfg.head_dim * F32)
+        # the kernel family's prefill attention (kernels/geometry.py KernelFamily.prefill_attention)
+        self.prefill_attention = {("attention_prefill_partial", "attention_merge"): self._split_attention,
+                                  ("attention_prefill_mma",): self._one_pass_attention}[m.family.prefill_attention]
 
     # ---- matvecs ----
     def _mv(self, prologue: str, mv, head: dict, y, T: int, accumulate: int) -> Launch:
         """``mv``'s matvec with ``prologue`` over the input arguments ``head``, into (or onto) ``y``."""
-        return Launch(matvec_kernel(mv.fmt, prologue, self.m.linear), dict(
+        return Launch(matvec_kernel(mv.fmt, prologue, self.m.family), dict(
             **head, **mv.weight_args(), bias=mv.bias(), y=y, T=T, n_in=mv.n_in, n_out=mv.n_out, accumulate=accumulate))
 
     def _mv_norm(self, mv, norm: str, y, T: int) -> Launch:
         ln = self.m.weights.arena[norm]
         return self._mv(RMSNORM, mv, dict(x=self.m.ws["hidden"], x_stride=self.m.cfg.hidden_size, norm_w=ln,
                                           eps=self.eps), y, T, 0)
+
+    # ---- prefill attention: ``tiles`` the tile kernels' common arguments, ``out`` [rows, q_dim] ----
+    def _split_attention(self, tiles: dict, out, rows: int) -> list[Launch]:
+        """Partials over ATTN_SPLIT key splits, then the merge (attention.cu, attention_merge.cu)."""
+        cfg = self.m.cfg
+        return [Launch("attention_prefill_partial", dict(tiles, sm_scale=self.sm_scale, max_splits=self.splits,
+                                                         part_o=self.part_o, part_ml=self.part_ml)),
+                Launch("attention_merge", dict(part_o=self.part_o, part_ml=self.part_ml, seq=tiles["seq"],
+                                               pos=tiles["pos"], n_heads=cfg.num_heads, head_dim=cfg.head_dim,
+                                               max_splits=self.splits, out=out, out_stride=cfg.q_dim, T=rows))]
+
+    def _one_pass_attention(self, tiles: dict, out, rows: int) -> list[Launch]:
+        """Every key in one pass on tensor cores, straight into ``out`` (attention_prefill_mma.cu)."""
+        return [Launch("attention_prefill_mma", dict(tiles, sm_scale=self.sm_scale, out=out,
+                                                     out_stride=self.m.cfg.q_dim))]
 
     # ---- one step ----
     def forward(self, rows: StepRows) -> list[Launch]:
@@ -109,13 +123,9 @@ class StepLaunches:
                 seq, pos = offset(rows.seq, decode * 4), offset(rows.pos, decode * 4)
                 chunk = dict(rope, q=q, k=k, v=v, seq=seq, pos=pos)
                 out.append(Launch("qk_norm_rope_kv", dict(**chunk, T=T - decode)))
-                out.append(Launch("attention_prefill_partial", dict(
-                    q=q, q_stride=self.q_stride, seq=seq, pos=pos, tile_start=start, tile_len=length,
-                    **cache, **layer_kv, **heads, **splits, n_tiles=n_tiles)))
-                out.append(Launch("attention_merge", dict(
-                    part_o=self.part_o, part_ml=self.part_ml, seq=seq, pos=pos, n_heads=cfg.num_heads,
-                    head_dim=cfg.head_dim, max_splits=self.splits, out=offset(attn, decode * cfg.q_dim * F32),
-                    out_stride=cfg.q_dim, T=T - decode)))
+                tiles = dict(q=q, q_stride=self.q_stride, seq=seq, pos=pos, tile_start=start, tile_len=length,
+                             **cache, **layer_kv, **heads, n_tiles=n_tiles)
+                out += self.prefill_attention(tiles, offset(attn, decode * cfg.q_dim * F32), T - decode)
             out.append(self._mv(PLAIN, layer.o, dict(x=attn, x_stride=cfg.q_dim), x, T, 1))
             out.append(self._mv_norm(layer.gate_up, layer.norms["ln_post"], self.gate, T))
             out.append(self._mv(SWIGLU, layer.down, dict(gate=self.gate, up=self.up, x_stride=self.gu_stride), x, T, 1))

@@ -148,16 +148,16 @@ def serve_threads(threads: int | None) -> int:
 
 
 def main(path: str, host: str, port: int, config: ServeConfig, head: str = "sparse", threads: int | None = None,
-         load=None, label: str = "", linear_kernels: str = "fma") -> None:
+         load=None, label: str = "", gpu_kernels: str = "fma") -> None:
     """`runtime serve`: prints one ready line on stdout once bound, errors as one line on stderr. ``load``:
     another engine's loader in place of the bundle's (a benchmark's no-op engine), named ``label``;
-    ``linear_kernels``: the GPU linear-layer family (Engine.load)."""
+    ``gpu_kernels``: the GPU kernel family (Engine.load)."""
     from toolcall.runtime.engine import Engine
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if load is None:
         def load():
-            return Engine.load(path, head=head, threads=serve_threads(threads), linear_kernels=linear_kernels)
+            return Engine.load(path, head=head, threads=serve_threads(threads), gpu_kernels=gpu_kernels)
 
     def announce(server: DrainingServer) -> None:
         e = server.state.engine
