@@ -19,6 +19,25 @@
 #define PRO_RMSNORM 1
 #define PRO_SWIGLU 2
 
+// Activations k .. k + 3 of the row at x + off (x2 + off: SwiGLU's up) after the prologue; rms: the
+// row's row_rms (PRO_RMSNORM). off and k multiples of 4.
+template <int PRO>
+__device__ __forceinline__ float4 prologue_x4(const float* __restrict__ x, const float* __restrict__ x2, size_t off,
+                                              const __nv_bfloat16* __restrict__ norm_w, float rms, int k) {
+    float4 v = *reinterpret_cast<const float4*>(x + off);
+    if (PRO == PRO_RMSNORM) {
+        v.x = rms_apply(v.x, rms, __bfloat162float(norm_w[k]));
+        v.y = rms_apply(v.y, rms, __bfloat162float(norm_w[k + 1]));
+        v.z = rms_apply(v.z, rms, __bfloat162float(norm_w[k + 2]));
+        v.w = rms_apply(v.w, rms, __bfloat162float(norm_w[k + 3]));
+    } else if (PRO == PRO_SWIGLU) {
+        const float4 u = *reinterpret_cast<const float4*>(x2 + off);
+        v.x = silu_mul(v.x, u.x); v.y = silu_mul(v.y, u.y);
+        v.z = silu_mul(v.z, u.z); v.w = silu_mul(v.w, u.w);
+    }
+    return v;
+}
+
 // Word i (0..3) of a 16-byte vector (i known at compile time after unrolling).
 __device__ __forceinline__ u32 vec_word(const uint4 r, int i) {
     return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;

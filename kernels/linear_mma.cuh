@@ -83,20 +83,8 @@ __device__ __forceinline__ void lm_load(const u8* __restrict__ w, const void* ws
 template <int PRO>
 __device__ __forceinline__ float4 lm_x4(const float* __restrict__ x, const float* __restrict__ x2, int x_stride,
                                         const __nv_bfloat16* __restrict__ norm_w, float rms, int t, int k, bool ok) {
-    if (!ok) return make_float4(0.f, 0.f, 0.f, 0.f);
-    const size_t off = (size_t)t * x_stride + k;
-    float4 v = *reinterpret_cast<const float4*>(x + off);
-    if (PRO == PRO_RMSNORM) {
-        v.x = rms_apply(v.x, rms, __bfloat162float(norm_w[k]));
-        v.y = rms_apply(v.y, rms, __bfloat162float(norm_w[k + 1]));
-        v.z = rms_apply(v.z, rms, __bfloat162float(norm_w[k + 2]));
-        v.w = rms_apply(v.w, rms, __bfloat162float(norm_w[k + 3]));
-    } else if (PRO == PRO_SWIGLU) {
-        const float4 u = *reinterpret_cast<const float4*>(x2 + off);
-        v.x = silu_mul(v.x, u.x); v.y = silu_mul(v.y, u.y);
-        v.z = silu_mul(v.z, u.z); v.w = silu_mul(v.w, u.w);
-    }
-    return v;
+    return ok ? prologue_x4<PRO>(x, x2, (size_t)t * x_stride + k, norm_w, rms, k)
+              : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // One block: rows o0 .. o0 + 16 RG - 1, tokens t0 .. t0 + LM_TOKENS - 1; `part` holds

@@ -102,21 +102,9 @@ __device__ __forceinline__ void matvec_tile(
         for (int idx = threadIdx.x; idx < nt * Q4; idx += MV_THREADS) {
             const int t = idx / Q4, k = (idx - t * Q4) * 4, gk = k0 + k;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (gk < in) {
-                const size_t off = (size_t)(t0 + t) * x_stride + gk;
-                v = *reinterpret_cast<const float4*>(x + off);
-                if (PRO == PRO_RMSNORM) {
-                    const float r = rms_s[t];
-                    v.x = rms_apply(v.x, r, __bfloat162float(norm_w[gk]));
-                    v.y = rms_apply(v.y, r, __bfloat162float(norm_w[gk + 1]));
-                    v.z = rms_apply(v.z, r, __bfloat162float(norm_w[gk + 2]));
-                    v.w = rms_apply(v.w, r, __bfloat162float(norm_w[gk + 3]));
-                } else if (PRO == PRO_SWIGLU) {
-                    const float4 u = *reinterpret_cast<const float4*>(x2 + off);
-                    v.x = silu_mul(v.x, u.x); v.y = silu_mul(v.y, u.y);
-                    v.z = silu_mul(v.z, u.z); v.w = silu_mul(v.w, u.w);
-                }
-            }
+            if (gk < in)
+                v = prologue_x4<PRO>(x, x2, (size_t)(t0 + t) * x_stride + gk, norm_w,
+                                     PRO == PRO_RMSNORM ? rms_s[t] : 1.f, gk);
             *reinterpret_cast<float4*>(&xs[t * XS_ROW + k + (k / F::ELEMS) * 4]) = v;
         }
         __syncthreads();
