@@ -140,9 +140,11 @@ __device__ __forceinline__ void linear_mma_tile(
         for (int i = 0; i < KB; ++i) {
             if (kb + i >= kb_end) break;
             const int v = (kb + i) * 4 + c;  // this lane's vector of the k-block
-            u32 wa[RG][2];
+            u32 wa[RG][2];  // the vectors' aux words as bf16_word takes them (NVFP4: fp16 block scales)
 #pragma unroll
-            for (int r = 0; r < RG; ++r) { wa[r][0] = F::word_aux(acur[i][r][0]); wa[r][1] = F::word_aux(acur[i][r][1]); }
+            for (int r = 0; r < RG; ++r)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) wa[r][h] = F::word_aux(acur[i][r][h]);
             // the wide tiling unrolls 2 steps at a time: fully unrolled, ptxas decodes all of NVFP4's 8 steps'
             // weights ahead (4 x 4 x 8 words) and spills on sm_100
 #pragma unroll(RG > 1 ? 2 : STEPS)
