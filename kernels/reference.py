@@ -4,7 +4,8 @@ Each function takes the arrays its kernel reads, in the kernel's layout (bf16 as
 ``ml_dtypes.bfloat16``, e4m3 as uint8 codes, NVFP4 as packed uint8), and returns what the
 kernel writes; arrays a kernel updates in place (KV cache, grammar state) are updated in place
 here too. Sizes the kernels take as scalars come from the shapes. The GPU parity tests compare
-each kernel with its function here; the formulas follow runtime/cpu/model.py.
+each kernel with its function here; the formulas follow runtime/cpu/model.py. The rope and attention
+kernels' references are in kernels/reference_attention.py, the sampled pick's in kernels/reference_draw.py.
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import numpy as np
 
 from toolcall.common.formats import WeightFormat
 from toolcall.kernels.geometry import (
-    ATTN_SPLIT,
     KERNEL_FAMILIES,
     MATVEC_FORMATS,
     MMA,
@@ -112,126 +112,6 @@ MATVEC_REFERENCES = {fn: ref for fam in KERNEL_FAMILIES.values() for f in MATVEC
 def head_dense(x: np.ndarray, norm_w: np.ndarray, eps: float, table: np.ndarray) -> np.ndarray:
     """float32 [T, vocab]: the final RMSNorm, then every row of the head."""
     return linear(rmsnorm(x, norm_w, eps), table)
-
-
-def qk_norm_rope(q, k, pos, q_norm_w, k_norm_w, inv_freq, eps, n_heads, n_kv_heads, head_dim):
-    """(q, k) after per-head RMSNorm (skipped for a None weight) and rotate-half RoPE.
-    q [T, >= n_heads*head_dim], k [T, >= n_kv_heads*head_dim] float32; returns new arrays."""
-    ang = pos.astype(F32)[:, None] * f32(inv_freq)[None, :]  # [T, half]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    out = []
-    for x, heads, nw in ((q, n_heads, q_norm_w), (k, n_kv_heads, k_norm_w)):
-        x = f32(x).copy()
-        h = x[:, :heads * head_dim].reshape(len(x), heads, head_dim)
-        if nw is not None:
-            h = rmsnorm(h, nw, eps)
-        x1, x2 = h[..., :head_dim // 2], h[..., head_dim // 2:]
-        h = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-        x[:, :heads * head_dim] = h.reshape(len(x), -1)
-        out.append(x)
-    return tuple(out)
-
-
-def qk_norm_rope_kv(q, k, v, seq, pos, block_table, page_size, q_norm_w, k_norm_w, inv_freq, eps,
-                    n_heads, n_kv_heads, head_dim, k_cache=None, v_cache=None):
-    """(q, k) as qk_norm_rope; with caches, bf16 of the new k and of v written in place (kv_write)."""
-    q2, k2 = qk_norm_rope(q, k, pos, q_norm_w, k_norm_w, inv_freq, eps, n_heads, n_kv_heads, head_dim)
-    if k_cache is not None:
-        kv_write(k2, v, seq, pos, block_table, page_size, k_cache, v_cache)
-    return q2, k2
-
-
-def attention_decode(q, k, v, seq, pos, block_table, page_size, k_cache, v_cache, q_norm_w, k_norm_w,
-                     inv_freq, eps, n_heads, n_kv_heads, head_dim, sm_scale, max_splits):
-    """attention_decode.cu: float32 [T, n_heads*head_dim] for decode rows (one per sequence):
-    q/k norm + rope, the rows' K/V written into the caches in place, then the attention of the
-    partials and merge (zeros for padding rows). Returns (out, the rotated k)."""
-    q2, k2 = qk_norm_rope_kv(q, k, v, seq, pos, block_table, page_size, q_norm_w, k_norm_w, inv_freq, eps,
-                             n_heads, n_kv_heads, head_dim, k_cache, v_cache)
-    po, pml = attention_partials(q2, seq, pos, block_table, page_size, k_cache, v_cache, n_heads, n_kv_heads,
-                                 head_dim, sm_scale, max_splits)
-    return attention_merge(po, pml, seq, pos, max_splits), k2
-
-
-def kv_write(k, v, seq, pos, block_table, page_size, k_cache, v_cache) -> None:
-    """Writes bf16(k[t]), bf16(v[t]) at (page, slot) of each row with seq >= 0, in place."""
-    kv_dim = k_cache.shape[2] * k_cache.shape[3]
-    for t in np.flatnonzero((seq >= 0) & (pos >= 0)):
-        page = block_table[seq[t], pos[t] // page_size]
-        if page < 0:
-            continue
-        slot = pos[t] % page_size
-        k_cache[page, slot] = f32(k[t, :kv_dim]).reshape(k_cache.shape[2:]).astype(BF16)
-        v_cache[page, slot] = f32(v[t, :kv_dim]).reshape(v_cache.shape[2:]).astype(BF16)
-
-
-def attention(q, seq, pos, block_table, page_size, k_cache, v_cache, n_heads, n_kv_heads,
-              head_dim, sm_scale) -> np.ndarray:
-    """float32 [T, n_heads*head_dim]: each row attends to positions 0..pos of its sequence
-    (GQA: q head h reads kv head h // (n_heads / n_kv_heads)); zeros for seq < 0."""
-    group = n_heads // n_kv_heads
-    out = np.zeros((len(q), n_heads * head_dim), F32)
-    for t in np.flatnonzero(seq >= 0):
-        n = int(pos[t]) + 1
-        p = np.arange(n)
-        pages = block_table[seq[t], p // page_size]
-        keys = f32(k_cache[pages, p % page_size])  # [n, kv_heads, head_dim]
-        vals = f32(v_cache[pages, p % page_size])
-        qs = f32(q[t, :n_heads * head_dim]).reshape(n_kv_heads, group, head_dim)
-        s = np.einsum("kgd,nkd->kgn", qs, keys) * F32(sm_scale)
-        s = np.exp(s - s.max(axis=-1, keepdims=True))
-        s /= s.sum(axis=-1, keepdims=True)
-        out[t] = np.einsum("kgn,nkd->kgd", s, vals).reshape(-1)
-    return out
-
-
-def attention_prefill_mma(q, seq, pos, tile_start, tile_len, block_table, page_size, k_cache, v_cache, n_heads,
-                          n_kv_heads, head_dim, sm_scale, out: np.ndarray) -> np.ndarray:
-    """``out`` [T, n_heads*head_dim] with the tiles' rows attended (``attention`` on q as bf16 hi + lo, what
-    the kernel's products see; its probabilities are hi + lo too, 16 bits); the other rows as they were."""
-    rows = np.concatenate([np.arange(s, s + n) for s, n in zip(tile_start, tile_len)] or [[]]).astype(int)
-    keep = np.full(len(seq), -1, np.int32)
-    keep[rows] = np.asarray(seq)[rows]
-    got = attention(bf16_hi_lo(q), keep, pos, block_table, page_size, k_cache, v_cache, n_heads, n_kv_heads,
-                    head_dim, sm_scale)
-    out = out.copy()
-    out[rows] = got[rows]
-    return out
-
-
-def attention_partials(q, seq, pos, block_table, page_size, k_cache, v_cache, n_heads,
-                       n_kv_heads, head_dim, sm_scale, max_splits):
-    """(part_o [T, n_heads, max_splits, head_dim], part_ml [T, n_heads, max_splits, 2]) as the
-    *_partial kernels write them for each row's splits 0 .. pos // ATTN_SPLIT (others: 0)."""
-    T, group = len(q), n_heads // n_kv_heads
-    part_o = np.zeros((T, n_heads, max_splits, head_dim), F32)
-    part_ml = np.zeros((T, n_heads, max_splits, 2), F32)
-    for t in np.flatnonzero(seq >= 0):
-        qs = f32(q[t, :n_heads * head_dim]).reshape(n_heads, head_dim)
-        for s in range(min(int(pos[t]) // ATTN_SPLIT + 1, max_splits)):
-            p = np.arange(s * ATTN_SPLIT, min((s + 1) * ATTN_SPLIT, int(pos[t]) + 1))
-            pages = block_table[seq[t], p // page_size]
-            keys = f32(k_cache[pages, p % page_size])  # [n, kv_heads, head_dim]
-            vals = f32(v_cache[pages, p % page_size])
-            kv = np.arange(n_heads) // group
-            sc = np.einsum("hd,nhd->hn", qs, keys[:, kv]) * F32(sm_scale)
-            m = sc.max(axis=1)
-            pr = np.exp(sc - m[:, None])
-            part_ml[t, :, s] = np.stack([m, pr.sum(axis=1)], axis=1)
-            part_o[t, :, s] = np.einsum("hn,nhd->hd", pr, vals[:, kv])
-    return part_o, part_ml
-
-
-def attention_merge(part_o, part_ml, seq, pos, max_splits) -> np.ndarray:
-    """float32 [T, n_heads*head_dim] from the partials: sum_s w_s o_s / sum_s w_s l_s."""
-    T, n_heads, _, head_dim = part_o.shape
-    out = np.zeros((T, n_heads * head_dim), F32)
-    for t in np.flatnonzero((seq >= 0) & (pos >= 0)):
-        n = min(int(pos[t]) // ATTN_SPLIT + 1, max_splits)
-        m, l = part_ml[t, :, :n, 0], part_ml[t, :, :n, 1]
-        w = np.exp(m - m.max(axis=1, keepdims=True))
-        out[t] = ((w[:, :, None] * part_o[t, :, :n]).sum(axis=1) / (w * l).sum(axis=1)[:, None]).reshape(-1)
-    return out
 
 
 # ---- heads and sampling ----

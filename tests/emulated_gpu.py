@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from toolcall.kernels import reference as ref
+from toolcall.kernels import reference_attention as ref_attn
 from toolcall.kernels import reference_draw as ref_draw
 from toolcall.kernels.geometry import MATVECS, RMSNORM, SWIGLU
 from toolcall.kernels.launch import DeviceArray
@@ -142,7 +143,7 @@ class EmulatedGpu(DryRunGpu):
         T = a["T"]
         q, k, v, seq, pos, qn, kn, inv = self._qk_rows(a, T)
         bt, kc, vc = self._cache(a) if a["k_cache"] is not None else (None, None, None)
-        q2, k2 = ref.qk_norm_rope_kv(q, k, v, seq, pos, bt, a["page_size"], qn, kn, inv, a["eps"], a["n_heads"],
+        q2, k2 = ref_attn.qk_norm_rope_kv(q, k, v, seq, pos, bt, a["page_size"], qn, kn, inv, a["eps"], a["n_heads"],
                                      a["n_kv_heads"], a["head_dim"], kc, vc)
         q[:], k[:] = q2, k2
 
@@ -153,7 +154,7 @@ class EmulatedGpu(DryRunGpu):
         count = self.view(a["counters"], I32, (T, a["n_kv_heads"]))
         assert not count.any(), "attention_decode: split counters must be zero before the launch"
         bt, kc, vc = self._cache(a)
-        out, k2 = ref.attention_decode(q, k, v, seq, pos, bt, a["page_size"], kc, vc, qn, kn, inv, a["eps"], nh,
+        out, k2 = ref_attn.attention_decode(q, k, v, seq, pos, bt, a["page_size"], kc, vc, qn, kn, inv, a["eps"], nh,
                                        a["n_kv_heads"], hd, a["sm_scale"], a["max_splits"])
         k[:] = np.where(((seq >= 0) & (pos >= 0))[:, None], k2, k)  # the writer block rewrites k in place
         self.view(a["out"], F32, (T, nh * hd), a["out_stride"])[:] = out
@@ -166,7 +167,7 @@ class EmulatedGpu(DryRunGpu):
         keep = np.zeros(n, bool)
         keep[rows] = True
         seq[~keep] = -1  # rows outside the launch's tiles are not computed
-        po, pml = ref.attention_partials(self.view(a["q"], F32, (n, nh * hd), a["q_stride"]), seq,
+        po, pml = ref_attn.attention_partials(self.view(a["q"], F32, (n, nh * hd), a["q_stride"]), seq,
                                          self.view(a["pos"], I32, (n,)), bt, a["page_size"], kc, vc, nh,
                                          a["n_kv_heads"], hd, a["sm_scale"], S)
         self.view(a["part_o"], F32, (n, nh, S, hd))[rows] = po[rows]
@@ -186,14 +187,14 @@ class EmulatedGpu(DryRunGpu):
         nh, hd = a["n_heads"], a["head_dim"]
         bt, kc, vc = self._cache(a)
         out = self.view(a["out"], F32, (n, nh * hd), a["out_stride"])
-        out[:] = ref.attention_prefill_mma(self.view(a["q"], F32, (n, nh * hd), a["q_stride"]),
+        out[:] = ref_attn.attention_prefill_mma(self.view(a["q"], F32, (n, nh * hd), a["q_stride"]),
                                            self.view(a["seq"], I32, (n,)), self.view(a["pos"], I32, (n,)), start,
                                            length, bt, a["page_size"], kc, vc, nh, a["n_kv_heads"], hd,
                                            a["sm_scale"], out)
 
     def _attention_merge(self, a):
         T, nh, hd, S = a["T"], a["n_heads"], a["head_dim"], a["max_splits"]
-        out = ref.attention_merge(self.view(a["part_o"], F32, (T, nh, S, hd)),
+        out = ref_attn.attention_merge(self.view(a["part_o"], F32, (T, nh, S, hd)),
                                   self.view(a["part_ml"], F32, (T, nh, S, 2)),
                                   self.view(a["seq"], I32, (T,)), self.view(a["pos"], I32, (T,)), S)
         self.view(a["out"], F32, (T, nh * hd), a["out_stride"])[:] = out

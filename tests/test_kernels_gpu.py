@@ -18,6 +18,7 @@ from toolcall.common.formats import BF16 as BF16_WEIGHTS
 from toolcall.common.formats import FP8_E4M3, NVFP4
 from toolcall.kernels import geometry
 from toolcall.kernels import reference as ref
+from toolcall.kernels import reference_attention as ref_attn
 from toolcall.kernels.declarations import Launch
 from toolcall.kernels.geometry import PLAIN, RMSNORM, SWIGLU, matvec_kernel
 from toolcall.kernels.launch import DeviceArray
@@ -173,14 +174,14 @@ def case_rope_kv(d: KernelRunner, rng, nh, nkv, hd, qk_norm):
     kc2, vc2 = caches["k_cache"], caches["v_cache"]
     got = d.gpu.download(base, qkv.shape, qkv.dtype)
     kw_ref, vw_ref = kc.copy(), vc.copy()
-    q2, k2 = ref.qk_norm_rope_kv(qkv[:, :nh * hd], qkv[:, nh * hd:(nh + nkv) * hd], qkv[:, (nh + nkv) * hd:], seq,
+    q2, k2 = ref_attn.qk_norm_rope_kv(qkv[:, :nh * hd], qkv[:, nh * hd:(nh + nkv) * hd], qkv[:, (nh + nkv) * hd:], seq,
                                  pos, bt, ps, qw, kw, inv_freq, EPS, nh, nkv, hd, kw_ref, vw_ref)
     d.close(got[:, :(nh + nkv) * hd], np.concatenate([q2, k2], axis=1), atol=3e-5, rtol=1e-5,
             label="qk_norm_rope_kv q, k")
     d.same(got[:, (nh + nkv) * hd:], qkv[:, (nh + nkv) * hd:], "qk_norm_rope_kv leaves v alone")
     # the cache holds bf16 of the kernel's own k (rounding of a 1-ulp rope difference aside)
     mine_k, mine_v = kc.copy(), vc.copy()
-    ref.kv_write(got[:, nh * hd:(nh + nkv) * hd], qkv[:, (nh + nkv) * hd:], seq, pos, bt, ps, mine_k, mine_v)
+    ref_attn.kv_write(got[:, nh * hd:(nh + nkv) * hd], qkv[:, (nh + nkv) * hd:], seq, pos, bt, ps, mine_k, mine_v)
     d.same(kc2.view(np.uint16), mine_k.view(np.uint16), "qk_norm_rope_kv: k cache = bf16(k)")
     d.same(vc2.view(np.uint16), vw_ref.view(np.uint16), "qk_norm_rope_kv: v cache")
     d.gpu.free(base)
@@ -220,7 +221,7 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
     got = decode(q, k, v, seq, pos, kc, vc)
     kc2, vc2, counters, out = got["k_cache"], got["v_cache"], got["counters"], got["out"]
     kc_ref, vc_ref = kc.copy(), vc.copy()
-    want, _ = ref.attention_decode(q, k, v, seq, pos, bt, ps, kc_ref, vc_ref, qw, kw, inv_freq, EPS, nh, nkv, hd,
+    want, _ = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc_ref, vc_ref, qw, kw, inv_freq, EPS, nh, nkv, hd,
                                    scale, S)
     d.close(out, want, atol=2e-5, rtol=1e-5, label="attention_decode")
     d.same(counters, np.zeros_like(counters), "attention_decode leaves its split counters at zero")
@@ -247,7 +248,7 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
     # that kernel): a 1-ulp rope difference that flips one bf16 K rounding moves a score by ~2^-9
     # relative, which an H200 run (2026-12-04) showed as 1.5e-4 in a few outputs against the reference's own cache.
     q_dev = d.gpu.download(base, qkv.shape, qkv.dtype)[:, :nh * hd]
-    d.close(pout, ref.attention(q_dev, pseq, ppos, bt, ps, kc_pre, vc_pre, nh, nkv, hd, scale), atol=2e-5,
+    d.close(pout, ref_attn.attention(q_dev, pseq, ppos, bt, ps, kc_pre, vc_pre, nh, nkv, hd, scale), atol=2e-5,
             rtol=1e-5, label="attention prefill")
     # prefill rows again as decode rows over the prefill's cache: the same bits, for a row of two
     # splits (merged by the last block) and a row of one (written by its block directly)
@@ -282,7 +283,7 @@ def case_attention_mma(d: KernelRunner, rng, nh, nkv, hd):
 
     start, length = geometry.prefill_tiles(seq, pos, rows_per_tile)
     whole = launch(start, length)
-    want = ref.attention_prefill_mma(q, seq, pos, start, length, bt, ps, kc, vc, nh, nkv, hd, scale,
+    want = ref_attn.attention_prefill_mma(q, seq, pos, start, length, bt, ps, kc, vc, nh, nkv, hd, scale,
                                      np.ones((T, nh * hd), np.float32))
     d.close(whole, want, atol=2e-5, rtol=1e-5, label="attention_prefill_mma")
     start, length = geometry.prefill_tiles(seq[170:], pos[170:], rows_per_tile)

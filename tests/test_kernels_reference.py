@@ -14,6 +14,7 @@ from toolcall.common.formats import FP8_E4M3, FP32, NVFP4
 from toolcall.common.nvfp4 import E2M1_VALUES
 from toolcall.kernels import geometry
 from toolcall.kernels import reference as ref
+from toolcall.kernels import reference_attention as ref_attn
 from toolcall.kernels.declarations import launch_shape
 from toolcall.runtime.bundle import rope
 from toolcall.runtime.cpu import model as cpu_backend
@@ -167,7 +168,7 @@ def test_qk_norm_rope_is_a_rotation_and_matches_cpu_backend(qk_norm):
     inv_freq = (1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
     nq = rng.standard_normal(hd).astype(BF16) if qk_norm else None
     nk = rng.standard_normal(hd).astype(BF16) if qk_norm else None
-    q2, k2 = ref.qk_norm_rope(q, k, pos, nq, nk, inv_freq, 1e-6, nh, nkv, hd)
+    q2, k2 = ref_attn.qk_norm_rope(q, k, pos, nq, nk, inv_freq, 1e-6, nh, nkv, hd)
     # float64 complex rotation of (x1 + i x2) by the float32 angle
     qn = ref.rmsnorm(q.reshape(T, nh, hd), nq, 1e-6) if qk_norm else q.reshape(T, nh, hd)
     z = qn[..., :hd // 2].astype(np.float64) + 1j * qn[..., hd // 2:]
@@ -191,7 +192,7 @@ def test_kv_write_rounds_to_nearest_even_and_skips_padding():
     k[1] = 1 + 3 * 2 ** -8  # halfway between 1+2^-7 and 1+2^-6: even is 1 + 2^-6
     v = -k
     seq, pos = np.array([0, 0, -1], np.int32), np.array([1, 5, 0], np.int32)
-    ref.kv_write(k, v, seq, pos, bt, page_size, kc, vc)
+    ref_attn.kv_write(k, v, seq, pos, bt, page_size, kc, vc)
     assert np.all(kc[2, 1].astype(np.float32) == 1.0)
     assert np.all(kc[0, 1].astype(np.float32) == 1 + 2 ** -6)
     assert np.all(vc[0, 1].astype(np.float32) == -(1 + 2 ** -6))
@@ -239,10 +240,10 @@ def test_attention_and_split_merge_match_float64():
     q = np.random.default_rng(4).standard_normal((5, nh * hd)).astype(np.float32)
     scale = np.float32(hd ** -0.5)
     want = attention_f64(q, seq, pos, bt, ps, kc, vc, nh, nkv, hd, scale)
-    direct = ref.attention(q, seq, pos, bt, ps, kc, vc, nh, nkv, hd, scale)
+    direct = ref_attn.attention(q, seq, pos, bt, ps, kc, vc, nh, nkv, hd, scale)
     max_splits = geometry.attention_max_splits(700)
-    po, pml = ref.attention_partials(q, seq, pos, bt, ps, kc, vc, nh, nkv, hd, scale, max_splits)
-    merged = ref.attention_merge(po, pml, seq, pos, max_splits)
+    po, pml = ref_attn.attention_partials(q, seq, pos, bt, ps, kc, vc, nh, nkv, hd, scale, max_splits)
+    merged = ref_attn.attention_merge(po, pml, seq, pos, max_splits)
     assert max_splits == 3
     assert rel_err(direct, want) < 1e-5 and rel_err(merged, want) < 1e-5
     np.testing.assert_array_equal(merged[2], 0)
@@ -261,10 +262,11 @@ def test_attention_decode_is_rope_kv_write_then_attention(hd):
     inv = (1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
     scale, S = np.float32(hd ** -0.5), geometry.attention_max_splits(700)
     kc2, vc2 = kc.copy(), vc.copy()
-    out, k_rot = ref.attention_decode(q, k, v, seq, pos, bt, ps, kc2, vc2, qw, kw, inv, 1e-6, nh, nkv, hd, scale, S)
-    q2, k2 = ref.qk_norm_rope(q, k, pos, qw, kw, inv, 1e-6, nh, nkv, hd)
+    out, k_rot = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc2, vc2, qw, kw, inv, 1e-6, nh, nkv, hd,
+                                           scale, S)
+    q2, k2 = ref_attn.qk_norm_rope(q, k, pos, qw, kw, inv, 1e-6, nh, nkv, hd)
     kc3, vc3 = kc.copy(), vc.copy()
-    ref.kv_write(k2, v, seq, pos, bt, ps, kc3, vc3)
+    ref_attn.kv_write(k2, v, seq, pos, bt, ps, kc3, vc3)
     assert kc2.tobytes() == kc3.tobytes() and vc2.tobytes() == vc3.tobytes() and kc2.tobytes() != kc.tobytes()
     np.testing.assert_array_equal(k_rot, k2)
     want = attention_f64(q2, seq, pos, bt, ps, kc3, vc3, nh, nkv, hd, scale)
