@@ -15,20 +15,21 @@ from pathlib import Path
 import numpy as np
 
 from toolcall.common.errors import CudaError, Refusal
-from toolcall.common.formats import BF16, WEIGHT_FORMATS
+from toolcall.common.formats import WEIGHT_FORMATS
 from toolcall.kernels.declarations import declaration
-from toolcall.kernels.geometry import FMA, MATVEC_FORMATS, KernelFamily, matvec_kernel, prefill_tiles, shape_problems
+from toolcall.kernels.geometry import FMA, KernelFamily, prefill_tiles, shape_problems
 from toolcall.kernels.launch import DeviceArray, Gpu, check, first_error
 from toolcall.kernels.runner import DryRunGpu
 from toolcall.runtime.batching.picks import HostStep
 from toolcall.runtime.bundle.contract import Contract, Limits
-from toolcall.runtime.bundle.files import KERNELS_DIR, WEIGHTS_FILE
+from toolcall.runtime.bundle.files import WEIGHTS_FILE
 from toolcall.runtime.bundle.model_config import ModelConfig
 from toolcall.runtime.bundle.tensor_file import SafetensorsFile
 from toolcall.runtime.cuda.buffers import DeviceArena, arena_sizes, attention_splits, workspace_plan
 from toolcall.runtime.cuda.device_step import DeviceStep
 from toolcall.runtime.cuda.kv import KV_FORMAT, CudaKVPool
 from toolcall.runtime.cuda.launches import StepLaunches, StepRows
+from toolcall.runtime.cuda.modules import DENSE_HEAD, load_modules, read_cubins
 from toolcall.runtime.cuda.program import PROGRAM_CACHE, Program
 from toolcall.runtime.cuda.weights import DeviceWeights
 from toolcall.runtime.grammar.trie import Grammar
@@ -65,22 +66,7 @@ class CudaModel(HostStep):
 
     def _load(self, tensors, cubins: dict[str, bytes], strict: bool) -> None:
         cfg, lim, g = self.cfg, self.limits, self.grammar
-        self.modules = {}
-        needed = {declaration(fn).file for fn in required_kernels(self.family)}
-        for file in sorted(needed):
-            if file not in cubins:
-                old = [f"{KERNELS_DIR}/{file.replace(f.name, alias)}.cubin" for f in WEIGHT_FORMATS
-                       for alias in f.aliases if f.name in file and file.replace(f.name, alias) in cubins]
-                why = f" (the bundle holds {old[0]}: it was built when {file}'s format had its old name)" if old else ""
-                raise Refusal("bundle_invalid", f"{KERNELS_DIR}/{file}.cubin is missing{why}; rebuild the bundle for "
-                              "a GPU target", file=f"{KERNELS_DIR}/{file}.cubin", old_spelling=old[0] if old else None)
-            try:
-                self.modules[file] = self.gpu.load(cubins[file])
-            except CudaError as e:
-                if strict:
-                    raise CudaError("cuda_error", f"{KERNELS_DIR}/{file}.cubin does not load on this device: "
-                                    f"{e.message}", file=f"{KERNELS_DIR}/{file}.cubin", **e.details) from None
-                self.module_errors[file] = e.message
+        self.modules = load_modules(self.gpu, cubins, self.family, strict, self.module_errors)
         self._kernels = {}
         self.splits = attention_splits(lim)
         # the sparse head's buffer width (Contract.candidate_columns): any grammar a request may bring
@@ -275,25 +261,10 @@ class CudaModel(HostStep):
             check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
 
 
-DENSE_HEAD = matvec_kernel(BF16)  # every row of the head (dense_logits), in every kernel family's model
-
-
-def required_kernels(family: KernelFamily) -> tuple[str, ...]:
-    """The kernels a CudaModel loads: the step's, with ``family``'s linear layers and prefill attention."""
-    return ("embed_gather", "qk_norm_rope_kv", "attention_decode", "rmsnorm", "grammar_candidates", "head_sparse",
-            "grammar_advance", "sample_draw", DENSE_HEAD, *family.prefill_attention,
-            *(matvec_kernel(f, family=family) for f in MATVEC_FORMATS))
-
-
 def request_state_words(contract: Contract) -> int | None:
     """Bitset words of the widest tool list a request may bring (None: requests bring none)."""
     section = contract.request_tools
     return None if section is None else -(-section.max_tools // 64)
-
-
-def read_cubins(folder: Path) -> dict[str, bytes]:
-    """kernels/<file>.cubin of a bundle folder, by file stem."""
-    return {p.stem: p.read_bytes() for p in sorted((Path(folder) / KERNELS_DIR).glob("*.cubin"))}
 
 
 def load_cuda_model(folder: str | Path, contract: Contract, grammar: Grammar, gpu=None,
