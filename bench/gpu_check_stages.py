@@ -11,7 +11,7 @@ kernels        every case of tests/test_kernels_gpu.py and the host-stepped gram
 kernels-while  the WHILE-graph loops of tests/test_kernels_gpu_loop.py alone: a loop that never
                clears its condition stops this stage (the device is then unusable)
 cpuref         the e2e prompts and the canary's hidden rows on the CPU reference backend
-(e2e and bench: gpu_check_e2e.py)
+(e2e and bench: gpu_check_e2e.py, the bench's timings gpu_check_timings.py)
 """
 from __future__ import annotations
 

@@ -183,12 +183,12 @@ def test_failed_loads_free_what_they_took(parts):
 
 
 def test_the_fixed_position_step_replays_the_same_work(parts):
-    """bench/gpu_check_e2e.py's step_ms_p<P> on the emulated device: before every replay the row is back at P
+    """bench/gpu_check_timings.py's step_ms_p<P> on the emulated device: before every replay the row is back at P
     with its grammar at the root, so each replay picks the same first token at the same position; positions
     past the bundle's span are skipped; the timing slot is given back."""
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import gpu_check_e2e
+    import gpu_check_timings
 
     from toolcall.runtime.cuda.buffers import offset
     from toolcall.runtime.cuda.graph import DecodeGraph
@@ -203,9 +203,9 @@ def test_the_fixed_position_step_replays_the_same_work(parts):
         seen.append((int(gpu.download(model.ws["decode_rows"], (2,), np.int32)[1]), int(first[0])))
         return ms
     loop.launch = recording
-    res = gpu_check_e2e.fixed_position_steps(model, loop, parts["prompts"][0])
+    res = gpu_check_timings.fixed_position_steps(model, loop, parts["prompts"][0])
     span = parts["limits"].max_input_tokens + parts["limits"].max_output_tokens
-    assert set(res) == {f"step_ms_p{p}" for p in gpu_check_e2e.STEP_POSITIONS if p < span} == {"step_ms_p100"}
-    assert len(seen) == gpu_check_e2e.FIXED_REPLAYS + 3 and len(set(seen)) == 1 and seen[0][0] == 101
+    assert set(res) == {f"step_ms_p{p}" for p in gpu_check_timings.STEP_POSITIONS if p < span} == {"step_ms_p100"}
+    assert len(seen) == gpu_check_timings.FIXED_REPLAYS + 3 and len(set(seen)) == 1 and seen[0][0] == 101
     assert model.kv.free_slots == parts["limits"].max_sequences
     model.close()
