@@ -277,6 +277,7 @@ def main() -> None:
         done("pytest", st.launch("pytest", "pytest", cmd=[
             sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
             "tests/test_kernels_gpu.py", "tests/test_kernels_gpu_loop.py", "tests/test_kernels_gpu_linear.py",
+            "tests/test_kernels_gpu_attention.py",
             "tests/test_sampling.py"]))
     text = write_report(report, work, built, st.start, record_dir)
     out = Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO / "artifacts"

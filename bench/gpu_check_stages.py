@@ -153,7 +153,9 @@ def kernel_jobs(graphs: bool, cases: str | None) -> list[tuple[str, object, tupl
                          lambda d, rng, s=spec: loop.test_while_graph_loop_stops_on_the_device(d, s), ()))
     else:
         jobs = [(p.id, p.values[0], p.values[1]) for p in load_test_module("test_kernels_gpu").CASES]
-        # both linear families over T = 1 .. 2048 and a row alone vs beside 1 .. 255 others (the bit rule)
+        # attention (both families' prefill); both linear families over T = 1 .. 2048 and a row alone vs
+        # beside 1 .. 255 others (the bit rule)
+        jobs += [(p.id, p.values[0], p.values[1]) for p in load_test_module("test_kernels_gpu_attention").CASES]
         linear = load_test_module("test_kernels_gpu_linear").CASES
         jobs += [(f"linear-{p.id}", p.values[0], p.values[1]) for p in linear]
         for spec, gid in zip(loop.GRAMMARS, ("prefix", "wide")):

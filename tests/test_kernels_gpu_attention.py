@@ -1,0 +1,143 @@
+"""The attention kernels on a GPU against kernels/reference_attention.py, and the bits the runtime relies on:
+decode == prefill attention for the same rows (the fma family), and for the tensor-core prefill attention a chunk
+that starts mid-sequence and rows beside padding rows with the same bits as in the whole prompt.
+
+Without a GPU ``test_cases_pack_their_arguments`` still runs every case on a dry-run device (names and kinds checked
+on the CPU; arithmetic is judged on a GPU only)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_kernels_gpu import BF16, EPS, pack_case, rope_inputs, run_case
+
+from toolcall.kernels import geometry
+from toolcall.kernels import reference_attention as ref_attn
+from toolcall.kernels.launch import DeviceArray
+from toolcall.kernels.runner import KernelRunner, Out
+
+
+def case_attention(d: KernelRunner, rng, nh, nkv, hd):
+    """attention_decode (fused rope, KV write, splits, merge) vs the reference; prefill tiles
+    (qk_norm_rope_kv + partials + merge) give the decode bits for the same rows."""
+    ps, lengths = 32, [700, 33, 300]
+    pages = [geometry.cdiv(n, ps) for n in lengths]
+    perm = rng.permutation(sum(pages))
+    bt = np.full((3, max(pages)), -1, np.int32)
+    for s, start in enumerate(np.cumsum([0] + pages[:-1])):
+        bt[s, :pages[s]] = perm[start:start + pages[s]]
+    kc, vc = (rng.standard_normal((sum(pages), ps, nkv, hd)).astype(BF16) for _ in range(2))
+    S = geometry.attention_max_splits(max(lengths))
+    scale = np.float32(hd ** -0.5)
+    inv_freq, qw, kw = rope_inputs(rng, nh, nkv, hd, True)
+
+    heads = dict(n_heads=nh, n_kv_heads=nkv, head_dim=hd)
+    paging = dict(block_table=bt, max_pages_per_seq=bt.shape[1], page_size=ps)
+
+    def partials(T):
+        return dict(sm_scale=scale, max_splits=S, part_o=Out(np.zeros((T, nh, S, hd), np.float32)),
+                    part_ml=Out(np.zeros((T, nh, S, 2), np.float32)))
+
+    def decode(q, k, v, seq, pos, kc, vc):
+        T = len(q)
+        return d.run("attention_decode", q=q, q_stride=nh * hd, k=Out(k), k_stride=nkv * hd, v=v, v_stride=nkv * hd,
+                     seq=seq, pos=pos, **paging, k_cache=Out(kc), v_cache=Out(vc), q_norm_w=qw, k_norm_w=kw,
+                     inv_freq=inv_freq, eps=EPS, **heads, **partials(T), counters=Out(np.zeros((T, nkv), np.int32)),
+                     out=Out(np.ones((T, nh * hd), np.float32)), out_stride=nh * hd, T=T)
+
+    seq = np.array([0, 1, -1, 2], np.int32)
+    pos = np.array([699, 32, 3, 299], np.int32)
+    q, k, v = (rng.standard_normal((4, n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
+    got = decode(q, k, v, seq, pos, kc, vc)
+    kc2, vc2, counters, out = got["k_cache"], got["v_cache"], got["counters"], got["out"]
+    kc_ref, vc_ref = kc.copy(), vc.copy()
+    want, _ = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc_ref, vc_ref, qw, kw, inv_freq, EPS, nh, nkv, hd,
+                                   scale, S)
+    d.close(out, want, atol=2e-5, rtol=1e-5, label="attention_decode")
+    d.same(counters, np.zeros_like(counters), "attention_decode leaves its split counters at zero")
+    d.close(kc2.astype(np.float32), kc_ref.astype(np.float32), atol=1e-2, rtol=1e-2, label="attention_decode k cache")
+    d.same(vc2.view(np.uint16), vc_ref.view(np.uint16), "attention_decode v cache")
+    # prefill of seq 2's 300 positions from the same raw projections the decode rows would get
+    T = 300
+    pseq, ppos = np.full(T, 2, np.int32), np.arange(T, dtype=np.int32)
+    width = (nh + 2 * nkv) * hd
+    qkv = rng.standard_normal((T, width)).astype(np.float32)
+    base = d.gpu.upload(qkv)
+    kd, vd = DeviceArray(base.ptr + nh * hd * 4, 0), DeviceArray(base.ptr + (nh + nkv) * hd * 4, 0)
+    kcd, vcd = d.gpu.upload(kc), d.gpu.upload(vc)
+    d.run("qk_norm_rope_kv", q=base, q_stride=width, k=kd, k_stride=width, v=vd, v_stride=width, seq=pseq, pos=ppos,
+          **paging, q_norm_w=qw, k_norm_w=kw, inv_freq=inv_freq, eps=EPS, T=T, **heads, k_cache=kcd, v_cache=vcd)
+    start, length = geometry.prefill_tiles(pseq, ppos, max(1, geometry.ATTN_QCHUNK // (nh // nkv)))
+    parts = d.run("attention_prefill_partial", q=base, q_stride=width, seq=pseq, pos=ppos, tile_start=start,
+                  tile_len=length, **paging, k_cache=kcd, v_cache=vcd, **heads, **partials(T), n_tiles=len(start))
+    pout = d.run("attention_merge", part_o=parts["part_o"], part_ml=parts["part_ml"], seq=pseq, pos=ppos, n_heads=nh,
+                 head_dim=hd, max_splits=S, out=Out(np.ones((T, nh * hd), np.float32)), out_stride=nh * hd,
+                 T=T)["out"]
+    kc_pre, vc_pre = d.gpu.download(kcd, kc.shape, kc.dtype), d.gpu.download(vcd, vc.shape, vc.dtype)
+    # The attention kernels are checked on the q and K/V cache the rope kernel wrote (case_rope_kv checks
+    # that kernel): a 1-ulp rope difference that flips one bf16 K rounding moves a score by ~2^-9
+    # relative, which an H200 run (2026-12-04) showed as 1.5e-4 in a few outputs against the reference's own cache.
+    q_dev = d.gpu.download(base, qkv.shape, qkv.dtype)[:, :nh * hd]
+    d.close(pout, ref_attn.attention(q_dev, pseq, ppos, bt, ps, kc_pre, vc_pre, nh, nkv, hd, scale), atol=2e-5,
+            rtol=1e-5, label="attention prefill")
+    # prefill rows again as decode rows over the prefill's cache: the same bits, for a row of two
+    # splits (merged by the last block) and a row of one (written by its block directly)
+    for r in (T - 1, 200):
+        row = slice(r, r + 1)
+        raw = qkv[row]
+        got = decode(raw[:, :nh * hd], raw[:, nh * hd:(nh + nkv) * hd], raw[:, (nh + nkv) * hd:], pseq[row],
+                     ppos[row], kc_pre, vc_pre)
+        d.same(got["out"], pout[row], f"decode row (fused) at position {r} vs the same row in prefill tiles")
+    for arr in (base, kcd, vcd):
+        d.gpu.free(arr)
+
+
+def case_attention_mma(d: KernelRunner, rng, nh, nkv, hd):
+    """attention_prefill_mma (one pass, tensor cores) over a 300-row prompt against the reference, and the rows of
+    a chunk that starts mid-sequence (row 170, its keys before it already cached) with the same bits as in the
+    whole prompt's launch (other tiles, other neighbours)."""
+    ps, T = 32, 300
+    n_pages = geometry.cdiv(T, ps)
+    bt = rng.permutation(n_pages + 3)[:n_pages].astype(np.int32)[None, :]
+    kc, vc = (rng.standard_normal((n_pages + 3, ps, nkv, hd)).astype(BF16) for _ in range(2))
+    q = rng.standard_normal((T, nh * hd)).astype(np.float32)
+    seq, pos = np.zeros(T, np.int32), np.arange(T, dtype=np.int32)
+    scale = np.float32(hd ** -0.5)
+    rows_per_tile = geometry.MMA.rows_per_tile(nh, nkv)
+
+    def launch(start, length, seq=seq, pos=pos) -> np.ndarray:
+        return d.run("attention_prefill_mma", q=q, q_stride=nh * hd, seq=seq, pos=pos, tile_start=start,
+                     tile_len=length, block_table=bt, max_pages_per_seq=n_pages, page_size=ps, k_cache=kc,
+                     v_cache=vc, n_heads=nh, n_kv_heads=nkv, head_dim=hd, sm_scale=scale,
+                     out=Out(np.ones((T, nh * hd), np.float32)), out_stride=nh * hd, n_tiles=len(start))["out"]
+
+    start, length = geometry.prefill_tiles(seq, pos, rows_per_tile)
+    whole = launch(start, length)
+    want = ref_attn.attention_prefill_mma(q, seq, pos, start, length, bt, ps, kc, vc, nh, nkv, hd, scale,
+                                     np.ones((T, nh * hd), np.float32))
+    d.close(whole, want, atol=2e-5, rtol=1e-5, label="attention_prefill_mma")
+    start, length = geometry.prefill_tiles(seq[170:], pos[170:], rows_per_tile)
+    d.same(launch(start + 170, length)[170:], whole[170:],
+           "attention_prefill_mma: a chunk from row 170 vs the same rows of the prompt")
+    # the graph's fixed tiles run past a last chunk's rows into padding rows (seq, pos -1): zeros there
+    pad_seq, pad_pos = np.where(np.arange(T) < 290, seq, -1).astype(np.int32), np.where(np.arange(T) < 290, pos, -1)
+    start = np.arange(256, T, rows_per_tile, dtype=np.int32)  # with G = 8, 8-row tiles: 296 .. 299 all padding
+    got = launch(start, np.minimum(rows_per_tile, T - start).astype(np.int32), pad_seq, pad_pos.astype(np.int32))
+    d.same(got[256:290], whole[256:290], "attention_prefill_mma: rows beside padding rows in their tile")
+    d.same(got[290:], np.zeros_like(got[290:]), "attention_prefill_mma: padding rows in a tile are zeros")
+
+
+CASES = ([pytest.param(case_attention, spec, id=f"attention-{spec}")
+          for spec in ((16, 8, 128), (4, 2, 64), (8, 1, 64), (8, 4, 32))]
+         + [pytest.param(case_attention_mma, spec, id=f"attention_mma-{spec}")
+            for spec in ((16, 8, 128), (3, 1, 64), (8, 2, 64), (8, 1, 64), (8, 4, 32), (16, 2, 128))])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,spec", CASES)
+def test_attention_kernels(dev, case, spec):
+    run_case(dev, case, spec)
+
+
+@pytest.mark.parametrize("case,spec", CASES)
+def test_cases_pack_their_arguments(case, spec):
+    pack_case(case, spec)
