@@ -17,6 +17,8 @@ from tokenizers import Tokenizer
 
 from toolcall.builder.memory_plan import format_size
 from toolcall.common.errors import EngineError
+from toolcall.kernels.declarations import declaration
+from toolcall.kernels.geometry import KERNEL_FAMILIES
 from toolcall.runtime.bundle.checks import (
     check_canary,
     check_grammar,
@@ -34,6 +36,7 @@ from toolcall.runtime.bundle.files import (
     check_files,
     read_contract,
 )
+from toolcall.runtime.cuda.modules import required_kernels
 from toolcall.runtime.grammar.trie import Grammar
 
 SHA_PREFIX = 12  # hex digits of a file's sha256 shown in the table
@@ -57,13 +60,22 @@ class InconsistentBundle(EngineError):
 
 def inspect_bundle(folder: str | Path) -> dict:
     """contract.json's sections as they are (``files`` as a list, name order) plus the bundle
-    path, its id, the files' total bytes and ``probe``: build-report.json's catalog probe (None
-    where the report holds none: a bundle built before the probe). Reads contract.json
-    (schema-checked) and build-report.json (informative: its hash is ``builder verify``'s check)."""
+    path, its id, the files' total bytes, ``probe``: build-report.json's catalog probe (None
+    where the report holds none: a bundle built before the probe) and ``gpu_kernels``: the kernel
+    families whose cubins the bundle holds (``runtime --gpu-kernels``; empty for a CPU bundle). Reads
+    contract.json (schema-checked) and build-report.json (informative: its hash is ``builder verify``'s check)."""
     d = read_contract(folder).to_dict()
     files = [{"name": name, **entry} for name, entry in sorted(d.pop("files").items())]
     return {"bundle": str(folder), "bundle_id": d["engine"]["bundle_id"], **d, "files": files,
-            "files_bytes": sum(f["bytes"] for f in files), "probe": read_probe(Path(folder))}
+            "files_bytes": sum(f["bytes"] for f in files), "probe": read_probe(Path(folder)),
+            "gpu_kernels": gpu_kernel_families({f["name"] for f in files})}
+
+
+def gpu_kernel_families(names: set[str]) -> list[str]:
+    """The kernel families (kernels/geometry.py KERNEL_FAMILIES) every cubin of which is among the bundle file
+    ``names``: what ``runtime --gpu-kernels`` may pick for this bundle (none for a CPU bundle)."""
+    return [name for name, family in KERNEL_FAMILIES.items()
+            if all(f"{KERNELS_DIR}/{declaration(fn).file}.cubin" in names for fn in required_kernels(family))]
 
 
 def read_probe(folder: Path) -> dict | None:
@@ -127,6 +139,8 @@ def format_inspection(info: dict, show_warnings: bool = True) -> str:
     rt = info.get("request_tools")
     rows.append(("request tools", "none (the template has no {tools}: catalog names only)" if rt is None else
                  f"up to {rt['max_tools']} a request, descriptions <= {rt['max_description_tokens']} tokens"))
+    if t["sm_arch"] is not None:
+        rows.append(("gpu kernels", f"{', '.join(info['gpu_kernels']) or 'none'} (runtime --gpu-kernels; default fma)"))
     probe = info.get("probe")
     rows.append(("probe", _probe(probe)))
     found = probe.get("warnings") if isinstance(probe, dict) and show_warnings else None

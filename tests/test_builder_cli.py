@@ -357,3 +357,15 @@ def test_unexpected_exception_is_an_internal_error_not_a_traceback(bundle, monke
     assert err["error"] == "internal" and "disk on fire" in err["message"]
     plain = cli("inspect", bundle)
     assert plain.exit_code == EXIT_CODES["internal"] and "Traceback" not in plain.output
+
+
+def test_inspect_names_the_gpu_kernel_families_a_bundle_holds():
+    """`builder inspect`'s gpu_kernels: the families whose every cubin is in the bundle (what runtime --gpu-kernels
+    may pick): both for a bundle of today's kernels, fma alone for one built before the tensor-core family."""
+    from toolcall.builder.inspect_bundle import gpu_kernel_families
+    from toolcall.kernels.cuda_source import kernel_sources
+    every = {f"kernels/{p.stem}.cubin" for p in kernel_sources()}
+    assert gpu_kernel_families(every) == ["fma", "mma"]
+    before = {n for n in every if "mma" not in n}
+    assert gpu_kernel_families(before) == ["fma"]
+    assert gpu_kernel_families(set()) == []  # a CPU bundle
