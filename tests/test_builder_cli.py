@@ -366,6 +366,6 @@ def test_inspect_names_the_gpu_kernel_families_a_bundle_holds():
     from toolcall.kernels.cuda_source import kernel_sources
     every = {f"kernels/{p.stem}.cubin" for p in kernel_sources()}
     assert gpu_kernel_families(every) == ["fma", "mma"]
-    before = {n for n in every if "mma" not in n}
+    before = {n for n in every if not n.startswith(("kernels/linear_mma", "kernels/attention_prefill_mma"))}
     assert gpu_kernel_families(before) == ["fma"]
     assert gpu_kernel_families(set()) == []  # a CPU bundle
