@@ -195,7 +195,7 @@ def table(report: dict) -> str:
                          + (f" (refused: {b['programmatic_error']})" if b.get("programmatic_error") else ""))
     rows = report["stages"].get("kernel-times", {}).get("rows") or []
     if rows:
-        lines.append(f"{'kernel (T = 1, chain of graph nodes)':36} {'us':>7} {'us pdl':>7} {'GB/s':>6}")
+        lines.append(f"{'kernel (chain of graph nodes; T = 1 unless named)':36} {'us':>7} {'us pdl':>7} {'GB/s':>6}")
         lines += [f"{r['name']:36} {r['us']:7.2f} {_f(r['us_pdl'], '7.2f'):>7} {r['gbs']:6.0f}" for r in rows]
     for key, t in s["targets"].items():
         verdict = "NOT JUDGED" if not t["judged"] else "PASS" if t["pass"] else "FAIL"

@@ -1,4 +1,4 @@
-"""Per-kernel device time of one decode step's kernels at a model's shapes (default Qwen3-0.6B, T = 1).
+"""Per-kernel device time of a step's kernels at a model's shapes (default Qwen3-0.6B; T = 1 unless a row names T).
 
 Each kernel runs as a chain of --nodes graph nodes (one after the other, as in the decode graph),
 each node reading its own copy of the weights out of a random pool larger than the L2 (--pool-mb),
@@ -17,7 +17,8 @@ Each chain is timed with full edges and with programmatic ones (kernels/common.c
 --layers decode layers (qkv, attention_decode, o_proj, gate_up, down; each layer its own weights)
 gives a layer's time both ways. The linear layers run in each family of --families (kernels/geometry.py
 KERNEL_FAMILIES; rows "<fmt> <proj>" for fma, "<fmt> mma <proj>" for mma), at T = 1 and at
-T = --prefill-rows (rows "... T=<rows>", with the TFLOP/s of their 2 T in out multiply-adds). The table
+T = --prefill-rows (rows "... T=<rows>", with the TFLOP/s of their 2 T in out multiply-adds), and each
+family's prefill attention over a chunk of --prefill-rows rows ending at position 2,047. The table
 prints last: kernel, launch shape, us per node (full edges, programmatic), weight MB per node, GB/s of
 weights at full edges, TFLOP/s where counted.
 """
@@ -38,7 +39,7 @@ from toolcall.common.errors import CudaError  # noqa: E402
 from toolcall.common.formats import WEIGHT_FORMATS  # noqa: E402
 from toolcall.kernels.declarations import Launch  # noqa: E402
 from toolcall.kernels.geometry import FMA, KERNEL_FAMILIES, MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU  # noqa: E402
-from toolcall.kernels.geometry import attention_max_splits, matvec_kernel  # noqa: E402
+from toolcall.kernels.geometry import attention_max_splits, matvec_kernel, prefill_tiles  # noqa: E402
 from toolcall.kernels.graph_nodes import add_kernel_node  # noqa: E402
 from toolcall.kernels.launch import DeviceArray, Gpu, check  # noqa: E402
 from toolcall.kernels.runner import KernelRunner  # noqa: E402
@@ -221,6 +222,34 @@ def main() -> None:
             max_splits=S, part_o=part_o, part_ml=part_ml, counters=counters, out=out, out_stride=q_dim, T=1))
                for seq in seqs]
         record(f"attention_decode pos {position}", att, 0)
+    # a prefill chunk's attention: --prefill-rows rows of sequence 0 at the positions ending at 2,047 (keys
+    # from the same pool), each kernel family's launches, per chunk (all its launches), a chain of 8 chunks
+    if args.prefill_rows > 1 and want("attention prefill"):
+        T = min(args.prefill_rows, 2048)
+        seq0, ppos = gpu.upload(np.zeros(T, np.int32)), np.arange(2048 - T, 2048, dtype=np.int32)
+        pq, pout = f32(T * q_dim), gpu.alloc(T * q_dim * 4)
+        ppart_o, ppart_ml = gpu.alloc(T * nh * S * hd * 4), gpu.alloc(T * nh * S * 2 * 4)
+        for family in families:
+            start, length = prefill_tiles(np.zeros(T, np.int32), ppos, family.rows_per_tile(nh, nkv))
+            tiles = dict(q=pq, q_stride=q_dim, seq=seq0, pos=gpu.upload(ppos), tile_start=gpu.upload(start),
+                         tile_len=gpu.upload(length), block_table=bt, max_pages_per_seq=per_seq, page_size=ps,
+                         k_cache=kc, v_cache=vc, n_heads=nh, n_kv_heads=nkv, head_dim=hd, n_tiles=len(start))
+            scale = np.float32(hd ** -0.5)
+            launches = {"attention_prefill_mma": Launch("attention_prefill_mma", dict(
+                            tiles, sm_scale=scale, out=pout, out_stride=q_dim)),
+                        "attention_prefill_partial": Launch("attention_prefill_partial", dict(
+                            tiles, sm_scale=scale, max_splits=S, part_o=ppart_o, part_ml=ppart_ml)),
+                        "attention_merge": Launch("attention_merge", dict(
+                            part_o=ppart_o, part_ml=ppart_ml, seq=seq0, pos=tiles["pos"], n_heads=nh, head_dim=hd,
+                            max_splits=S, out=pout, out_stride=q_dim, T=T))}
+            chunk = [launches[fn] for fn in family.prefill_attention]
+            us, us_pdl = len(chunk) * time_chain(runner, chunk * 8, args.reps, False), timed_programmatic(
+                chunk * 8, len(chunk))
+            rows.append(dict(name=f"attention prefill {T} rows at {2048 - T}..2047 ({family.name})",
+                             kernel="+".join(family.prefill_attention), grid=list(chunk[0].shape[0]),
+                             block=chunk[0].shape[1][0], us=us, us_pdl=us_pdl, weight_mb=0.0, gbs=0.0))
+            print(f"attention prefill ({family.name}): {us:8.2f} us a chunk, {fmt_us(us_pdl)} us with programmatic "
+                  "edges", flush=True)
     # a decode step's layers: qkv, attention, o_proj, gate_up, down, each layer its own weights
     for (fmt, family), (qkv_n, o_n, gu_n, down_n) in layer_mv.items() if want("layer") else ():
         chain = [n for L in range(args.layers)
