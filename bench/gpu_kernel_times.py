@@ -219,7 +219,8 @@ def main() -> None:
             q=qkv, q_stride=qkv_out, k=k_dev, k_stride=qkv_out, v=v_dev, v_stride=qkv_out, seq=seq, pos=pos,
             block_table=bt, max_pages_per_seq=per_seq, page_size=ps, k_cache=kc, v_cache=vc, q_norm_w=qw, k_norm_w=kw,
             inv_freq=inv_freq, eps=EPS, n_heads=nh, n_kv_heads=nkv, head_dim=hd, sm_scale=np.float32(hd ** -0.5),
-            max_splits=S, part_o=part_o, part_ml=part_ml, counters=counters, out=out, out_stride=q_dim, T=1))
+            max_splits=S, part_o=part_o, part_ml=part_ml, counters=counters, out=out, out_stride=q_dim,
+            prefetch=None, prefetch_bytes=0, T=1))
                for seq in seqs]
         record(f"attention_decode pos {position}", att, 0)
     # a prefill chunk's attention: --prefill-rows rows of sequence 0 at the positions ending at 2,047 (keys

@@ -16,6 +16,11 @@
 //        M = max_s m_s, w_s = exp(m_s - M), L = sum_s w_s l_s, out[d] = (sum_s w_s o_s[d]) / L
 //      splits in order 0..n-1, the formula of attention_merge.cu (same bits as the prefill path).
 // Padding rows (seq < 0 or pos < 0): split 0 writes zeros to out and nothing else happens.
+// 0. Before anything else, every block (those that exit at once too) asks for its share of
+// prefetch[0 .. prefetch_bytes) into L2, one prefetch a 128-byte line: the launcher passes the
+// weights the step reads next (this layer's o_proj, gate|up, down, the next layer's q|k|v), which
+// stream in while attention, latency-bound at short contexts, leaves the memory system idle.
+// Immutable bytes: issued before pdl_wait; null / 0: none.
 //
 // q, k, v: float32 raw projections [T, q_stride] / [T, k_stride] / [T, v_stride] (q and k are
 // rewritten in place: k normed + rotated by the writer block; q is only read); seq, pos: int32
@@ -24,9 +29,12 @@
 // [head_dim] or null; inv_freq: float32 [head_dim / 2]; part_o: float32 [T, n_heads,
 // max_splits, head_dim]; part_ml: float32 [T, n_heads, max_splits, 2]; counters: int32 [T,
 // n_kv_heads], zero before the launch and left zero after it; out: float32 [T, out_stride],
-// head h at columns h * head_dim (the o_proj input). head_dim in {32, 64, 128}.
+// head h at columns h * head_dim (the o_proj input). head_dim in {32, 64, 128}. prefetch: any
+// bytes (null with prefetch_bytes 0).
 // Launch: grid (T, n_kv_heads, max_splits), block ATTN_THREADS.
 #include "attention.cuh"
+
+#define L2_LINE 128  // bytes a prefetch asks for
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention_decode(const float* q, int q_stride, float* k, int k_stride, const float* v,
@@ -35,7 +43,15 @@ attention_decode(const float* q, int q_stride, float* k, int k_stride, const flo
                  __nv_bfloat16* v_cache, const __nv_bfloat16* q_norm_w,
                  const __nv_bfloat16* k_norm_w, const float* inv_freq, float eps, int n_heads,
                  int n_kv_heads, int head_dim, float sm_scale, int max_splits, float* part_o,
-                 float* part_ml, int* counters, float* out, int out_stride, int T) {
+                 float* part_ml, int* counters, float* out, int out_stride, const u8* prefetch,
+                 int prefetch_bytes, int T) {
+    {  // 0. L2 prefetch, a grid-stride loop over 128-byte lines
+        const int blocks = gridDim.x * gridDim.y * gridDim.z;
+        const int block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        for (long long off = ((long long)block * ATTN_THREADS + threadIdx.x) * L2_LINE; off < prefetch_bytes;
+             off += (long long)blocks * ATTN_THREADS * L2_LINE)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(prefetch + off));
+    }
     pdl_enter();
     __shared__ int is_last;
     const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;

@@ -388,3 +388,21 @@ def test_the_shipped_model_runs_on_the_emulated_device(tmp_path, precision):
     assert [loop.generate(p, mode="host").token_ids for p in prompts] == want
     model.close()
     assert not gpu.buffers
+
+
+def test_attention_decode_prefetches_what_the_step_reads_next(small):
+    """Each decode layer's attention_decode asks L2 for one arena span: that layer's o_proj, gate|up, down (and its
+    norms), then the next layer's q|k|v; the last layer's span ends with its own weights."""
+    model, _ = emulated_model(small, FP8_E4M3)
+    w, arena = model.weights, model.weights.arena
+    body = [ln for ln in DecodeGraph(model).body(0) if ln.fn == "attention_decode"]
+    assert len(body) == len(w.layers)
+    for i, (ln, layer) in enumerate(zip(body, w.layers)):
+        start, end = ln.args["prefetch"].ptr - arena.base.ptr, ln.args["prefetch"].ptr - arena.base.ptr + \
+            ln.args["prefetch_bytes"]
+        inside = {k for k in arena.sizes if start <= arena.offsets[k] and arena.offsets[k] + arena.sizes[k] <= end}
+        wanted = {*layer.o.keys.values(), *layer.gate_up.keys.values(), *layer.down.keys.values()}
+        nxt = set(w.layers[i + 1].qkv.keys.values()) if i + 1 < len(w.layers) else set()
+        assert wanted | nxt <= inside and not any(k in inside for k in layer.qkv.keys.values())
+        assert all(k.startswith((f"L{i}.", f"L{i + 1}.")) for k in inside)
+    model.close()

@@ -37,17 +37,18 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
         return dict(sm_scale=scale, max_splits=S, part_o=Out(np.zeros((T, nh, S, hd), np.float32)),
                     part_ml=Out(np.zeros((T, nh, S, 2), np.float32)))
 
-    def decode(q, k, v, seq, pos, kc, vc):
+    def decode(q, k, v, seq, pos, kc, vc, prefetch=None):
         T = len(q)
         return d.run("attention_decode", q=q, q_stride=nh * hd, k=Out(k), k_stride=nkv * hd, v=v, v_stride=nkv * hd,
                      seq=seq, pos=pos, **paging, k_cache=Out(kc), v_cache=Out(vc), q_norm_w=qw, k_norm_w=kw,
                      inv_freq=inv_freq, eps=EPS, **heads, **partials(T), counters=Out(np.zeros((T, nkv), np.int32)),
-                     out=Out(np.ones((T, nh * hd), np.float32)), out_stride=nh * hd, T=T)
+                     out=Out(np.ones((T, nh * hd), np.float32)), out_stride=nh * hd, prefetch=prefetch,
+                     prefetch_bytes=0 if prefetch is None else prefetch.nbytes, T=T)
 
     seq = np.array([0, 1, -1, 2], np.int32)
     pos = np.array([699, 32, 3, 299], np.int32)
     q, k, v = (rng.standard_normal((4, n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
-    got = decode(q, k, v, seq, pos, kc, vc)
+    got = decode(q, k, v, seq, pos, kc, vc, prefetch=np.arange(3 << 20, dtype=np.uint8))  # 3 MiB into L2 beside
     kc2, vc2, counters, out = got["k_cache"], got["v_cache"], got["counters"], got["out"]
     kc_ref, vc_ref = kc.copy(), vc.copy()
     want, _ = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc_ref, vc_ref, qw, kw, inv_freq, EPS, nh, nkv, hd,

@@ -115,7 +115,9 @@ class StepLaunches:
             out.append(self._mv_norm(layer.qkv, layer.norms["ln_in"], self.q, T))
             decode = T if rows.tiles is None else rows.decode
             if decode:  # decode rows: one fused launch up to the o_proj input
+                ahead = w.after_attention(i)  # into L2 while attention runs
                 out.append(Launch("attention_decode", dict(**rope, **splits, counters=m.ws["attn_count"], out=attn,
+                                                           prefetch=ahead, prefetch_bytes=ahead.nbytes,
                                                            out_stride=cfg.q_dim, T=decode)))
             if rows.tiles is not None:  # prefill tiles over rows decode .. T - 1 (their views start there)
                 start, length, n_tiles = rows.tiles

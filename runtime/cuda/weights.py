@@ -21,6 +21,7 @@ import numpy as np
 
 from toolcall.common.errors import Refusal
 from toolcall.common.formats import WEIGHT_FORMATS, WeightFormat
+from toolcall.kernels.launch import DeviceArray
 from toolcall.kernels.weight_args import weight_args
 from toolcall.runtime.bundle.model_config import ModelConfig
 from toolcall.runtime.bundle.rope import inv_freq
@@ -153,6 +154,17 @@ class DeviceWeights:
 
     def free(self, gpu) -> None:
         self.arena.free(gpu)
+
+    def after_attention(self, i: int) -> DeviceArray:
+        """The arena span a decode step reads after layer ``i``'s attention: its o_proj, gate|up and down (their
+        scales and biases), its norms and layer i + 1's q|k|v (layers lie in order, each linear's arguments
+        together): what attention_decode prefetches into L2."""
+        off, size = self.arena.offsets, self.arena.sizes
+        start = off[self.layers[i].o.keys["w"]]
+        last = self.layers[i + 1].qkv.keys.values() if i + 1 < len(self.layers) else \
+            [k for k in size if k.startswith(f"L{i}.")]
+        end = max(off[k] + size[k] for k in last)
+        return DeviceArray(self.arena.base.ptr + start, end - start)
 
     def layer_bytes(self) -> int:
         """Bytes of the decoder layers' weights, scales and norms: what one decode step reads."""
