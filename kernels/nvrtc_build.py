@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolcall.common.errors import BuildError
+from toolcall.kernels.cubin import instructions
 from toolcall.kernels.cuda_source import KERNEL_DIR, kernel_headers, kernel_sources
 from toolcall.kernels.declarations import declarations
 from toolcall.kernels.targets import check_arch
@@ -103,29 +103,10 @@ def compile_source(source: bytes, name: str, arch: str) -> CompiledKernel:
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     resources = parse_resources(log)
-    for fn, count in sass_instructions(bytes(cubin)).items():
+    for fn, count in instructions(bytes(cubin)).items():
         if fn in resources:
             resources[fn]["instructions"] = count
     return CompiledKernel(name, arch, bytes(cubin), log, resources, hashlib.sha256(source).hexdigest())
-
-
-def sass_instructions(cubin: bytes) -> dict[str, int]:
-    """Machine instructions per kernel function of a cubin: its ``.text.<function>`` ELF section
-    size / 16 (every instruction is 128 bits since Volta), read from the 64-bit ELF section
-    headers (no disassembler needed)."""
-    if cubin[:5] != b"\x7fELF\x02":
-        return {}
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    header = lambda i: struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)  # noqa: E731
-    names = header(shstrndx)[4]
-    out = {}
-    for i in range(shnum):
-        name_off, size = header(i)[0], header(i)[5]
-        name = cubin[names + name_off:cubin.index(b"\0", names + name_off)].decode()
-        if name.startswith(".text."):
-            out[name[len(".text."):]] = size // 16
-    return out
 
 
 def compile_kernel(cu: str | Path, arch: str, *, use_cache: bool = True) -> CompiledKernel:

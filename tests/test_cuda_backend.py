@@ -234,6 +234,20 @@ def test_failed_load_frees_what_it_took(small):
     assert not gpu.buffers
 
 
+def test_a_cubin_from_other_kernel_sources_is_refused_before_it_loads(small):
+    """A bundle whose sample_draw was compiled with another parameter list (kernels/cubin.py reads it) is refused,
+    typed, naming the kernel and both layouts: launching it would put arguments in the wrong places."""
+    from toolcall.kernels.nvrtc_build import compile_source
+    other = compile_source(b'extern "C" __global__ void sample_draw(const float* logits, int B) {}', "sample_draw",
+                           "sm_90").cubin
+    gpu = EmulatedGpu()
+    with SafetensorsFile(small["files"][FP8_E4M3]) as st, pytest.raises(Refusal) as info:
+        CudaModel(small["cfg"], small["limits"], small["grammar"], "fp8_e4m3", st, {**CUBINS, "sample_draw": other},
+                  gpu)
+    assert info.value.code == "bundle_invalid" and "kernel sample_draw takes 2 parameters" in info.value.message
+    assert info.value.details["found"] == [[0, 8], [8, 4]] and not gpu.buffers
+
+
 def test_a_bundle_with_kernels_under_a_formats_old_name_is_refused_naming_it(small):
     """GPU bundles built before the fp8 kernels took the format's one name (fp8_e4m3) hold
     kernels/matvec_fp8.cubin: refused, typed, with the old spelling named."""

@@ -10,7 +10,7 @@ import pytest
 
 from toolcall.common.errors import BuildError
 from toolcall.common.formats import FP8_E4M3, NVFP4
-from toolcall.kernels import cuda_source, nvrtc_build, targets
+from toolcall.kernels import cubin, cuda_source, nvrtc_build, targets
 from toolcall.kernels.cuda_source import Param, defines, entry_points, parse_defines, parse_entry_points
 from toolcall.kernels.declarations import GRIDS, declarations
 from toolcall.kernels.geometry import FMA, KERNEL_FAMILIES, MATVEC_FORMATS, MATVECS, MMA, matvec_kernel
@@ -199,3 +199,17 @@ def test_entry_point_parser():
     assert eps["f"].params == (Param("a", "ptr"), Param("n", "int32"), Param("s", "float32"),
                                  Param("h", "uint64"))
     assert eps["f"].launch_bounds == "128" and eps["g"].params == () and eps["g"].launch_bounds is None
+
+
+def test_every_cubin_states_the_declared_parameter_layout(compiled):
+    """kernels/cubin.py reads each kernel's parameters (offset, size) from its .nv.info section: the layout of its
+    declaration on every arch (what the runtime's load check compares a bundle's cubins with), and the instruction
+    counts of its .text sections."""
+    arch, kernels = compiled
+    for k in kernels:
+        layouts = cubin.param_layouts(k.cubin)
+        for fn in k.resources:
+            assert layouts[fn] == cubin.declared_layout([p.kind for p in declarations()[fn].params]), (arch, fn)
+        assert cubin.instructions(k.cubin) == {fn: r["instructions"] for fn, r in k.resources.items()}
+    assert cubin.param_layouts(b"") == {} and cubin.declared_layout(["int32", "ptr", "float32"]) == ((0, 4), (8, 8),
+                                                                                                       (16, 4))
