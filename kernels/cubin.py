@@ -20,19 +20,22 @@ ParamLayout = tuple[tuple[int, int], ...]  # (byte offset, size) by ordinal
 
 
 def sections(cubin: bytes) -> dict[str, bytes]:
-    """Every section by name ({} for bytes that are no 64-bit ELF)."""
+    """Every section by name ({} for bytes that are no well-formed 64-bit ELF: left to the loader to refuse)."""
     if cubin[:5] != ELF64:
         return {}
-    shoff, = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    header = lambda i: struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)  # noqa: E731
-    names = header(shstrndx)[4]
-    out = {}
-    for i in range(shnum):
-        name_off, _, _, _, offset, size = header(i)[:6]
-        name = cubin[names + name_off:cubin.index(b"\0", names + name_off)].decode()
-        out[name] = cubin[offset:offset + size]
-    return out
+    try:
+        shoff, = struct.unpack_from("<Q", cubin, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+        header = lambda i: struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)  # noqa: E731
+        names = header(shstrndx)[4]
+        out = {}
+        for i in range(shnum):
+            name_off, _, _, _, offset, size = header(i)[:6]
+            name = cubin[names + name_off:cubin.index(b"\0", names + name_off)].decode()
+            out[name] = cubin[offset:offset + size]
+        return out
+    except (struct.error, ValueError, OverflowError, UnicodeDecodeError):
+        return {}
 
 
 def instructions(cubin: bytes) -> dict[str, int]:
@@ -51,6 +54,8 @@ def param_layouts(cubin: bytes) -> dict[str, ParamLayout]:
         while i + 2 <= len(data):
             fmt, attr = data[i], data[i + 1]
             if fmt == EIFMT_SVAL:
+                if i + 4 > len(data):
+                    break  # a truncated record: the layout stays as read so far
                 length, = struct.unpack_from("<H", data, i + 2)
                 payload, i = data[i + 4:i + 4 + length], i + 4 + length
                 if attr == EIATTR_KPARAM_INFO and len(payload) >= 12:

@@ -420,3 +420,19 @@ def test_attention_decode_prefetches_what_the_step_reads_next(small):
         assert wanted | nxt <= inside and not any(k in inside for k in layer.qkv.keys.values())
         assert all(k.startswith((f"L{i}.", f"L{i + 1}.")) for k in inside)
     model.close()
+
+
+def test_runtime_check_refuses_a_gpu_bundle_built_from_other_kernel_sources(tmp_path, tiny_bundle):
+    """`runtime check` (no GPU, nothing loaded) reads a GPU bundle's cubins: one whose kernel takes other parameters
+    than this runtime's sources declare is bundle_invalid before the target check, naming the kernel."""
+    from toolcall.kernels.nvrtc_build import compile_source
+    folder = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, folder)
+    (folder / "kernels").mkdir()
+    (folder / "kernels" / "sample_draw.cubin").write_bytes(compile_source(
+        b'extern "C" __global__ void sample_draw(const float* logits, int B) {}', "sample_draw", "sm_90").cubin)
+    retarget_h200(folder)  # listed and hashed, bundle_id recomputed: only the kernel check can refuse it
+    result = CliRunner().invoke(runtime_cli, ["check", str(folder), "--json"])
+    assert result.exit_code == EXIT_CODES["bundle_invalid"], result.output
+    error = json.loads(result.output)
+    assert error["error"] == "bundle_invalid" and "kernel sample_draw takes 2 parameters" in error["message"]

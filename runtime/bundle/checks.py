@@ -9,6 +9,9 @@ recomputed) or a faulty builder cannot pass, run at load after the hash checks.
 - memory: ``kv_pool_bytes`` is what ``num_pages`` pages take, ``workspace_bytes`` what steps of
   ``max_tokens_per_step`` rows take (runtime/bundle/layout.py's formulas, the builder's memory plan too);
 - grammar: grammar.msgpack's numbers equal the contract's grammar section;
+- kernels (GPU bundles): each kernels/*.cubin's kernels take the parameters the sources this runtime
+  launches with declare (their layouts read from the cubin: kernels/cubin.py): a bundle compiled from
+  other kernel sources is refused, not launched;
 - canary: ids inside the vocabulary, lengths inside the limits, answers the grammar allows,
   one recorded step per answer token.
 
@@ -21,7 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from toolcall.common.errors import Refusal, RequestError
+from toolcall.kernels.cubin import declared_layout, param_layouts
+from toolcall.kernels.declarations import declaration, declarations
 from toolcall.runtime.bundle.contract import CONTRACT_FILE, Contract
+from toolcall.runtime.bundle.files import KERNELS_DIR
 from toolcall.runtime.bundle.layout import kv_pool_bytes, weight_specs, weights_bytes, workspace_breakdown
 from toolcall.runtime.bundle.tensor_file import SafetensorsFile
 from toolcall.runtime.grammar.stepper import GrammarStepper
@@ -196,6 +202,29 @@ def check_canary(contract: Contract, grammar: Grammar, vocab: int) -> None:
                                      token=token) from None
 
 
+def check_cubin(file: str, data: bytes, kernels: list[str]) -> None:
+    """Refuses (bundle_invalid) a cubin whose kernels take other parameters than the sources this runtime launches
+    with declare: a bundle compiled from other kernel sources. Bytes that are no ELF are left to ``gpu.load``."""
+    found = param_layouts(data)
+    if not found:
+        return
+    for fn in kernels:
+        want, got = declared_layout([p.kind for p in declaration(fn).params]), found.get(fn)
+        if got != want:
+            takes = "no such kernel" if got is None else f"{len(got)} parameters ({sum(s for _, s in got)} bytes)"
+            raise Refusal("bundle_invalid", f"{KERNELS_DIR}/{file}.cubin: kernel {fn} takes {takes}, this runtime "
+                          f"launches it with {len(want)} ({sum(s for _, s in want)} bytes): the bundle was built from "
+                          "other kernel sources; rebuild it", file=f"{KERNELS_DIR}/{file}.cubin", kernel=fn,
+                          expected=[list(x) for x in want], found=None if got is None else [list(x) for x in got])
+
+
+def check_kernels(folder: Path, contract: Contract) -> None:
+    """Every kernels/*.cubin of a GPU bundle against the declarations of the kernels it holds (check_cubin)."""
+    for name in sorted(n for n in contract.files if n.startswith(KERNELS_DIR + "/") and n.endswith(".cubin")):
+        stem = name[len(KERNELS_DIR) + 1:-len(".cubin")]
+        check_cubin(stem, (folder / name).read_bytes(), [fn for fn, d in declarations().items() if d.file == stem])
+
+
 def check_consistency(folder: str | Path, contract: Contract, grammar: Grammar | None = None) -> Grammar:
     """Every check of this module, in order; returns the bundle's Grammar (read if not given)."""
     folder = Path(folder)
@@ -203,6 +232,7 @@ def check_consistency(folder: str | Path, contract: Contract, grammar: Grammar |
     check_limits(contract)
     check_memory(contract)
     check_weights(folder, contract)
+    check_kernels(folder, contract)
     if grammar is None:
         grammar = Grammar.read(folder / "grammar.msgpack")
     check_grammar(grammar, contract)

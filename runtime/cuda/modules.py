@@ -9,9 +9,9 @@ from pathlib import Path
 
 from toolcall.common.errors import CudaError, Refusal
 from toolcall.common.formats import BF16, WEIGHT_FORMATS
-from toolcall.kernels.cubin import declared_layout, param_layouts
 from toolcall.kernels.declarations import declaration
 from toolcall.kernels.geometry import MATVEC_FORMATS, KernelFamily, matvec_kernel
+from toolcall.runtime.bundle.checks import check_cubin
 from toolcall.runtime.bundle.files import KERNELS_DIR
 
 DENSE_HEAD = matvec_kernel(BF16)  # every row of the head (dense_logits), in every kernel family's model
@@ -29,22 +29,6 @@ def read_cubins(folder: Path) -> dict[str, bytes]:
     return {p.stem: p.read_bytes() for p in sorted((Path(folder) / KERNELS_DIR).glob("*.cubin"))}
 
 
-def check_layouts(file: str, data: bytes, kernels: list[str]) -> None:
-    """Refuses (bundle_invalid) a cubin whose kernels take other parameters than the sources this runtime launches
-    with declare: a bundle compiled from other kernel sources. Bytes that are no ELF are left to ``gpu.load``."""
-    found = param_layouts(data)
-    if not found:
-        return
-    for fn in kernels:
-        want, got = declared_layout([p.kind for p in declaration(fn).params]), found.get(fn)
-        if got != want:
-            takes = "no such kernel" if got is None else f"{len(got)} parameters ({sum(s for _, s in got)} bytes)"
-            raise Refusal("bundle_invalid", f"{KERNELS_DIR}/{file}.cubin: kernel {fn} takes {takes}, this runtime "
-                          f"launches it with {len(want)} ({sum(s for _, s in want)} bytes): the bundle was built from "
-                          "other kernel sources; rebuild it", file=f"{KERNELS_DIR}/{file}.cubin", kernel=fn,
-                          expected=[list(x) for x in want], found=None if got is None else [list(x) for x in got])
-
-
 def load_modules(gpu, cubins: dict[str, bytes], family: KernelFamily, strict: bool,
                  errors: dict[str, str]) -> dict[str, object]:
     """The modules of ``family``'s required kernels by file stem (``gpu.load`` of each cubin). A missing cubin is
@@ -59,7 +43,7 @@ def load_modules(gpu, cubins: dict[str, bytes], family: KernelFamily, strict: bo
             why = f" (the bundle holds {old[0]}: it was built when {file}'s format had its old name)" if old else ""
             raise Refusal("bundle_invalid", f"{KERNELS_DIR}/{file}.cubin is missing{why}; rebuild the bundle for "
                           "a GPU target", file=f"{KERNELS_DIR}/{file}.cubin", old_spelling=old[0] if old else None)
-        check_layouts(file, cubins[file], [fn for fn in needed if declaration(fn).file == file])
+        check_cubin(file, cubins[file], [fn for fn in needed if declaration(fn).file == file])
         try:
             modules[file] = gpu.load(cubins[file])
         except CudaError as e:
