@@ -10,13 +10,13 @@ Each failure is code ``bundle_invalid`` naming the file, the expected and the fo
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
 from toolcall.builder.memory_plan import format_size
 from toolcall.common.errors import EngineError
+from toolcall.kernels.cubin import sm_number
 from toolcall.kernels.declarations import declaration
 from toolcall.kernels.geometry import KERNEL_FAMILIES
 from toolcall.runtime.bundle.checks import (
@@ -40,10 +40,6 @@ from toolcall.runtime.cuda.modules import required_kernels
 from toolcall.runtime.grammar.trie import Grammar
 
 SHA_PREFIX = 12  # hex digits of a file's sha256 shown in the table
-# CUDA cubins are ELF files: e_machine EM_CUDA; with ELF ABI version >= 8 (CUDA 12.8+) bits
-# 8..15 of e_flags hold the SM number (0x5a = sm_90), before that bits 0..7 did.
-ELF_MAGIC = b"\x7fELF"
-EM_CUDA = 190
 CHECKS = ("schema", "hashes", "model", "weights", "limits", "memory", "grammar", "canary", "kernels")
 
 
@@ -199,17 +195,6 @@ def _check_listing(folder: Path, contract: Contract) -> None:
                                  f"{', '.join(extra[:5])})", unlisted=extra)
 
 
-def cubin_sm(data: bytes) -> int | None:
-    """The SM number (90 for sm_90) in a cubin's ELF header, or None if it is not a CUDA ELF."""
-    if len(data) < 52 or data[:4] != ELF_MAGIC or data[4] != 2:  # 64-bit ELF only
-        return None
-    (machine,) = struct.unpack_from("<H", data, 18)
-    (flags,) = struct.unpack_from("<I", data, 48)
-    if machine != EM_CUDA:
-        return None
-    return (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
-
-
 def _check_kernels(folder: Path, contract: Contract) -> None:
     """kernels/*.cubin exactly for GPU targets, each an ELF for the contract's SM architecture."""
     cubins = sorted(n for n in contract.files if n.startswith(KERNELS_DIR + "/"))
@@ -224,7 +209,7 @@ def _check_kernels(folder: Path, contract: Contract) -> None:
     want = int("".join(ch for ch in contract.target.sm_arch[3:] if ch.isdigit()))
     for name in cubins:
         with open(folder / name, "rb") as fh:
-            sm = cubin_sm(fh.read(64)) if name.endswith(".cubin") else None
+            sm = sm_number(fh.read(64)) if name.endswith(".cubin") else None
         if sm != want:
             raise InconsistentBundle(name, f"compiled for {'sm_' + str(sm) if sm else 'no CUDA architecture'}, the "
                                      f"contract's target needs {contract.target.sm_arch}",

@@ -1,5 +1,5 @@
-"""What a cubin says about its kernels, read from its ELF sections without a GPU: instruction counts and the
-parameter layout each kernel was compiled with.
+"""What a cubin says, read from its ELF without a GPU: the SM architecture it was compiled for, and per kernel
+its instruction count and the parameter layout it was compiled with.
 
 A cubin is a 64-bit ELF. ``.text.<kernel>`` holds the kernel's machine code (128-bit instructions since Volta);
 ``.nv.info.<kernel>`` a list of attributes, one EIATTR_KPARAM_INFO record a parameter: ordinal, byte offset
@@ -14,9 +14,22 @@ import struct
 EIFMT_SVAL = 0x04  # an attribute with a 16-bit length and a payload; every other format: 4 bytes in all
 EIATTR_KPARAM_INFO = 0x17
 ELF64 = b"\x7fELF\x02"
+EM_CUDA = 190  # e_machine of a CUDA ELF
 SIZES = {"ptr": 8, "int32": 4, "float32": 4, "uint64": 8}  # kernel parameter kinds (kernels/cuda_source.py)
 
 ParamLayout = tuple[tuple[int, int], ...]  # (byte offset, size) by ordinal
+
+
+def sm_number(cubin: bytes) -> int | None:
+    """The SM number (90 for sm_90) in a cubin's ELF header, or None if it is not a 64-bit CUDA ELF. With ELF ABI
+    version >= 8 (CUDA 12.8+) bits 8..15 of e_flags hold it (0x5a = sm_90), before that bits 0..7 did."""
+    if len(cubin) < 52 or cubin[:5] != ELF64:
+        return None
+    (machine,) = struct.unpack_from("<H", cubin, 18)
+    (flags,) = struct.unpack_from("<I", cubin, 48)
+    if machine != EM_CUDA:
+        return None
+    return (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF
 
 
 def sections(cubin: bytes) -> dict[str, bytes]:

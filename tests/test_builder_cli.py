@@ -18,7 +18,7 @@ from contract_edits import retarget_h200
 import toolcall.builder.inspect_bundle
 from toolcall.builder.checkpoint import parse_config
 from toolcall.builder.cli import main as builder_cli
-from toolcall.builder.inspect_bundle import CHECKS, cubin_sm
+from toolcall.builder.inspect_bundle import CHECKS
 from toolcall.builder.tiers import (
     DEFAULT_MAX_INPUT_TOKENS,
     DEFAULT_MAX_OUTPUT_TOKENS,
@@ -27,6 +27,7 @@ from toolcall.builder.tiers import (
     tier_rows,
 )
 from toolcall.common.errors import EXIT_CODES
+from toolcall.kernels.cubin import sm_number
 from toolcall.runtime.bundle.contract import CONTRACT_FILE, compute_bundle_id, parse_contract
 from toolcall.runtime.bundle.files import GRAMMAR_FILE, WEIGHTS_FILE, check_files, file_entry, read_contract
 from toolcall.runtime.grammar.trie import Grammar
@@ -215,7 +216,7 @@ def test_verify_passes_on_good_bundles(bundle):
                                      (fake_cubin(120), 120), (fake_cubin(90, abi=7), 90),
                                      (b"\x7fELF" + bytes(60), None), (b"PK\x03\x04" + bytes(60), None), (b"", None)])
 def test_cubin_sm_reads_the_elf_header(data, sm):
-    assert cubin_sm(data) == sm
+    assert sm_number(data) == sm
 
 
 # -- inspect ---------------------------------------------------------------------------------------
