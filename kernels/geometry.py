@@ -106,6 +106,11 @@ def prefill_tiles(seq: np.ndarray, pos: np.ndarray, rows_per_tile: int) -> tuple
     return np.asarray(starts, np.int32), np.asarray(lens, np.int32)
 
 
+def tile_rows(tile_start, tile_len) -> np.ndarray:
+    """The rows (int indices, tile by tile) of prefill_tiles' tiles."""
+    return np.concatenate([np.arange(s, s + n) for s, n in zip(tile_start, tile_len)] or [[]]).astype(int)
+
+
 def shape_problems(hidden: int, intermediate: int, n_heads: int, n_kv_heads: int, head_dim: int,
                    weight_format: WeightFormat | None) -> list[str]:
     """Why these model sizes (and weight format) cannot run on the kernels (empty list: they can)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from toolcall.kernels.geometry import ATTN_SPLIT
+from toolcall.kernels.geometry import ATTN_SPLIT, tile_rows
 from toolcall.kernels.reference import BF16, F32, bf16_hi_lo, f32, rmsnorm
 
 
@@ -86,7 +86,7 @@ def attention_prefill_mma(q, seq, pos, tile_start, tile_len, block_table, page_s
                           n_kv_heads, head_dim, sm_scale, out: np.ndarray) -> np.ndarray:
     """``out`` [T, n_heads*head_dim] with the tiles' rows attended (``attention`` on q as bf16 hi + lo, what
     the kernel's products see; its probabilities are hi + lo too, 16 bits); the other rows as they were."""
-    rows = np.concatenate([np.arange(s, s + n) for s, n in zip(tile_start, tile_len)] or [[]]).astype(int)
+    rows = tile_rows(tile_start, tile_len)
     keep = np.full(len(seq), -1, np.int32)
     keep[rows] = np.asarray(seq)[rows]
     got = attention(bf16_hi_lo(q), keep, pos, block_table, page_size, k_cache, v_cache, n_heads, n_kv_heads,

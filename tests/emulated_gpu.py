@@ -20,7 +20,7 @@ import numpy as np
 from toolcall.kernels import reference as ref
 from toolcall.kernels import reference_attention as ref_attn
 from toolcall.kernels import reference_draw as ref_draw
-from toolcall.kernels.geometry import MATVECS, RMSNORM, SWIGLU
+from toolcall.kernels.geometry import MATVECS, RMSNORM, SWIGLU, tile_rows
 from toolcall.kernels.launch import DeviceArray
 from toolcall.kernels.runner import DryRunGpu
 from toolcall.kernels.weight_args import weight_args
@@ -176,7 +176,7 @@ class EmulatedGpu(DryRunGpu):
     def _attention_prefill_partial(self, a):
         start = self.view(a["tile_start"], I32, (a["n_tiles"],))
         length = self.view(a["tile_len"], I32, (a["n_tiles"],))
-        self._attention(a, np.concatenate([np.arange(s, s + n) for s, n in zip(start, length)] or [[]]).astype(int))
+        self._attention(a, tile_rows(start, length))
 
     def _attention_prefill_mma(self, a):
         start = self.view(a["tile_start"], I32, (a["n_tiles"],))
