@@ -33,13 +33,24 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
+
 checkout.use()
 
 from toolcall.common.errors import CudaError  # noqa: E402
 from toolcall.common.formats import WEIGHT_FORMATS  # noqa: E402
 from toolcall.kernels.declarations import Launch  # noqa: E402
-from toolcall.kernels.geometry import FMA, KERNEL_FAMILIES, MATVEC_FORMATS, PLAIN, RMSNORM, SWIGLU  # noqa: E402
-from toolcall.kernels.geometry import attention_max_splits, matvec_kernel, prefill_tiles  # noqa: E402
+from toolcall.kernels.geometry import (  # noqa: E402  # noqa: E402
+    FMA,
+    KERNEL_FAMILIES,
+    MATVEC_FORMATS,
+    PLAIN,
+    RMSNORM,
+    SWIGLU,
+    attention_max_splits,
+    decode_max_splits,
+    matvec_kernel,
+    prefill_tiles,
+)
 from toolcall.kernels.graph_nodes import add_kernel_node  # noqa: E402
 from toolcall.kernels.launch import DeviceArray, Gpu, check  # noqa: E402
 from toolcall.kernels.runner import KernelRunner  # noqa: E402
@@ -201,7 +212,7 @@ def main() -> None:
     # attention_decode: one row at each of --positions; node i attends over sequence i's pages (the pool: --nodes
     # sequences of 2,048 positions, pages shuffled over it); q|k|v raw in x
     nh, nkv, hd, ps = s["heads"], s["kv_heads"], s["head_dim"], 32
-    S = attention_max_splits(2048)
+    S, S_decode = attention_max_splits(2048), decode_max_splits(2048)  # prefill splits; the decode kernel's
     per_seq = 2048 // ps
     n_pages = args.nodes * per_seq
     bt = gpu.upload(rng.permutation(n_pages).astype(np.int32).reshape(args.nodes, per_seq))
@@ -211,7 +222,7 @@ def main() -> None:
     seqs = [gpu.upload(np.array([i], np.int32)) for i in range(args.nodes)]
     inv_freq = gpu.upload((1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32))
     qw = kw = gpu.upload(np.full(hd, 0x3f80, np.uint16))
-    part_o, part_ml = gpu.alloc(nh * S * hd * 4), gpu.alloc(nh * S * 2 * 4)
+    part_o, part_ml = gpu.alloc(nh * S_decode * hd * 4), gpu.alloc(nh * S_decode * 2 * 4)
     counters, out = gpu.zeros(nkv * 4), gpu.alloc(q_dim * 4)
     for position in map(int, args.positions.split(",")):
         pos = gpu.upload(np.array([position], np.int32))
@@ -219,7 +230,7 @@ def main() -> None:
             q=qkv, q_stride=qkv_out, k=k_dev, k_stride=qkv_out, v=v_dev, v_stride=qkv_out, seq=seq, pos=pos,
             block_table=bt, max_pages_per_seq=per_seq, page_size=ps, k_cache=kc, v_cache=vc, q_norm_w=qw, k_norm_w=kw,
             inv_freq=inv_freq, eps=EPS, n_heads=nh, n_kv_heads=nkv, head_dim=hd, sm_scale=np.float32(hd ** -0.5),
-            max_splits=S, part_o=part_o, part_ml=part_ml, counters=counters, out=out, out_stride=q_dim,
+            max_splits=S_decode, part_o=part_o, part_ml=part_ml, counters=counters, out=out, out_stride=q_dim,
             prefetch=None, prefetch_bytes=0, T=1))
                for seq in seqs]
         record(f"attention_decode pos {position}", att, 0)

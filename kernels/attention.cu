@@ -18,7 +18,6 @@ attention_prefill_partial(const float* q, int q_stride, const int* seq, const in
                           int n_tiles) {
     pdl_enter();
     if ((int)blockIdx.x >= n_tiles) return;
-    attn_tile<false, true, ATTN_QCHUNK>(tile_start[blockIdx.x], tile_len[blockIdx.x], q, q_stride, seq, pos, block_table,
-              max_pages_per_seq, page_size, k_cache, v_cache, n_heads, n_kv_heads, head_dim,
-              sm_scale, max_splits, part_o, part_ml, nullptr, nullptr, 0.f, nullptr, 0);
+    attn_tile(tile_start[blockIdx.x], tile_len[blockIdx.x], q, q_stride, seq, pos, block_table, max_pages_per_seq,
+              page_size, k_cache, v_cache, n_heads, n_kv_heads, head_dim, sm_scale, max_splits, part_o, part_ml);
 }

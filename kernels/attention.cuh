@@ -1,38 +1,26 @@
-// attention.cuh: the attention tile shared by attention.cu (prefill tiles) and
-// attention_decode.cu (one decode row, fused): paged causal GQA attention of one tile of query
-// rows of one sequence against one kv head, over one split of ATTN_SPLIT key positions.
+// attention.cuh: the prefill attention tile of attention.cu (the fma kernel family): paged causal
+// GQA attention of one tile of query rows of one sequence against one kv head, over one split of
+// ATTN_SPLIT key positions; and kv_load, the paged K/V load attention_decode.cu shares.
 //
 // One block = (tile of query rows of one sequence, kv head, split of ATTN_SPLIT positions).
 // Query vectors of the tile = its rows x the G = n_heads / n_kv_heads q heads sharing the kv
-// head, processed QC at a time (template: ATTN_QCHUNK for prefill tiles; the decode kernel uses 2
-// where G <= 2, else ATTN_QCHUNK) so every K/V vector loaded feeds all of them. The loops over a
-// chunk's query vectors are unrolled: at G = 2, QC = 2 instead of 8, with direct_out below, took
-// the decode kernel from 29.5 to 27.4 us for 101 keys on an H200 (bench/RESULTS.md, "GPU first
-// contact": the time is one warp per scheduler issuing ~7,400 instructions). Each query vector's
-// arithmetic is the same for any QC (same bits).
-// direct_out (decode, a row of one split): the output itself, attention_merge's formula with
-// weight 1 (same bits), instead of part_o / part_ml.
+// head, processed ATTN_QCHUNK at a time so every K/V vector loaded feeds all of them (the loops
+// over a chunk's query vectors are unrolled).
 //   score[q, j] = (q . k_j) * sm_scale, masked to -inf for j > pos(q's row)
 //   m = max_j score, p_j = exp(score_j - m), l = sum_j p_j, o[d] = sum_j p_j v_j[d]
 //   part_ml[row, h, split] = (m, l);  part_o[row, h, split, :] = o  (unnormalized)
 // Keys j -> thread group j mod KG (KG = 128 / (head_dim / 8) groups of head_dim / 8 lanes,
 // each lane 8 dims = one 16-byte bf16 load). Every sum is a fixed tree: a row's partials are
-// bit-identical whether its tile holds 1 row (decode) or many (prefill), since keys past the
-// row's position add exact zeros.
+// bit-identical whatever tile holds it, since keys past the row's position add exact zeros.
 //
-// q: float32 [T, q_stride], head h at columns h * head_dim; seq, pos: int32 [T];
-// tile_start, tile_len: int32 [n_tiles] (prefill: rows tile_start .. +tile_len, same
-// sequence, positions rising); block_table: int32 [max_seqs, max_pages_per_seq];
-// k_cache, v_cache: bf16 [pages, page_size, n_kv_heads, head_dim], K/V of every position up to
-// the tile's last already written (decode: written by this launch first); part_o: float32 [T, n_heads, max_splits, head_dim];
-// part_ml: float32 [T, n_heads, max_splits, 2]. head_dim in {32, 64, 128}.
-// Template flags: ROPE_Q (decode) norms and rotates the staged raw q vectors in shared memory
-// (rope.cuh, the same code as qk_norm_rope.cu) before use; NC selects read-only (__ldg) K/V
-// loads, which prefill uses; the decode kernel writes its own row's K/V in the same launch and
-// so reads the cache with __ldcg (L2, coherent with the block's own stores once __syncthreads
-// has ordered them; a plain load through a const __restrict__ pointer could become ld.nc).
+// q: float32 [T, q_stride], head h at columns h * head_dim, already normed and rotated; seq, pos:
+// int32 [T]; tile_start, tile_len: int32 [n_tiles] (rows tile_start .. +tile_len, same sequence,
+// positions rising); block_table: int32 [max_seqs, max_pages_per_seq]; k_cache, v_cache: bf16
+// [pages, page_size, n_kv_heads, head_dim], K/V of every position up to the tile's last already
+// written (read-only here: __ldg); part_o: float32 [T, n_heads, max_splits, head_dim]; part_ml:
+// float32 [T, n_heads, max_splits, 2]. head_dim in {32, 64, 128}.
 #pragma once
-#include "rope.cuh"
+#include "common.cuh"
 
 #define ATTN_THREADS 128
 #define ATTN_WARPS 4
@@ -40,7 +28,9 @@
 #define ATTN_MAX_HEAD_DIM 128
 #define ATTN_UNROLL 4
 
-// page_shift >= 0: page_size == 1 << page_shift (a shift and a mask per key instead of / and %).
+// Lane c's 16 bytes (dims c*8 .. c*8+7) of key position p of kv head kvh. page_shift >= 0: page_size ==
+// 1 << page_shift (a shift and a mask per key instead of / and %). NC: __ldg, for a cache the launch only
+// reads (prefill); else __ldcg, from L2, where a launch that writes its own row (decode) stored it.
 template <bool NC>
 __device__ __forceinline__ uint4 kv_load(const __nv_bfloat16* cache, const int* bt_row,
                                          int page_size, int page_shift, int n_kv_heads, int head_dim,
@@ -49,23 +39,20 @@ __device__ __forceinline__ uint4 kv_load(const __nv_bfloat16* cache, const int* 
     const int page = bt_row[page_shift >= 0 ? p >> page_shift : p / page_size];
     const size_t off = (((size_t)page * page_size + in_page) * n_kv_heads + kvh) * head_dim;
     const uint4* src = reinterpret_cast<const uint4*>(cache + off) + c;
-    return NC ? __ldg(src) : __ldcg(src);  // cg: from L2, where this launch's stores went
+    return NC ? __ldg(src) : __ldcg(src);
 }
 
-template <bool ROPE_Q, bool NC, int QC>
 __device__ __forceinline__ void attn_tile(
     int first, int n_rows, const float* __restrict__ q, int q_stride, const int* __restrict__ seq,
     const int* __restrict__ pos, const int* __restrict__ block_table, int max_pages_per_seq,
     int page_size, const __nv_bfloat16* __restrict__ k_cache,
     const __nv_bfloat16* __restrict__ v_cache, int n_heads, int n_kv_heads, int head_dim,
-    float sm_scale, int max_splits, float* __restrict__ part_o, float* __restrict__ part_ml,
-    const __nv_bfloat16* __restrict__ q_norm_w, const float* __restrict__ inv_freq, float eps,
-    float* __restrict__ direct_out, int out_stride) {
+    float sm_scale, int max_splits, float* __restrict__ part_o, float* __restrict__ part_ml) {
+    constexpr int QC = ATTN_QCHUNK;
     __shared__ __align__(16) float qs[QC][ATTN_MAX_HEAD_DIM];
     __shared__ float S[QC][ATTN_SPLIT];
     __shared__ __align__(16) float red[ATTN_WARPS][QC][ATTN_MAX_HEAD_DIM];
     __shared__ int qpos[QC];
-    __shared__ float lsum[QC];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kvh = blockIdx.y, split = blockIdx.z;
@@ -94,11 +81,6 @@ __device__ __forceinline__ void attn_tile(
             if (d == 0) qpos[qi] = pos[row];
         }
         __syncthreads();
-        if (ROPE_Q) {  // one warp per staged q vector: norm + rope in shared memory
-            for (int qi = warp; qi < nqc; qi += ATTN_WARPS)
-                warp_norm_rope(qs[qi], q_norm_w, inv_freq, qpos[qi], eps, head_dim, lane, nullptr);
-            __syncthreads();
-        }
 
         // Phase 1: scores of the split's keys (-inf where masked or past k1).
         for (int j0 = 0; j0 < nkeys; j0 += KG * ATTN_UNROLL) {
@@ -106,7 +88,7 @@ __device__ __forceinline__ void attn_tile(
 #pragma unroll
             for (int u = 0; u < ATTN_UNROLL; ++u) {
                 const int p = k0 + j0 + u * KG + g;
-                kr[u] = p < k1 ? kv_load<NC>(k_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, p, c)
+                kr[u] = p < k1 ? kv_load<true>(k_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, p, c)
                                : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
@@ -153,7 +135,6 @@ __device__ __forceinline__ void attn_tile(
                 const int gq = qc0 + qi, row = first + gq / G, h = kvh * G + gq % G;
                 float* ml = part_ml + (((size_t)row * n_heads + h) * max_splits + split) * 2;
                 ml[0] = m; ml[1] = l;
-                lsum[qi] = l;
             }
         }
         __syncthreads();
@@ -169,7 +150,7 @@ __device__ __forceinline__ void attn_tile(
 #pragma unroll
             for (int u = 0; u < ATTN_UNROLL; ++u) {
                 const int p = k0 + j0 + u * KG + g;
-                vr[u] = p < k1 ? kv_load<NC>(v_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, p, c)
+                vr[u] = p < k1 ? kv_load<true>(v_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, p, c)
                                : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
@@ -208,11 +189,7 @@ __device__ __forceinline__ void attn_tile(
             float o = red[0][qi][d];
 #pragma unroll
             for (int w = 1; w < ATTN_WARPS; ++w) o += red[w][qi][d];
-            if (direct_out != nullptr)  // the row's only split: attention_merge's formula with w = 1, same bits
-                direct_out[(size_t)row * out_stride + (size_t)h * head_dim + d] =
-                    __fdiv_rn(fmaf(1.f, o, 0.f), fmaf(1.f, lsum[qi], 0.f));
-            else
-                part_o[(((size_t)row * n_heads + h) * max_splits + split) * head_dim + d] = o;
+            part_o[(((size_t)row * n_heads + h) * max_splits + split) * head_dim + d] = o;
         }
     }
 }

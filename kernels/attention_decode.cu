@@ -1,42 +1,211 @@
-// attention_decode.cu: one decode step's attention for rows of distinct sequences, fused:
-// q/k norm + rope, this row's K/V into the paged cache, split attention, and the split merge,
-// in one launch (before: qk_norm_rope, kv_write, attention partial, attention_merge).
+// attention_decode.cu: one decode step's attention for rows of distinct sequences, split-KV
+// (flash-decoding), fused: q/k norm + rope, this row's K/V into the paged cache, the attention of
+// each split, and the split merge, in one launch.
 //
-// Block (t, kvh, split), as attention.cuh's tile of one row:
-//   1. the block whose split is the row's last (n - 1, n = min(pos / ATTN_SPLIT + 1,
-//      max_splits)) norms and rotates k[t, kvh] (rope.cuh), stores bf16(k) and bf16(v[t, kvh])
-//      at (block_table[seq, pos / page_size], pos % page_size); only that block reads position
-//      pos, after a __syncthreads (__ldcg loads, not __ldg: the cache changes in this launch);
-//   2. stages q[t, heads of kvh], norms and rotates them in shared memory, attends over its
-//      split, writes part_o / part_ml (attention.cuh);
-//   3. n == 1: the block writes out directly (w = 1 in the formula below: the same bits, without
-//      the round trip through part_o). n > 1: __threadfence, then an atomic count per (t, kvh)
-//      in counters; the block that counts last (every other split's partials are then
-//      visible) resets the count to 0 for the next launch and merges, reading with __ldcg:
+// Splits, from the row's position p and the launch's max_splits only (never from the batch, so
+// a row's bits do not depend on what else runs): keys 0..p in chunks of DECODE_KEYS,
+//   chunks = p / DECODE_KEYS + 1,  cap = min(max_splits, DECODE_MAX_SPLITS),
+//   per_split = ceil(chunks / cap) chunks a split,  n = ceil(chunks / per_split) splits;
+// split s covers keys [s * per_split * DECODE_KEYS, min((s + 1) * per_split * DECODE_KEYS, p + 1)).
+// (kernels/geometry.py decode_split_keys is the same rule.)
+//
+// Block (t, kvh, split), DECODE_THREADS threads:
+//   0. every block (those that exit at once too) asks for its share of prefetch[0 ..
+//      prefetch_bytes) into L2, one prefetch a 128-byte line: the launcher passes the weights the
+//      step reads next (this layer's o_proj, gate|up, down, the next layer's q|k|v), which stream
+//      in while attention, latency-bound, leaves the memory system idle. Immutable bytes: issued
+//      before pdl_wait; null / 0: none.
+//   1. the block of the row's last split (n - 1, which holds key p) norms and rotates k[t, kvh]
+//      (rope.cuh) and stores bf16(k), bf16(v[t, kvh]) at (block_table[seq, p / page_size],
+//      p % page_size); only that block reads position p, after a __syncthreads (every K/V load
+//      here is __ldcg: the cache changes in this launch);
+//   2. per group of QG query heads of kvh (G = n_heads / n_kv_heads; QG = 2 where G <= 2, else
+//      4): q staged, normed and rotated in shared memory, then held in registers, lane c of a key
+//      owning dims c*8 .. c*8+7. Per chunk, warp w takes keys w*16 .. w*16+15 of it: LPK =
+//      head_dim / 8 lanes a key (one 16-byte bf16 load each), 32 / LPK keys a pass, every K and V
+//      load of the chunk issued before the math; scores summed over the key's lanes (xor
+//      butterfly), online softmax in registers (running max m, sum l, o rescaled by
+//      exp(m_old - m_new)); at the end each warp's (m, l, o) is summed over its key groups, and
+//      the block merges its 4 warps in order 0..3:
+//        M = max_w m_w, c_w = exp(m_w - M), L = sum_w c_w l_w, o[d] = sum_w c_w o_w[d]
+//      n == 1: out = o / L directly; else part_o[t, h, split] = o, part_ml[t, h, split] = (M, L);
+//   3. n > 1: __threadfence, then an atomic count per (t, kvh) in counters; the block that
+//      counts last (every other split's partials are then visible) resets the count to 0 for
+//      the next launch and merges, reading with __ldcg, splits in order 0..n-1:
 //        M = max_s m_s, w_s = exp(m_s - M), L = sum_s w_s l_s, out[d] = (sum_s w_s o_s[d]) / L
-//      splits in order 0..n-1, the formula of attention_merge.cu (same bits as the prefill path).
 // Padding rows (seq < 0 or pos < 0): split 0 writes zeros to out and nothing else happens.
-// 0. Before anything else, every block (those that exit at once too) asks for its share of
-// prefetch[0 .. prefetch_bytes) into L2, one prefetch a 128-byte line: the launcher passes the
-// weights the step reads next (this layer's o_proj, gate|up, down, the next layer's q|k|v), which
-// stream in while attention, latency-bound at short contexts, leaves the memory system idle.
-// Immutable bytes: issued before pdl_wait; null / 0: none.
 //
-// q, k, v: float32 raw projections [T, q_stride] / [T, k_stride] / [T, v_stride] (q and k are
-// rewritten in place: k normed + rotated by the writer block; q is only read); seq, pos: int32
-// [T], at most one row per sequence; block_table: int32 [max_seqs, max_pages_per_seq];
-// k_cache, v_cache: bf16 [pages, page_size, n_kv_heads, head_dim]; q_norm_w, k_norm_w: bf16
-// [head_dim] or null; inv_freq: float32 [head_dim / 2]; part_o: float32 [T, n_heads,
-// max_splits, head_dim]; part_ml: float32 [T, n_heads, max_splits, 2]; counters: int32 [T,
-// n_kv_heads], zero before the launch and left zero after it; out: float32 [T, out_stride],
-// head h at columns h * head_dim (the o_proj input). head_dim in {32, 64, 128}. prefetch: any
-// bytes (null with prefetch_bytes 0).
-// Launch: grid (T, n_kv_heads, max_splits), block ATTN_THREADS.
+// q, k, v: float32 raw projections [T, q_stride] / [T, k_stride] / [T, v_stride] (k is rewritten
+// in place by the writer block, normed + rotated; q is only read); seq, pos: int32 [T], at most
+// one row per sequence; block_table: int32 [max_seqs, max_pages_per_seq]; k_cache, v_cache: bf16
+// [pages, page_size, n_kv_heads, head_dim]; q_norm_w, k_norm_w: bf16 [head_dim] or null;
+// inv_freq: float32 [head_dim / 2]; part_o: float32 [T, n_heads, max_splits, head_dim]; part_ml:
+// float32 [T, n_heads, max_splits, 2]; counters: int32 [T, n_kv_heads], zero before the launch
+// and left zero after it; out: float32 [T, out_stride], head h at columns h * head_dim (the
+// o_proj input). head_dim in {32, 64, 128}. prefetch: any bytes (null with prefetch_bytes 0).
+// Launch: grid (T, n_kv_heads, max_splits), block DECODE_THREADS; max_splits >= 1.
 #include "attention.cuh"
+#include "rope.cuh"
 
-#define L2_LINE 128  // bytes a prefetch asks for
+// DECODE_KEYS: keys of one chunk (two pages of 32); DECODE_MAX_SPLITS: a row's splits at most (2,048
+// keys in one-chunk splits); DECODE_WARP_KEYS = DECODE_KEYS / DECODE_WARPS, a warp's keys of a chunk;
+// DECODE_PASSES = DECODE_WARP_KEYS / 2, a warp's passes over them at head_dim 128 (2 keys a pass);
+// L2_LINE: bytes one prefetch asks for.
+#define DECODE_KEYS 64
+#define DECODE_MAX_SPLITS 32
+#define DECODE_THREADS 128
+#define DECODE_WARPS 4
+#define DECODE_WARP_KEYS 16
+#define DECODE_PASSES 8
+#define L2_LINE 128
 
-extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
+// The attention of keys [k0, k1) of row t (bt_row: its block-table row) for kv head kvh, as step 2
+// above; QG query heads at a time.
+template <int QG>
+__device__ __forceinline__ void decode_split(
+    int t, int kvh, int split, int p, int k0, int k1, const float* __restrict__ q, int q_stride,
+    const int* __restrict__ bt_row, int page_size, const __nv_bfloat16* k_cache,
+    const __nv_bfloat16* v_cache, int n_heads, int n_kv_heads, int head_dim, float sm_scale,
+    int max_splits, float* __restrict__ part_o, float* __restrict__ part_ml,
+    const __nv_bfloat16* __restrict__ q_norm_w, const float* __restrict__ inv_freq, float eps,
+    float* __restrict__ direct_out, int out_stride) {
+    __shared__ __align__(16) float qs[QG][ATTN_MAX_HEAD_DIM];
+    __shared__ __align__(16) float wo[DECODE_WARPS][QG][ATTN_MAX_HEAD_DIM];
+    __shared__ float wml[DECODE_WARPS][QG][2];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int G = n_heads / n_kv_heads, LPK = head_dim / 8, KPP = 32 / LPK;  // lanes a key, keys a pass
+    const int passes = DECODE_WARP_KEYS / KPP;  // 8, 4, 2 for head_dim 128, 64, 32
+    const int g = lane / LPK, c = lane - g * LPK;
+    const int page_shift = (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
+
+    for (int q0 = 0; q0 < G; q0 += QG) {
+        const int nq = min(QG, G - q0);
+        __syncthreads();  // the previous group is done with qs, wo, wml
+        for (int i = tid; i < nq * head_dim; i += DECODE_THREADS) {
+            const int qi = i / head_dim, d = i - qi * head_dim;
+            qs[qi][d] = q[(size_t)t * q_stride + (size_t)(kvh * G + q0 + qi) * head_dim + d];
+        }
+        __syncthreads();
+        for (int qi = warp; qi < nq; qi += DECODE_WARPS)
+            warp_norm_rope(qs[qi], q_norm_w, inv_freq, p, eps, head_dim, lane, nullptr);
+        __syncthreads();
+        float qr[QG][8], m[QG], l[QG], acc[QG][8];
+#pragma unroll
+        for (int qi = 0; qi < QG; ++qi) {  // heads past nq: zeros (their results are never written)
+            const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 a = qi < nq ? *reinterpret_cast<const float4*>(&qs[qi][c * 8]) : z;
+            const float4 b = qi < nq ? *reinterpret_cast<const float4*>(&qs[qi][c * 8 + 4]) : z;
+            qr[qi][0] = a.x; qr[qi][1] = a.y; qr[qi][2] = a.z; qr[qi][3] = a.w;
+            qr[qi][4] = b.x; qr[qi][5] = b.y; qr[qi][6] = b.z; qr[qi][7] = b.w;
+            m[qi] = NEG_INF;
+            l[qi] = 0.f;
+#pragma unroll
+            for (int d = 0; d < 8; ++d) acc[qi][d] = 0.f;
+        }
+
+        for (int c0 = k0; c0 < k1; c0 += DECODE_KEYS) {  // the split's chunks (one, up to 2,048 keys)
+            const int base = c0 + warp * DECODE_WARP_KEYS + g;  // this lane's key of pass i: base + i * KPP
+            uint4 kr[DECODE_PASSES], vr[DECODE_PASSES];
+#pragma unroll
+            for (int i = 0; i < DECODE_PASSES; ++i) {
+                const int key = base + i * KPP;
+                const bool in = i < passes && key < k1;
+                kr[i] = in ? kv_load<false>(k_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, key, c)
+                           : make_uint4(0u, 0u, 0u, 0u);
+                vr[i] = in ? kv_load<false>(v_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, key, c)
+                           : make_uint4(0u, 0u, 0u, 0u);
+            }
+            float sc[QG][DECODE_PASSES];  // scores, -inf past k1
+#pragma unroll
+            for (int i = 0; i < DECODE_PASSES; ++i) {
+                float kf[8];
+                bf16x8_to_float(kr[i], kf);
+                const bool in = i < passes && base + i * KPP < k1;
+#pragma unroll
+                for (int qi = 0; qi < QG; ++qi) {
+                    float d = 0.f;
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) d = fmaf(qr[qi][e], kf[e], d);
+                    for (int off = LPK / 2; off > 0; off >>= 1) d += __shfl_xor_sync(FULL_MASK, d, off);
+                    sc[qi][i] = in ? __fmul_rn(d, sm_scale) : NEG_INF;
+                }
+            }
+#pragma unroll
+            for (int qi = 0; qi < QG; ++qi) {  // online softmax: the warp's running max over its keys
+                float mc = m[qi];
+#pragma unroll
+                for (int i = 0; i < DECODE_PASSES; ++i) mc = fmaxf(mc, sc[qi][i]);
+                for (int off = LPK; off < 32; off <<= 1) mc = fmaxf(mc, __shfl_xor_sync(FULL_MASK, mc, off));
+                const float alpha = m[qi] == NEG_INF ? 0.f : expf(m[qi] - mc);  // mc finite where m is
+                m[qi] = mc;
+                float ls = 0.f;
+#pragma unroll
+                for (int i = 0; i < DECODE_PASSES; ++i) {
+                    sc[qi][i] = sc[qi][i] == NEG_INF ? 0.f : expf(sc[qi][i] - mc);  // now probabilities
+                    ls += sc[qi][i];
+                }
+                l[qi] = fmaf(l[qi], alpha, ls);
+#pragma unroll
+                for (int d = 0; d < 8; ++d) acc[qi][d] *= alpha;
+            }
+#pragma unroll
+            for (int i = 0; i < DECODE_PASSES; ++i) {
+                float vf[8];
+                bf16x8_to_float(vr[i], vf);  // zeros past k1, where the probability is 0 too
+#pragma unroll
+                for (int qi = 0; qi < QG; ++qi)
+#pragma unroll
+                    for (int d = 0; d < 8; ++d) acc[qi][d] = fmaf(sc[qi][i], vf[d], acc[qi][d]);
+            }
+        }
+
+        // the warp's (m, l, o): l and o summed over its key groups (lanes c, c + LPK, ...)
+#pragma unroll
+        for (int qi = 0; qi < QG; ++qi) {
+            if (qi >= nq) break;
+            float lw = l[qi];
+            for (int off = LPK; off < 32; off <<= 1) lw += __shfl_xor_sync(FULL_MASK, lw, off);
+#pragma unroll
+            for (int d = 0; d < 8; ++d)
+                for (int off = LPK; off < 32; off <<= 1) acc[qi][d] += __shfl_xor_sync(FULL_MASK, acc[qi][d], off);
+            if (lane < LPK) {
+                *reinterpret_cast<float4*>(&wo[warp][qi][c * 8]) =
+                    make_float4(acc[qi][0], acc[qi][1], acc[qi][2], acc[qi][3]);
+                *reinterpret_cast<float4*>(&wo[warp][qi][c * 8 + 4]) =
+                    make_float4(acc[qi][4], acc[qi][5], acc[qi][6], acc[qi][7]);
+            }
+            if (lane == 0) {
+                wml[warp][qi][0] = m[qi];
+                wml[warp][qi][1] = lw;
+            }
+        }
+        __syncthreads();
+        // the block's (M, L, o): warps 0..3 in order (warp 0 always holds key k0, so M is finite)
+        for (int i = tid; i < nq * head_dim; i += DECODE_THREADS) {
+            const int qi = i / head_dim, d = i - qi * head_dim, h = kvh * G + q0 + qi;
+            float M = NEG_INF;
+#pragma unroll
+            for (int w = 0; w < DECODE_WARPS; ++w) M = fmaxf(M, wml[w][qi][0]);
+            float L = 0.f, o = 0.f;
+#pragma unroll
+            for (int w = 0; w < DECODE_WARPS; ++w) {
+                const float mw = wml[w][qi][0], cw = mw == NEG_INF ? 0.f : expf(mw - M);
+                L = fmaf(cw, wml[w][qi][1], L);
+                o = fmaf(cw, wo[w][qi][d], o);
+            }
+            if (direct_out != nullptr) {
+                direct_out[(size_t)t * out_stride + (size_t)h * head_dim + d] = __fdiv_rn(o, L);
+            } else {
+                const size_t at = ((size_t)t * n_heads + h) * max_splits + split;
+                part_o[at * head_dim + d] = o;
+                if (d == 0) { part_ml[at * 2] = M; part_ml[at * 2 + 1] = L; }
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DECODE_THREADS)
 attention_decode(const float* q, int q_stride, float* k, int k_stride, const float* v,
                  int v_stride, const int* seq, const int* pos, const int* block_table,
                  int max_pages_per_seq, int page_size, __nv_bfloat16* k_cache,
@@ -48,8 +217,8 @@ attention_decode(const float* q, int q_stride, float* k, int k_stride, const flo
     {  // 0. L2 prefetch, a grid-stride loop over 128-byte lines
         const int blocks = gridDim.x * gridDim.y * gridDim.z;
         const int block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-        for (long long off = ((long long)block * ATTN_THREADS + threadIdx.x) * L2_LINE; off < prefetch_bytes;
-             off += (long long)blocks * ATTN_THREADS * L2_LINE)
+        for (long long off = ((long long)block * DECODE_THREADS + threadIdx.x) * L2_LINE; off < prefetch_bytes;
+             off += (long long)blocks * DECODE_THREADS * L2_LINE)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(prefetch + off));
     }
     pdl_enter();
@@ -59,11 +228,12 @@ attention_decode(const float* q, int q_stride, float* k, int k_stride, const flo
     const int G = n_heads / n_kv_heads, s = seq[t], p = pos[t];
     if (s < 0 || p < 0) {
         if (split == 0)
-            for (int i = tid; i < G * head_dim; i += ATTN_THREADS)
+            for (int i = tid; i < G * head_dim; i += DECODE_THREADS)
                 out[(size_t)t * out_stride + (size_t)kvh * G * head_dim + i] = 0.f;
         return;
     }
-    const int n = min(p / ATTN_SPLIT + 1, max_splits);
+    const int chunks = p / DECODE_KEYS + 1, cap = min(max_splits, DECODE_MAX_SPLITS);
+    const int per_split = (chunks + cap - 1) / cap, n = (chunks + per_split - 1) / per_split;
     if (split >= n) return;
     if (split == n - 1) {  // 1. this row's K (normed, rotated) and V into the cache
         const long long row = kv_row_offset(block_table, max_pages_per_seq, page_size, s, p,
@@ -78,42 +248,40 @@ attention_decode(const float* q, int q_stride, float* k, int k_stride, const flo
         }
         __syncthreads();  // the cache row is visible to the block's loads in step 2
     }
-    // 2. q norm + rope in shared memory, attention over this split; a row of one split writes
-    // its output there (the merge's formula with weight 1, same bits) and is done. G <= 2 (most
-    // GQA models) runs a 2-vector chunk: a quarter of the unrolled code of the 8-vector one.
+    // 2. this split's attention; a row of one split writes its output directly
+    const int k0 = split * per_split * DECODE_KEYS, k1 = min(k0 + per_split * DECODE_KEYS, p + 1);
+    const int* bt_row = block_table + (size_t)s * max_pages_per_seq;
     float* direct = n == 1 ? out : nullptr;
     if (G <= 2)
-        attn_tile<true, false, 2>(t, 1, q, q_stride, seq, pos, block_table, max_pages_per_seq, page_size,
-                                  k_cache, v_cache, n_heads, n_kv_heads, head_dim, sm_scale, max_splits,
-                                  part_o, part_ml, q_norm_w, inv_freq, eps, direct, out_stride);
+        decode_split<2>(t, kvh, split, p, k0, k1, q, q_stride, bt_row, page_size, k_cache, v_cache, n_heads,
+                        n_kv_heads, head_dim, sm_scale, max_splits, part_o, part_ml, q_norm_w, inv_freq, eps,
+                        direct, out_stride);
     else
-        attn_tile<true, false, ATTN_QCHUNK>(t, 1, q, q_stride, seq, pos, block_table, max_pages_per_seq,
-                                            page_size, k_cache, v_cache, n_heads, n_kv_heads, head_dim, sm_scale,
-                                            max_splits, part_o, part_ml, q_norm_w, inv_freq, eps, direct,
-                                            out_stride);
+        decode_split<4>(t, kvh, split, p, k0, k1, q, q_stride, bt_row, page_size, k_cache, v_cache, n_heads,
+                        n_kv_heads, head_dim, sm_scale, max_splits, part_o, part_ml, q_norm_w, inv_freq, eps,
+                        direct, out_stride);
     if (n == 1) return;
     // 3. merge, by the last block of (t, kvh) to finish
     __threadfence();  // every thread's partials visible device-wide before the block counts
     __syncthreads();  // ... and to this block's threads
     if (tid == 0) {
-        int* c = counters + (size_t)t * n_kv_heads + kvh;
-        const int done = atomicAdd(c, 1);
+        int* cnt = counters + (size_t)t * n_kv_heads + kvh;
+        const int done = atomicAdd(cnt, 1);
         is_last = done == n - 1;
-        if (is_last) *c = 0;  // every split has counted: reset for the next launch
+        if (is_last) *cnt = 0;  // every split has counted: reset for the next launch
     }
     __syncthreads();
     if (!is_last) return;
     __threadfence();  // the other splits' partials are read after their counts were seen
-    for (int i = tid; i < G * head_dim; i += ATTN_THREADS) {
+    for (int i = tid; i < G * head_dim; i += DECODE_THREADS) {
         const int h = kvh * G + i / head_dim, d = i - (i / head_dim) * head_dim;
         const size_t base = ((size_t)t * n_heads + h) * max_splits;
         float M = NEG_INF;
         for (int sp = 0; sp < n; ++sp) M = fmaxf(M, __ldcg(part_ml + (base + sp) * 2));
         float L = 0.f, o = 0.f;
         for (int sp = 0; sp < n; ++sp) {
-            const float m = __ldcg(part_ml + (base + sp) * 2), l = __ldcg(part_ml + (base + sp) * 2 + 1);
-            const float w = m == NEG_INF ? 0.f : expf(m - M);
-            L = fmaf(w, l, L);
+            const float w = expf(__ldcg(part_ml + (base + sp) * 2) - M);  // every split's m is finite
+            L = fmaf(w, __ldcg(part_ml + (base + sp) * 2 + 1), L);
             o = fmaf(w, __ldcg(part_o + (base + sp) * head_dim + d), o);
         }
         out[(size_t)t * out_stride + (size_t)h * head_dim + d] = __fdiv_rn(o, L);

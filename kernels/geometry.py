@@ -31,6 +31,8 @@ from toolcall.kernels.cuda_source import defines
 
 ATTN_SPLIT = defines()["ATTN_SPLIT"]  # positions of one attention split (common.cuh)
 ATTN_QCHUNK = defines()["ATTN_QCHUNK"]  # query rows one prefill block stages (attention.cuh)
+DECODE_KEYS = defines()["DECODE_KEYS"]  # keys of one decode attention chunk (attention_decode.cu)
+DECODE_MAX_SPLITS = defines()["DECODE_MAX_SPLITS"]  # a decode row's splits at most (attention_decode.cu)
 HEAD_DIMS = (32, 64, 128)  # what the attention kernels take (attention.cuh: head_dim / 8 lanes a key)
 
 # Formats with linear-layer kernels: the bundle formats (fp32 runs on the CPU only). Each has three entry
@@ -84,6 +86,26 @@ def cdiv(a: int, b: int) -> int:
 def attention_max_splits(max_positions: int) -> int:
     """Splits a sequence of up to ``max_positions`` positions needs (part_o/part_ml's dim 2)."""
     return max(1, cdiv(max_positions, ATTN_SPLIT))
+
+
+def decode_max_splits(max_positions: int) -> int:
+    """attention_decode's split slots (its grid's z, part_o/part_ml's dim 2) for contexts of up to
+    ``max_positions`` positions: one chunk of DECODE_KEYS a split, at most DECODE_MAX_SPLITS."""
+    return max(1, min(cdiv(max_positions, DECODE_KEYS), DECODE_MAX_SPLITS))
+
+
+def decode_split_keys(pos: int, max_splits: int) -> list[tuple[int, int]]:
+    """The key ranges [k0, k1) of each split of a decode row at ``pos`` in a launch of ``max_splits`` split
+    slots (attention_decode.cu's rule: from the position and the launch's constant only, never the batch)."""
+    chunks = int(pos) // DECODE_KEYS + 1
+    per_split = cdiv(chunks, min(max_splits, DECODE_MAX_SPLITS)) * DECODE_KEYS
+    return [(k0, min(k0 + per_split, int(pos) + 1)) for k0 in range(0, int(pos) + 1, per_split)]
+
+
+def attention_partial_slots(rows: int, decode_rows: int, max_positions: int) -> int:
+    """(row, split) slots of the attention partials buffer: the prefill partials of ``rows`` rows
+    (ATTN_SPLIT-position splits) or the decode kernel's of ``decode_rows`` rows, which never share a launch."""
+    return max(rows * attention_max_splits(max_positions), decode_rows * decode_max_splits(max_positions))
 
 
 def prefill_tiles(seq: np.ndarray, pos: np.ndarray, rows_per_tile: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from toolcall.kernels.geometry import ATTN_SPLIT, tile_rows
+from toolcall.kernels.geometry import ATTN_SPLIT, decode_split_keys, tile_rows
 from toolcall.kernels.reference import BF16, F32, bf16_hi_lo, f32, rmsnorm
 
 
@@ -41,13 +41,18 @@ def qk_norm_rope_kv(q, k, v, seq, pos, block_table, page_size, q_norm_w, k_norm_
 def attention_decode(q, k, v, seq, pos, block_table, page_size, k_cache, v_cache, q_norm_w, k_norm_w,
                      inv_freq, eps, n_heads, n_kv_heads, head_dim, sm_scale, max_splits):
     """attention_decode.cu: float32 [T, n_heads*head_dim] for decode rows (one per sequence):
-    q/k norm + rope, the rows' K/V written into the caches in place, then the attention of the
-    partials and merge (zeros for padding rows). Returns (out, the rotated k)."""
+    q/k norm + rope, the rows' K/V written into the caches in place, then each row's splits
+    (geometry.decode_split_keys) merged (zeros for padding rows). Returns (out, the rotated k)."""
     q2, k2 = qk_norm_rope_kv(q, k, v, seq, pos, block_table, page_size, q_norm_w, k_norm_w, inv_freq, eps,
                              n_heads, n_kv_heads, head_dim, k_cache, v_cache)
-    po, pml = attention_partials(q2, seq, pos, block_table, page_size, k_cache, v_cache, n_heads, n_kv_heads,
-                                 head_dim, sm_scale, max_splits)
-    return attention_merge(po, pml, seq, pos, max_splits), k2
+    out = np.zeros((len(q), n_heads * head_dim), F32)
+    for t in np.flatnonzero((seq >= 0) & (pos >= 0)):
+        qs = f32(q2[t, :n_heads * head_dim]).reshape(n_heads, head_dim)
+        parts = [_split_partial(qs, block_table[seq[t]], k0, k1, page_size, k_cache, v_cache, sm_scale)
+                 for k0, k1 in decode_split_keys(pos[t], max_splits)]
+        m, total, o = (np.stack(x, axis=1) for x in zip(*parts))  # [n_heads, splits(, head_dim)]
+        out[t] = _merge(m, total, o).reshape(-1)
+    return out, k2
 
 
 def kv_write(k, v, seq, pos, block_table, page_size, k_cache, v_cache) -> None:
@@ -96,26 +101,43 @@ def attention_prefill_mma(q, seq, pos, tile_start, tile_len, block_table, page_s
     return out
 
 
+def _split_partial(qs, bt_row, k0, k1, page_size, k_cache, v_cache, sm_scale):
+    """(m, l, o) of query heads qs [n_heads, head_dim] over keys k0 .. k1 - 1 (bt_row: the sequence's
+    block-table row): the running max [n_heads], the sum of exp(score - m) and the unnormalized output."""
+    n_heads, group = len(qs), len(qs) // k_cache.shape[2]
+    p = np.arange(k0, k1)
+    pages = bt_row[p // page_size]
+    kv = np.arange(n_heads) // group
+    keys = f32(k_cache[pages, p % page_size])[:, kv]  # [n, n_heads, head_dim]
+    vals = f32(v_cache[pages, p % page_size])[:, kv]
+    sc = np.einsum("hd,nhd->hn", qs, keys) * F32(sm_scale)
+    m = sc.max(axis=1)
+    pr = np.exp(sc - m[:, None])
+    return m, pr.sum(axis=1), np.einsum("hn,nhd->hd", pr, vals)
+
+
+def _merge(m, total, o) -> np.ndarray:
+    """[n_heads, head_dim] from the splits' running max m and sum ``total`` [n_heads, n] and outputs o
+    [n_heads, n, head_dim]: sum_s w_s o_s / sum_s w_s total_s, w_s = exp(m_s - max m)."""
+    w = np.exp(m - m.max(axis=1, keepdims=True))
+    return (w[:, :, None] * o).sum(axis=1) / (w * total).sum(axis=1)[:, None]
+
+
 def attention_partials(q, seq, pos, block_table, page_size, k_cache, v_cache, n_heads,
                        n_kv_heads, head_dim, sm_scale, max_splits):
     """(part_o [T, n_heads, max_splits, head_dim], part_ml [T, n_heads, max_splits, 2]) as the
     *_partial kernels write them for each row's splits 0 .. pos // ATTN_SPLIT (others: 0)."""
-    T, group = len(q), n_heads // n_kv_heads
+    T = len(q)
     part_o = np.zeros((T, n_heads, max_splits, head_dim), F32)
     part_ml = np.zeros((T, n_heads, max_splits, 2), F32)
     for t in np.flatnonzero(seq >= 0):
         qs = f32(q[t, :n_heads * head_dim]).reshape(n_heads, head_dim)
         for s in range(min(int(pos[t]) // ATTN_SPLIT + 1, max_splits)):
-            p = np.arange(s * ATTN_SPLIT, min((s + 1) * ATTN_SPLIT, int(pos[t]) + 1))
-            pages = block_table[seq[t], p // page_size]
-            keys = f32(k_cache[pages, p % page_size])  # [n, kv_heads, head_dim]
-            vals = f32(v_cache[pages, p % page_size])
-            kv = np.arange(n_heads) // group
-            sc = np.einsum("hd,nhd->hn", qs, keys[:, kv]) * F32(sm_scale)
-            m = sc.max(axis=1)
-            pr = np.exp(sc - m[:, None])
-            part_ml[t, :, s] = np.stack([m, pr.sum(axis=1)], axis=1)
-            part_o[t, :, s] = np.einsum("hn,nhd->hd", pr, vals[:, kv])
+            m, total, o = _split_partial(qs, block_table[seq[t]], s * ATTN_SPLIT,
+                                         min((s + 1) * ATTN_SPLIT, int(pos[t]) + 1), page_size, k_cache, v_cache,
+                                         sm_scale)
+            part_ml[t, :, s] = np.stack([m, total], axis=1)
+            part_o[t, :, s] = o
     return part_o, part_ml
 
 
@@ -125,7 +147,5 @@ def attention_merge(part_o, part_ml, seq, pos, max_splits) -> np.ndarray:
     out = np.zeros((T, n_heads * head_dim), F32)
     for t in np.flatnonzero((seq >= 0) & (pos >= 0)):
         n = min(int(pos[t]) // ATTN_SPLIT + 1, max_splits)
-        m, l = part_ml[t, :, :n, 0], part_ml[t, :, :n, 1]
-        w = np.exp(m - m.max(axis=1, keepdims=True))
-        out[t] = ((w[:, :, None] * part_o[t, :, :n]).sum(axis=1) / (w * l).sum(axis=1)[:, None]).reshape(-1)
+        out[t] = _merge(part_ml[t, :, :n, 0], part_ml[t, :, :n, 1], part_o[t, :, :n]).reshape(-1)
     return out

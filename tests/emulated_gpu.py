@@ -153,6 +153,13 @@ class EmulatedGpu(DryRunGpu):
         assert len(set(seq[seq >= 0].tolist())) == int((seq >= 0).sum()), "attention_decode: one row per sequence"
         count = self.view(a["counters"], I32, (T, a["n_kv_heads"]))
         assert not count.any(), "attention_decode: split counters must be zero before the launch"
+        live = np.flatnonzero((seq >= 0) & (pos >= 0))
+        po, pml = a["part_o"], a["part_ml"]
+        if len(live) and isinstance(po, DeviceArray) and isinstance(pml, DeviceArray):
+            n = (int(live.max()) + 1) * nh * a["max_splits"] * 4  # the live rows' partial slots, in bytes / width
+            assert n * hd <= min(po.nbytes, pml.ptr - po.ptr if pml.ptr > po.ptr else po.nbytes), \
+                "attention_decode: part_o too small for its rows' splits"
+            assert n * 2 <= pml.nbytes, "attention_decode: part_ml too small for its rows' splits"
         bt, kc, vc = self._cache(a)
         out, k2 = ref_attn.attention_decode(q, k, v, seq, pos, bt, a["page_size"], kc, vc, qn, kn, inv, a["eps"], nh,
                                        a["n_kv_heads"], hd, a["sm_scale"], a["max_splits"])

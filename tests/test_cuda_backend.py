@@ -17,14 +17,23 @@ from tokenizers import Tokenizer
 
 from toolcall.builder.catalog import load_catalog
 from toolcall.builder.checkpoint import open_checkpoint
-from toolcall.builder.memory_plan import kv_pool_bytes, weights_bytes, workspace_breakdown
+from toolcall.builder.memory_plan import attention_splits, kv_pool_bytes, weights_bytes, workspace_breakdown
 from toolcall.builder.quantize import quantize_checkpoint
 from toolcall.builder.synth import SynthOptions, model_config_for
 from toolcall.builder.trie import build_grammar
 from toolcall.common.errors import Refusal
 from toolcall.common.formats import FP8_E4M3
 from toolcall.kernels.declarations import declaration, declarations
-from toolcall.kernels.geometry import FMA, KERNEL_FAMILIES, MATVEC_FORMATS, MMA, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.geometry import (
+    FMA,
+    KERNEL_FAMILIES,
+    MATVEC_FORMATS,
+    MMA,
+    RMSNORM,
+    SWIGLU,
+    decode_max_splits,
+    matvec_kernel,
+)
 from toolcall.kernels.weight_args import weight_args
 from toolcall.runtime.batching.batcher import Request, StepBatcher
 from toolcall.runtime.bundle.contract import Limits
@@ -32,7 +41,7 @@ from toolcall.runtime.bundle.machine import MachineFacts
 from toolcall.runtime.bundle.tensor_file import SafetensorsFile
 from toolcall.runtime.cpu.backend import cpu_batcher, load_cpu_weights
 from toolcall.runtime.cuda.backend import CudaModel
-from toolcall.runtime.cuda.buffers import BREAKDOWN_NAMES, attention_splits, workspace_plan
+from toolcall.runtime.cuda.buffers import BREAKDOWN_NAMES, workspace_plan
 from toolcall.runtime.cuda.graph import DecodeGraph
 from toolcall.runtime.cuda.graph_build import dependencies
 from toolcall.runtime.engine import Engine
@@ -105,7 +114,12 @@ def test_workspace_plan_matches_the_memory_plan():
     assert set(BREAKDOWN_NAMES) == set(breakdown)
     for name in BREAKDOWN_NAMES:
         assert plan[name] == breakdown[name], name
-    assert attention_splits(limits) == 9  # ceil(2083 / 256): the kernels' split size
+    # prefill: 256 rows x ceil(2083 / 256) = 9 splits; decode: 8 rows x min(ceil(2083 / 64), 32) = 32
+    assert attention_splits(limits) == 9 and decode_max_splits(2083) == 32
+    assert plan["attn_partials"] == 256 * 9 * cfg.num_heads * (cfg.head_dim + 2) * 4
+    many = dataclasses.replace(limits, max_sequences=128)  # 128 decode rows x 32 splits outgrow 256 x 9
+    assert workspace_plan(cfg, many, 32, 1)["attn_partials"] == workspace_breakdown(cfg, many, 32)["attn_partials"] \
+        == 128 * 32 * cfg.num_heads * (cfg.head_dim + 2) * 4
 
 
 @pytest.mark.parametrize("precision", PRECISIONS, ids=IDS)

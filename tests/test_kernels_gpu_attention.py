@@ -1,6 +1,7 @@
-"""The attention kernels on a GPU against kernels/reference_attention.py, and the bits the runtime relies on:
-decode == prefill attention for the same rows (the fma family), and for the tensor-core prefill attention a chunk
-that starts mid-sequence and rows beside padding rows with the same bits as in the whole prompt.
+"""The attention kernels on a GPU against kernels/reference_attention.py, and the bits the runtime relies on: a decode
+row's output does not depend on the other rows of its launch (its splits come from its position alone), and for the
+tensor-core prefill attention a chunk that starts mid-sequence and rows beside padding rows with the same bits as in
+the whole prompt.
 
 Without a GPU ``test_cases_pack_their_arguments`` still runs every case on a dry-run device (names and kinds checked
 on the CPU; arithmetic is judged on a GPU only)."""
@@ -17,46 +18,54 @@ from toolcall.kernels.runner import KernelRunner, Out
 
 
 def case_attention(d: KernelRunner, rng, nh, nkv, hd):
-    """attention_decode (fused rope, KV write, splits, merge) vs the reference; prefill tiles
-    (qk_norm_rope_kv + partials + merge) give the decode bits for the same rows."""
-    ps, lengths = 32, [700, 33, 300]
+    """attention_decode (fused rope, KV write, split-KV attention, merge) vs the reference at positions inside one
+    chunk, on chunk edges and past many (splits of one chunk, and of several where the launch has 3 split slots);
+    a decode row alone gives the bits it gives beside other rows; the prefill partials + merge vs the reference,
+    and the same rows as decode rows close to them."""
+    ps, lengths = 32, [700, 33, 300, 2048]
     pages = [geometry.cdiv(n, ps) for n in lengths]
     perm = rng.permutation(sum(pages))
-    bt = np.full((3, max(pages)), -1, np.int32)
+    bt = np.full((len(lengths), max(pages)), -1, np.int32)
     for s, start in enumerate(np.cumsum([0] + pages[:-1])):
         bt[s, :pages[s]] = perm[start:start + pages[s]]
     kc, vc = (rng.standard_normal((sum(pages), ps, nkv, hd)).astype(BF16) for _ in range(2))
-    S = geometry.attention_max_splits(max(lengths))
     scale = np.float32(hd ** -0.5)
     inv_freq, qw, kw = rope_inputs(rng, nh, nkv, hd, True)
 
     heads = dict(n_heads=nh, n_kv_heads=nkv, head_dim=hd)
     paging = dict(block_table=bt, max_pages_per_seq=bt.shape[1], page_size=ps)
 
-    def partials(T):
+    def partials(T, S):
         return dict(sm_scale=scale, max_splits=S, part_o=Out(np.zeros((T, nh, S, hd), np.float32)),
                     part_ml=Out(np.zeros((T, nh, S, 2), np.float32)))
 
-    def decode(q, k, v, seq, pos, kc, vc, prefetch=None):
+    def decode(q, k, v, seq, pos, kc, vc, S, prefetch=None):
         T = len(q)
         return d.run("attention_decode", q=q, q_stride=nh * hd, k=Out(k), k_stride=nkv * hd, v=v, v_stride=nkv * hd,
                      seq=seq, pos=pos, **paging, k_cache=Out(kc), v_cache=Out(vc), q_norm_w=qw, k_norm_w=kw,
-                     inv_freq=inv_freq, eps=EPS, **heads, **partials(T), counters=Out(np.zeros((T, nkv), np.int32)),
-                     out=Out(np.ones((T, nh * hd), np.float32)), out_stride=nh * hd, prefetch=prefetch,
-                     prefetch_bytes=0 if prefetch is None else prefetch.nbytes, T=T)
+                     inv_freq=inv_freq, eps=EPS, **heads, **partials(T, S),
+                     counters=Out(np.zeros((T, nkv), np.int32)), out=Out(np.ones((T, nh * hd), np.float32)),
+                     out_stride=nh * hd, prefetch=prefetch, prefetch_bytes=0 if prefetch is None else prefetch.nbytes,
+                     T=T)
 
-    seq = np.array([0, 1, -1, 2], np.int32)
-    pos = np.array([699, 32, 3, 299], np.int32)
-    q, k, v = (rng.standard_normal((4, n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
-    got = decode(q, k, v, seq, pos, kc, vc, prefetch=np.arange(3 << 20, dtype=np.uint8))  # 3 MiB into L2 beside
-    kc2, vc2, counters, out = got["k_cache"], got["v_cache"], got["counters"], got["out"]
-    kc_ref, vc_ref = kc.copy(), vc.copy()
-    want, _ = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc_ref, vc_ref, qw, kw, inv_freq, EPS, nh, nkv, hd,
-                                   scale, S)
-    d.close(out, want, atol=2e-5, rtol=1e-5, label="attention_decode")
-    d.same(counters, np.zeros_like(counters), "attention_decode leaves its split counters at zero")
-    d.close(kc2.astype(np.float32), kc_ref.astype(np.float32), atol=1e-2, rtol=1e-2, label="attention_decode k cache")
-    d.same(vc2.view(np.uint16), vc_ref.view(np.uint16), "attention_decode v cache")
+    seq = np.array([0, 1, -1, 2, 3], np.int32)
+    pos = np.array([699, 32, 3, 63, 2047], np.int32)
+    q, k, v = (rng.standard_normal((5, n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
+    for S in (geometry.decode_max_splits(max(lengths)), 3):  # 32 one-chunk splits; 3 of up to 11 chunks each
+        got = decode(q, k, v, seq, pos, kc, vc, S, prefetch=np.arange(3 << 20, dtype=np.uint8))  # 3 MiB into L2
+        kc2, vc2, counters, out = got["k_cache"], got["v_cache"], got["counters"], got["out"]
+        kc_ref, vc_ref = kc.copy(), vc.copy()
+        want, _ = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc_ref, vc_ref, qw, kw, inv_freq, EPS, nh, nkv,
+                                            hd, scale, S)
+        d.close(out, want, atol=2e-5, rtol=1e-5, label=f"attention_decode, {S} split slots")
+        d.same(counters, np.zeros_like(counters), "attention_decode leaves its split counters at zero")
+        d.close(kc2.astype(np.float32), kc_ref.astype(np.float32), atol=1e-2, rtol=1e-2,
+                label="attention_decode k cache")
+        d.same(vc2.view(np.uint16), vc_ref.view(np.uint16), "attention_decode v cache")
+        for r in (0, 4):  # a row alone: the bits it had beside the others
+            row = slice(r, r + 1)
+            alone = decode(q[row], k[row], v[row], seq[row], pos[row], kc, vc, S)["out"]
+            d.same(alone, out[row], f"decode row at position {pos[r]} alone vs beside 4 others, {S} split slots")
     # prefill of seq 2's 300 positions from the same raw projections the decode rows would get
     T = 300
     pseq, ppos = np.full(T, 2, np.int32), np.arange(T, dtype=np.int32)
@@ -68,8 +77,9 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
     d.run("qk_norm_rope_kv", q=base, q_stride=width, k=kd, k_stride=width, v=vd, v_stride=width, seq=pseq, pos=ppos,
           **paging, q_norm_w=qw, k_norm_w=kw, inv_freq=inv_freq, eps=EPS, T=T, **heads, k_cache=kcd, v_cache=vcd)
     start, length = geometry.prefill_tiles(pseq, ppos, max(1, geometry.ATTN_QCHUNK // (nh // nkv)))
+    S = geometry.attention_max_splits(max(lengths))
     parts = d.run("attention_prefill_partial", q=base, q_stride=width, seq=pseq, pos=ppos, tile_start=start,
-                  tile_len=length, **paging, k_cache=kcd, v_cache=vcd, **heads, **partials(T), n_tiles=len(start))
+                  tile_len=length, **paging, k_cache=kcd, v_cache=vcd, **heads, **partials(T, S), n_tiles=len(start))
     pout = d.run("attention_merge", part_o=parts["part_o"], part_ml=parts["part_ml"], seq=pseq, pos=ppos, n_heads=nh,
                  head_dim=hd, max_splits=S, out=Out(np.ones((T, nh * hd), np.float32)), out_stride=nh * hd,
                  T=T)["out"]
@@ -80,14 +90,13 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
     q_dev = d.gpu.download(base, qkv.shape, qkv.dtype)[:, :nh * hd]
     d.close(pout, ref_attn.attention(q_dev, pseq, ppos, bt, ps, kc_pre, vc_pre, nh, nkv, hd, scale), atol=2e-5,
             rtol=1e-5, label="attention prefill")
-    # prefill rows again as decode rows over the prefill's cache: the same bits, for a row of two
-    # splits (merged by the last block) and a row of one (written by its block directly)
-    for r in (T - 1, 200):
+    # prefill rows again as decode rows over the prefill's cache (5 splits, 1): the same values to rounding
+    for r in (T - 1, 40):
         row = slice(r, r + 1)
         raw = qkv[row]
         got = decode(raw[:, :nh * hd], raw[:, nh * hd:(nh + nkv) * hd], raw[:, (nh + nkv) * hd:], pseq[row],
-                     ppos[row], kc_pre, vc_pre)
-        d.same(got["out"], pout[row], f"decode row (fused) at position {r} vs the same row in prefill tiles")
+                     ppos[row], kc_pre, vc_pre, geometry.decode_max_splits(max(lengths)))
+        d.close(got["out"], pout[row], atol=2e-5, rtol=1e-5, label=f"decode row at position {r} vs prefill tiles")
     for arr in (base, kcd, vcd):
         d.gpu.free(arr)
 
@@ -128,7 +137,8 @@ def case_attention_mma(d: KernelRunner, rng, nh, nkv, hd):
 
 
 CASES = ([pytest.param(case_attention, spec, id=f"attention-{spec}")
-          for spec in ((16, 8, 128), (4, 2, 64), (8, 1, 64), (8, 4, 32))]
+          for spec in ((16, 8, 128), (4, 4, 128), (4, 2, 64), (3, 1, 64), (8, 2, 128), (8, 1, 64), (16, 2, 128),
+                       (8, 4, 32))]
          + [pytest.param(case_attention_mma, spec, id=f"attention_mma-{spec}")
             for spec in ((16, 8, 128), (3, 1, 64), (8, 2, 64), (8, 1, 64), (8, 4, 32), (16, 2, 128))])
 

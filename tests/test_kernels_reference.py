@@ -249,10 +249,10 @@ def test_attention_and_split_merge_match_float64():
     np.testing.assert_array_equal(merged[2], 0)
 
 
-@pytest.mark.parametrize("hd", [32, 64, 128])
-def test_attention_decode_is_rope_kv_write_then_attention(hd):
-    """attention_decode.cu's reference: q/k norm + rope, the rows' K/V into the cache, attention
-    over the partials and merge (sequence 0 past two splits), zeros for padding rows."""
+@pytest.mark.parametrize("hd,S", [(32, 11), (64, 11), (128, 11), (64, 3), (64, 1)])
+def test_attention_decode_is_rope_kv_write_then_attention(hd, S):
+    """attention_decode.cu's reference: q/k norm + rope, the rows' K/V into the cache, attention over the row's
+    splits merged (700 keys: 11 one-chunk splits, or 3 of 4 chunks, or one of all 11), zeros for padding rows."""
     nh, nkv, ps = 4, 2, 16
     bt, kc, vc = paged_problem(5, [700, 33], nh, nkv, hd, ps)
     rng = np.random.default_rng(6)
@@ -260,7 +260,7 @@ def test_attention_decode_is_rope_kv_write_then_attention(hd):
     seq, pos = np.array([0, 1, -1], np.int32), np.array([699, 32, 3], np.int32)
     qw, kw = (rng.standard_normal(hd).astype(BF16) for _ in range(2))
     inv = (1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
-    scale, S = np.float32(hd ** -0.5), geometry.attention_max_splits(700)
+    scale = np.float32(hd ** -0.5)
     kc2, vc2 = kc.copy(), vc.copy()
     out, k_rot = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc2, vc2, qw, kw, inv, 1e-6, nh, nkv, hd,
                                            scale, S)
@@ -272,6 +272,22 @@ def test_attention_decode_is_rope_kv_write_then_attention(hd):
     want = attention_f64(q2, seq, pos, bt, ps, kc3, vc3, nh, nkv, hd, scale)
     assert rel_err(out, want) < 1e-5
     np.testing.assert_array_equal(out[2], 0)
+
+
+@pytest.mark.parametrize("max_positions", [1, 64, 65, 700, 2048, 2049, 40_000])
+def test_decode_splits_cover_every_key_once_in_whole_chunks(max_positions):
+    """attention_decode's split rule (geometry.decode_split_keys): keys 0 .. pos in order, each once, splits of
+    whole DECODE_KEYS chunks but the last, no more splits than the launch's slots (decode_max_splits), and one
+    chunk a split while the context fits the slots."""
+    S = geometry.decode_max_splits(max_positions)
+    assert 1 <= S <= geometry.DECODE_MAX_SPLITS
+    for pos in sorted({0, 1, 63, 64, 65, 511, 2047, 2048, max_positions - 1}):
+        ranges = geometry.decode_split_keys(pos, S)
+        assert ranges[0][0] == 0 and ranges[-1][1] == pos + 1 and len(ranges) <= S, (pos, ranges)
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])) and all(k1 > k0 for k0, k1 in ranges)
+        assert all((k1 - k0) % geometry.DECODE_KEYS == 0 for k0, k1 in ranges[:-1])
+        if pos < max_positions and pos < geometry.DECODE_KEYS * geometry.DECODE_MAX_SPLITS:
+            assert len(ranges) == pos // geometry.DECODE_KEYS + 1
 
 
 # ---- heads, argmax ----

@@ -9,7 +9,7 @@ import re
 import numpy as np
 
 from toolcall.common.formats import KV_BF16, KvFormat, WeightFormat
-from toolcall.kernels.geometry import attention_max_splits
+from toolcall.kernels.geometry import attention_max_splits, attention_partial_slots
 from toolcall.runtime.bundle.contract import CPU_TARGET, Limits
 from toolcall.runtime.bundle.model_config import ModelConfig
 from toolcall.runtime.bundle.tensor_file import DTYPES
@@ -56,10 +56,18 @@ def kv_pool_bytes(config: ModelConfig, num_pages: int, page_size: int, kv: KvFor
 
 
 def attention_splits(limits: Limits) -> int:
-    """Split-K attention (flash-decoding) splits of the longest context (max_input + max_output
-    tokens), as the kernels cut it; each leaves a partial output (head_dim) plus its running max
-    and sum per row and query head."""
+    """Prefill attention splits (ATTN_SPLIT positions each) of the longest context (max_input +
+    max_output tokens), as the kernels cut it; each leaves a partial output (head_dim) plus its
+    running max and sum per row and query head."""
     return attention_max_splits(limits.max_input_tokens + limits.max_output_tokens)
+
+
+def attention_partials_bytes(config: ModelConfig, limits: Limits) -> int:
+    """The split-K attention partials, [slots, heads, head_dim + 2] float32: T = max_tokens_per_step rows of
+    prefill splits, or the decode kernel's finer splits (flash-decoding) of min(T, max_sequences) rows."""
+    t = limits.max_tokens_per_step
+    slots = attention_partial_slots(t, min(t, limits.max_sequences), limits.max_input_tokens + limits.max_output_tokens)
+    return slots * config.num_heads * (config.head_dim + 2) * F32
 
 
 def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None,
@@ -79,8 +87,8 @@ def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node:
         # [T, heads, max_input + max_output]: each row's scores over its positions (attention_kernels.attention)
         attention = {"attn_scores": t * config.num_heads * (limits.max_input_tokens + limits.max_output_tokens) * F32}
     else:
-        # [T, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
-        attention = {"attn_partials": t * config.num_heads * attention_splits(limits) * (config.head_dim + 2) * F32}
+        # [rows, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
+        attention = {"attn_partials": attention_partials_bytes(config, limits)}
     return {
         "hidden": t * h * F32,  # [T, hidden] residual stream
         "normed": t * h * F32,  # [T, hidden] RMSNorm output; reused for o_proj/down_proj output

@@ -25,7 +25,7 @@ from toolcall.runtime.bundle.contract import Contract, Limits
 from toolcall.runtime.bundle.files import WEIGHTS_FILE
 from toolcall.runtime.bundle.model_config import ModelConfig
 from toolcall.runtime.bundle.tensor_file import SafetensorsFile
-from toolcall.runtime.cuda.buffers import DeviceArena, arena_sizes, attention_splits, workspace_plan
+from toolcall.runtime.cuda.buffers import DeviceArena, arena_sizes, workspace_plan
 from toolcall.runtime.cuda.device_step import DeviceStep
 from toolcall.runtime.cuda.kv import KV_FORMAT, CudaKVPool
 from toolcall.runtime.cuda.launches import StepLaunches, StepRows
@@ -68,7 +68,6 @@ class CudaModel(HostStep):
         cfg, lim, g = self.cfg, self.limits, self.grammar
         self.modules = load_modules(self.gpu, cubins, self.family, strict, self.module_errors)
         self._kernels = {}
-        self.splits = attention_splits(lim)
         # the sparse head's buffer width (Contract.candidate_columns): any grammar a request may bring
         self.columns = g.max_edges_per_node if self.columns is None else self.columns
         self.state_words = max(g.bitset_words, self.state_words or 0)

@@ -10,19 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolcall.kernels.geometry import ATTN_SPLIT, attention_max_splits
 from toolcall.kernels.launch import DeviceArray
 from toolcall.runtime.bundle.contract import Limits
+from toolcall.runtime.bundle.layout import attention_partials_bytes
 from toolcall.runtime.bundle.model_config import ModelConfig
 from toolcall.runtime.cuda.step_io import step_io_bytes
 
 ALIGN = 256  # bytes; every buffer starts on a 256-byte boundary (16-byte vector loads need 16)
 F32, I32 = 4, 4
-
-
-def attention_splits(limits: Limits) -> int:
-    """Splits of ATTN_SPLIT (kernels/common.cuh) positions of the longest sequence."""
-    return attention_max_splits(limits.max_input_tokens + limits.max_output_tokens)
 
 
 def graph_chunks(limits: Limits) -> int:
@@ -32,9 +27,9 @@ def graph_chunks(limits: Limits) -> int:
 
 def workspace_plan(cfg: ModelConfig, limits: Limits, max_edges: int, bitset_words: int) -> dict[str, int]:
     """Bytes of every step buffer, by name. T = max_tokens_per_step rows, R = min(T, max_sequences)
-    sampled rows, S = attention splits, M = max_edges, W = bitset words (the widest grammar a row may
+    sampled rows, M = max_edges, W = bitset words (the widest grammar a row may
     bring), C = prefill chunk."""
-    t, s = limits.max_tokens_per_step, attention_splits(limits)
+    t = limits.max_tokens_per_step
     r, n = min(t, limits.max_sequences), limits.max_sequences
     h, i = cfg.hidden_size, cfg.intermediate_size
     rows = graph_chunks(limits) * limits.prefill_chunk
@@ -48,8 +43,8 @@ def workspace_plan(cfg: ModelConfig, limits: Limits, max_edges: int, bitset_word
         "attn_out": t * cfg.q_dim * F32,  # [T, heads * head_dim] attention output
         "gate": t * i * F32,  # [T, inter]  } one [T, 2 inter] buffer when gate/up are fused
         "up": t * i * F32,  # [T, inter]    }
-        # part_o [T, heads, S, head_dim] + part_ml [T, heads, S, 2]; S counts ATTN_SPLIT-position splits
-        "attn_partials": t * cfg.num_heads * s * (cfg.head_dim + 2) * F32,
+        # part_o [rows, heads, S, head_dim] + part_ml [rows, heads, S, 2]: prefill or decode splits (layout.py)
+        "attn_partials": attention_partials_bytes(cfg, limits),
         "logits_sparse": r * max_edges * F32,  # [R, M] candidate logits
         "logits_dense": r * cfg.vocab_size * F32,  # [R, vocab] cross-check head
         # integer side buffers (not in the builder's breakdown: small)
@@ -80,7 +75,6 @@ def arena_sizes(plan: dict[str, int]) -> dict[str, int]:
 
 BREAKDOWN_NAMES = ("hidden", "normed", "q", "k", "v", "attn_out", "gate", "up", "attn_partials",
                    "logits_sparse", "logits_dense")
-SPLIT_NOTE = f"attention splits of {ATTN_SPLIT} positions (kernels/common.cuh ATTN_SPLIT)"
 
 
 @dataclass

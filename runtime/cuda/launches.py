@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from toolcall.kernels.declarations import Launch
-from toolcall.kernels.geometry import PLAIN, RMSNORM, SWIGLU, matvec_kernel
+from toolcall.kernels.geometry import PLAIN, RMSNORM, SWIGLU, attention_max_splits, decode_max_splits, matvec_kernel
 from toolcall.kernels.launch import DeviceArray
 from toolcall.runtime.cuda.buffers import offset
 
@@ -59,9 +59,14 @@ class StepLaunches:
         self.q, self.k, self.v = qkv, offset(qkv, q * F32), offset(qkv, (q + kv) * F32)
         self.q_stride = self.k_stride = q + 2 * kv
         self.gate, self.up, self.gu_stride = gu, offset(gu, i * F32), 2 * i
-        self.splits = m.splits
-        self.part_o = part  # [T, heads, S, head_dim] then part_ml [T, heads, S, 2]
+        # the partials: prefill [T, heads, S, head_dim] then [T, heads, S, 2], or the decode kernel's
+        # [R, heads, D, head_dim] then [R, heads, D, 2] (runtime/bundle/layout.py attention_partials_bytes)
+        positions = m.limits.max_input_tokens + m.limits.max_output_tokens
+        self.splits, self.decode_splits = attention_max_splits(positions), decode_max_splits(positions)
+        self.part_o = part
         self.part_ml = offset(part, self.t_max * cfg.num_heads * self.splits * cfg.head_dim * F32)
+        decode_rows = min(self.t_max, m.limits.max_sequences)
+        self.decode_part_ml = offset(part, decode_rows * cfg.num_heads * self.decode_splits * cfg.head_dim * F32)
         # the kernel family's prefill attention (kernels/geometry.py KernelFamily.prefill_attention)
         self.prefill_attention = {("attention_prefill_partial", "attention_merge"): self._split_attention,
                                   ("attention_prefill_mma",): self._one_pass_attention}[m.family.prefill_attention]
@@ -103,7 +108,8 @@ class StepLaunches:
                                            hidden=cfg.hidden_size, x=x, T=T))]
         attn = m.ws["attn_out"]
         cache = dict(block_table=kv.table, max_pages_per_seq=kv.max_pages_per_seq, page_size=kv.page_size)
-        splits = dict(sm_scale=self.sm_scale, max_splits=self.splits, part_o=self.part_o, part_ml=self.part_ml)
+        splits = dict(sm_scale=self.sm_scale, max_splits=self.decode_splits, part_o=self.part_o,
+                      part_ml=self.decode_part_ml)
         for i, layer in enumerate(w.layers):
             layer_kv = dict(k_cache=kv.k(i), v_cache=kv.v(i))
             # q, k, v columns of the fused [T, q | k | v] buffer, the rows' sequences and positions
