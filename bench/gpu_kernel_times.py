@@ -39,7 +39,7 @@ checkout.use()
 from toolcall.common.errors import CudaError  # noqa: E402
 from toolcall.common.formats import WEIGHT_FORMATS  # noqa: E402
 from toolcall.kernels.declarations import Launch  # noqa: E402
-from toolcall.kernels.geometry import (  # noqa: E402  # noqa: E402
+from toolcall.kernels.geometry import (  # noqa: E402
     FMA,
     KERNEL_FAMILIES,
     MATVEC_FORMATS,
@@ -47,6 +47,7 @@ from toolcall.kernels.geometry import (  # noqa: E402  # noqa: E402
     RMSNORM,
     SWIGLU,
     attention_max_splits,
+    decode_kernel,
     decode_max_splits,
     matvec_kernel,
     prefill_tiles,
@@ -226,7 +227,7 @@ def main() -> None:
     counters, out = gpu.zeros(nkv * 4), gpu.alloc(q_dim * 4)
     for position in map(int, args.positions.split(",")):
         pos = gpu.upload(np.array([position], np.int32))
-        att = [Launch("attention_decode", dict(
+        att = [Launch(decode_kernel(nh, nkv), dict(
             q=qkv, q_stride=qkv_out, k=k_dev, k_stride=qkv_out, v=v_dev, v_stride=qkv_out, seq=seq, pos=pos,
             block_table=bt, max_pages_per_seq=per_seq, page_size=ps, k_cache=kc, v_cache=vc, q_norm_w=qw, k_norm_w=kw,
             inv_freq=inv_freq, eps=EPS, n_heads=nh, n_kv_heads=nkv, head_dim=hd, sm_scale=np.float32(hd ** -0.5),

@@ -20,7 +20,16 @@ from functools import lru_cache
 from types import SimpleNamespace
 
 from toolcall.kernels.cuda_source import Param, defines, entry_points
-from toolcall.kernels.geometry import FMA, MATVEC_FORMATS, MMA, PROLOGUES, RMSNORM, cdiv, matvec_kernel
+from toolcall.kernels.geometry import (
+    DECODE_KERNELS,
+    FMA,
+    MATVEC_FORMATS,
+    MMA,
+    PROLOGUES,
+    RMSNORM,
+    cdiv,
+    matvec_kernel,
+)
 
 C = SimpleNamespace(**defines())
 
@@ -48,7 +57,7 @@ GRIDS: dict[str, Callable[..., tuple[int, ...]]] = {
     "rmsnorm": lambda B: (cdiv(B, C.NORM_ROWS_PER_BLOCK),),  # a warp a row
     "swiglu": lambda n, T: (cdiv(n, 4 * C.SWIGLU_THREADS), T),  # 4 columns a thread
     "qk_norm_rope_kv": lambda n_heads, n_kv_heads, T: (cdiv(n_heads + n_kv_heads, C.ROPE_HEADS_PER_BLOCK), T),
-    "attention_decode": lambda T, n_kv_heads, max_splits: (T, n_kv_heads, max_splits),
+    **{fn: (lambda T, n_kv_heads, max_splits: (T, n_kv_heads, max_splits)) for fn in DECODE_KERNELS},
     "attention_prefill_partial": lambda n_tiles, n_kv_heads, max_splits: (n_tiles, n_kv_heads, max_splits),
     "attention_merge": lambda n_heads, T: (n_heads, T),
     "attention_prefill_mma": lambda n_tiles, n_kv_heads: (n_tiles, n_kv_heads),

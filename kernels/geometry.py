@@ -9,7 +9,8 @@ common/formats.py: fp8_e4m3 | nvfp4 | bf16):
   <fmt>_matvec_rmsnorm  q|k|v, one fused weight (input_layernorm fused); every <fmt>_matvec* below is
                         one of a kernel family's (KERNEL_FAMILIES: <fmt>_linear_mma* on tensor cores)
   decode (one row per sequence; 5 launches a layer):
-    attention_decode    q/k norm + rope, K/V -> the paged bf16 cache, attention, split merge
+    attention_decode    q/k norm + rope, K/V -> the paged bf16 cache, split-KV attention, split merge
+                        (attention_decode_wide where a kv head serves more than 2 query heads)
   prefill (7 launches a layer):
     qk_norm_rope_kv     q/k norm + rope in place, K/V -> the cache (before attention reads it)
     attention_prefill_partial + attention_merge -> attn [T, heads * head_dim] (the mma family:
@@ -33,6 +34,8 @@ ATTN_SPLIT = defines()["ATTN_SPLIT"]  # positions of one attention split (common
 ATTN_QCHUNK = defines()["ATTN_QCHUNK"]  # query rows one prefill block stages (attention.cuh)
 DECODE_KEYS = defines()["DECODE_KEYS"]  # keys of one decode attention chunk (attention_decode.cu)
 DECODE_MAX_SPLITS = defines()["DECODE_MAX_SPLITS"]  # a decode row's splits at most (attention_decode.cu)
+DECODE_NARROW_GROUP = defines()["DECODE_NARROW_GROUP"]  # the most query heads a kv head attention_decode takes
+DECODE_KERNELS = ("attention_decode", "attention_decode_wide")  # one parameter list, registers of their own
 HEAD_DIMS = (32, 64, 128)  # what the attention kernels take (attention.cuh: head_dim / 8 lanes a key)
 
 # Formats with linear-layer kernels: the bundle formats (fp32 runs on the CPU only). Each has three entry
@@ -86,6 +89,11 @@ def cdiv(a: int, b: int) -> int:
 def attention_max_splits(max_positions: int) -> int:
     """Splits a sequence of up to ``max_positions`` positions needs (part_o/part_ml's dim 2)."""
     return max(1, cdiv(max_positions, ATTN_SPLIT))
+
+
+def decode_kernel(num_heads: int, num_kv_heads: int) -> str:
+    """The decode attention entry point for a model's group size (query heads a kv head)."""
+    return DECODE_KERNELS[num_heads // num_kv_heads > DECODE_NARROW_GROUP]
 
 
 def decode_max_splits(max_positions: int) -> int:

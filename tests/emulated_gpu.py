@@ -147,6 +147,9 @@ class EmulatedGpu(DryRunGpu):
                                      a["n_kv_heads"], a["head_dim"], kc, vc)
         q[:], k[:] = q2, k2
 
+    def _attention_decode_wide(self, a):
+        self._attention_decode(a)
+
     def _attention_decode(self, a):
         T, nh, hd = a["T"], a["n_heads"], a["head_dim"]
         q, k, v, seq, pos, qn, kn, inv = self._qk_rows(a, T)

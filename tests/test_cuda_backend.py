@@ -25,12 +25,14 @@ from toolcall.common.errors import Refusal
 from toolcall.common.formats import FP8_E4M3
 from toolcall.kernels.declarations import declaration, declarations
 from toolcall.kernels.geometry import (
+    DECODE_KERNELS,
     FMA,
     KERNEL_FAMILIES,
     MATVEC_FORMATS,
     MMA,
     RMSNORM,
     SWIGLU,
+    decode_kernel,
     decode_max_splits,
     matvec_kernel,
 )
@@ -144,7 +146,7 @@ def test_device_bytes_match_the_contract_plan(small, precision):
 def test_decode_step_launches(small, precision, per_layer, family):
     model, _ = emulated_model(small, precision, family)
     loop = DecodeGraph(model)
-    body = loop.body(0x1234)
+    body, cfg = loop.body(0x1234), small["cfg"]
     tail = ["rmsnorm", "grammar_candidates", "head_sparse", "grammar_advance"]
     assert [ln.fn for ln in body[-4:]] == tail and body[0].fn == "embed_gather"
     assert len(body) == 1 + per_layer * small["cfg"].num_layers + 4
@@ -154,7 +156,8 @@ def test_decode_step_launches(small, precision, per_layer, family):
     f = model.weights.fmt
     assert f is precision and f.kernel_prefix == f.name  # the contract's name is the kernels' prefix
     mv = lambda prologue="": matvec_kernel(f, prologue, family)  # noqa: E731
-    assert [ln.fn for ln in body[1:1 + per_layer]] == [mv(RMSNORM), "attention_decode", mv(), mv(RMSNORM), mv(SWIGLU)]
+    assert [ln.fn for ln in body[1:1 + per_layer]] == [mv(RMSNORM), decode_kernel(cfg.num_heads, cfg.num_kv_heads),
+                                                 mv(), mv(RMSNORM), mv(SWIGLU)]
     L = small["cfg"].num_layers
     # prefill chunks: a layer's qkv, rope + KV write, the family's attention (fma: partials, merge; mma: one
     # pass), o_proj, gate_up, down
@@ -294,7 +297,7 @@ def test_attention_decode_prefetches_what_the_step_reads_next(small):
     norms), then the next layer's q|k|v; the last layer's span ends with its own weights."""
     model, _ = emulated_model(small, FP8_E4M3)
     w, arena = model.weights, model.weights.arena
-    body = [ln for ln in DecodeGraph(model).body(0) if ln.fn == "attention_decode"]
+    body = [ln for ln in DecodeGraph(model).body(0) if ln.fn in DECODE_KERNELS]
     assert len(body) == len(w.layers)
     for i, (ln, layer) in enumerate(zip(body, w.layers)):
         start, end = ln.args["prefetch"].ptr - arena.base.ptr, ln.args["prefetch"].ptr - arena.base.ptr + \

@@ -13,13 +13,13 @@ from toolcall.common.formats import FP8_E4M3, NVFP4
 from toolcall.kernels import cubin, cuda_source, nvrtc_build, targets
 from toolcall.kernels.cuda_source import Param, defines, entry_points, parse_defines, parse_entry_points
 from toolcall.kernels.declarations import GRIDS, declarations
-from toolcall.kernels.geometry import FMA, KERNEL_FAMILIES, MATVEC_FORMATS, MATVECS, MMA, matvec_kernel
+from toolcall.kernels.geometry import DECODE_KERNELS, FMA, KERNEL_FAMILIES, MATVEC_FORMATS, MATVECS, MMA, matvec_kernel
 from toolcall.kernels.nvrtc_build import compile_all, compile_kernel, kernel_sources, resource_table
 from toolcall.kernels.targets import SM_ARCHS
 
 ARCHS = SM_ARCHS  # every architecture a target names (kernels/targets.py)
 # Kernels on the per-token path whose spills would cost bandwidth: no spill allowed.
-HOT = (*MATVECS, "head_dense", "head_sparse", "attention_decode", "attention_prefill_partial", "attention_merge",
+HOT = (*MATVECS, "head_dense", "head_sparse", *DECODE_KERNELS, "attention_prefill_partial", "attention_merge",
        "attention_prefill_mma",
        "rmsnorm", "qk_norm_rope_kv")
 EXPECTED_FILES = {"argmax", "attention", "attention_decode", "attention_merge", "attention_prefill_mma", "embedding",

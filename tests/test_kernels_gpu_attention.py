@@ -18,11 +18,12 @@ from toolcall.kernels.runner import KernelRunner, Out
 
 
 def case_attention(d: KernelRunner, rng, nh, nkv, hd):
-    """attention_decode (fused rope, KV write, split-KV attention, merge) vs the reference at positions inside one
-    chunk, on chunk edges and past many (splits of one chunk, and of several where the launch has 3 split slots);
+    """attention_decode (fused rope, KV write, split-KV attention, merge) vs the reference at positions 0, inside
+    one chunk, on chunk edges and past many (splits of one chunk, and of several where the launch has 3 split slots);
     a decode row alone gives the bits it gives beside other rows; the prefill partials + merge vs the reference,
-    and the same rows as decode rows close to them."""
-    ps, lengths = 32, [700, 33, 300, 2048]
+    and the same rows as decode rows close to them. Pages of 32 positions, of 48 at head_dim 64 (not a power of
+    two: looked up by division)."""
+    ps, lengths = 48 if hd == 64 else 32, [700, 33, 300, 2048, 65, 66, 1]
     pages = [geometry.cdiv(n, ps) for n in lengths]
     perm = rng.permutation(sum(pages))
     bt = np.full((len(lengths), max(pages)), -1, np.int32)
@@ -41,16 +42,16 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
 
     def decode(q, k, v, seq, pos, kc, vc, S, prefetch=None):
         T = len(q)
-        return d.run("attention_decode", q=q, q_stride=nh * hd, k=Out(k), k_stride=nkv * hd, v=v, v_stride=nkv * hd,
-                     seq=seq, pos=pos, **paging, k_cache=Out(kc), v_cache=Out(vc), q_norm_w=qw, k_norm_w=kw,
-                     inv_freq=inv_freq, eps=EPS, **heads, **partials(T, S),
+        return d.run(geometry.decode_kernel(nh, nkv), q=q, q_stride=nh * hd, k=Out(k), k_stride=nkv * hd, v=v,
+                     v_stride=nkv * hd, seq=seq, pos=pos, **paging, k_cache=Out(kc), v_cache=Out(vc), q_norm_w=qw,
+                     k_norm_w=kw, inv_freq=inv_freq, eps=EPS, **heads, **partials(T, S),
                      counters=Out(np.zeros((T, nkv), np.int32)), out=Out(np.ones((T, nh * hd), np.float32)),
                      out_stride=nh * hd, prefetch=prefetch, prefetch_bytes=0 if prefetch is None else prefetch.nbytes,
                      T=T)
 
-    seq = np.array([0, 1, -1, 2, 3], np.int32)
-    pos = np.array([699, 32, 3, 63, 2047], np.int32)
-    q, k, v = (rng.standard_normal((5, n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
+    seq = np.array([0, 1, -1, 2, 3, 4, 5, 6], np.int32)
+    pos = np.array([699, 32, 3, 63, 2047, 64, 65, 0], np.int32)
+    q, k, v = (rng.standard_normal((len(seq), n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
     for S in (geometry.decode_max_splits(max(lengths)), 3):  # 32 one-chunk splits; 3 of up to 11 chunks each
         got = decode(q, k, v, seq, pos, kc, vc, S, prefetch=np.arange(3 << 20, dtype=np.uint8))  # 3 MiB into L2
         kc2, vc2, counters, out = got["k_cache"], got["v_cache"], got["counters"], got["out"]
@@ -62,10 +63,10 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
         d.close(kc2.astype(np.float32), kc_ref.astype(np.float32), atol=1e-2, rtol=1e-2,
                 label="attention_decode k cache")
         d.same(vc2.view(np.uint16), vc_ref.view(np.uint16), "attention_decode v cache")
-        for r in (0, 4):  # a row alone: the bits it had beside the others
+        for r in (0, 4, 7):  # a row alone: the bits it had beside the others
             row = slice(r, r + 1)
             alone = decode(q[row], k[row], v[row], seq[row], pos[row], kc, vc, S)["out"]
-            d.same(alone, out[row], f"decode row at position {pos[r]} alone vs beside 4 others, {S} split slots")
+            d.same(alone, out[row], f"decode row at position {pos[r]} alone vs beside 7 others, {S} split slots")
     # prefill of seq 2's 300 positions from the same raw projections the decode rows would get
     T = 300
     pseq, ppos = np.full(T, 2, np.int32), np.arange(T, dtype=np.int32)
@@ -99,6 +100,41 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
         d.close(got["out"], pout[row], atol=2e-5, rtol=1e-5, label=f"decode row at position {r} vs prefill tiles")
     for arr in (base, kcd, vcd):
         d.gpu.free(arr)
+
+
+def case_attention_batch(d: KernelRunner, rng, nh, nkv, hd):
+    """attention_decode over 512 rows at positions spread over 0 .. 2047 against the reference; three of them alone
+    give the bits they had among the 512. Every row's pages are one shared 2,048-position run (read-only) but the
+    page holding its own position, which is its own (the row writes its K/V there)."""
+    ps, rows, shared = 32, 512, 2048 // 32
+    pos = np.sort(rng.integers(0, 2048, rows)).astype(np.int32)
+    pos[0], pos[-1] = 0, 2047
+    seq = rng.permutation(rows).astype(np.int32)
+    bt = np.tile(np.arange(shared, dtype=np.int32), (rows, 1))
+    bt[seq, pos // ps] = shared + np.arange(rows, dtype=np.int32)  # the page of each row's own position
+    kc, vc = (rng.standard_normal((shared + rows, ps, nkv, hd)).astype(BF16) for _ in range(2))
+    q, k, v = (rng.standard_normal((rows, n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
+    inv_freq, qw, kw = rope_inputs(rng, nh, nkv, hd, True)
+    S, scale = geometry.decode_max_splits(2048), np.float32(hd ** -0.5)
+
+    def decode(r):
+        T = len(r)
+        return d.run(geometry.decode_kernel(nh, nkv), q=q[r], q_stride=nh * hd, k=Out(k[r]), k_stride=nkv * hd, v=v[r],
+                     v_stride=nkv * hd, seq=seq[r], pos=pos[r], block_table=bt, max_pages_per_seq=shared, page_size=ps,
+                     k_cache=Out(kc), v_cache=Out(vc), q_norm_w=qw, k_norm_w=kw, inv_freq=inv_freq, eps=EPS,
+                     n_heads=nh, n_kv_heads=nkv, head_dim=hd, sm_scale=scale, max_splits=S,
+                     part_o=Out(np.zeros((T, nh, S, hd), np.float32)), part_ml=Out(np.zeros((T, nh, S, 2), np.float32)),
+                     counters=Out(np.zeros((T, nkv), np.int32)), out=Out(np.ones((T, nh * hd), np.float32)),
+                     out_stride=nh * hd, prefetch=None, prefetch_bytes=0, T=T)["out"]
+
+    every = decode(np.arange(rows))
+    if d.dry:  # packed; the reference's 512 rows only where there is a result to hold against it
+        return
+    want, _ = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc.copy(), vc.copy(), qw, kw, inv_freq, EPS, nh,
+                                        nkv, hd, scale, S)
+    d.close(every, want, atol=2e-5, rtol=1e-5, label="attention_decode, 512 rows")
+    for r in (0, 255, rows - 1):
+        d.same(decode(np.array([r])), every[r:r + 1], f"decode row at position {pos[r]} alone vs among 512")
 
 
 def case_attention_mma(d: KernelRunner, rng, nh, nkv, hd):
@@ -138,7 +174,9 @@ def case_attention_mma(d: KernelRunner, rng, nh, nkv, hd):
 
 CASES = ([pytest.param(case_attention, spec, id=f"attention-{spec}")
           for spec in ((16, 8, 128), (4, 4, 128), (4, 2, 64), (3, 1, 64), (8, 2, 128), (8, 1, 64), (16, 2, 128),
-                       (8, 4, 32))]
+                       (8, 4, 32), (16, 1, 32))]
+         + [pytest.param(case_attention_batch, spec, id=f"attention_batch-{spec}")
+            for spec in ((16, 8, 128), (8, 1, 64))]
          + [pytest.param(case_attention_mma, spec, id=f"attention_mma-{spec}")
             for spec in ((16, 8, 128), (3, 1, 64), (8, 2, 64), (8, 1, 64), (8, 4, 32), (16, 2, 128))])
 

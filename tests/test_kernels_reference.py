@@ -331,6 +331,7 @@ def test_prefill_tiles_cut_runs_of_one_sequence():
     ("nvfp4_matvec_swiglu", dict(T=1, n_out=1024), (128, 1, 1), 256),  # down_proj at T=1: 128 blocks
     ("head_dense", dict(T=1, vocab=151936), (9496, 1, 1), 256),
     ("attention_decode", dict(T=5, n_kv_heads=8, max_splits=3), (5, 8, 3), 128),
+    ("attention_decode_wide", dict(T=1, n_kv_heads=2, max_splits=32), (1, 2, 32), 128),
     ("grammar_advance", dict(B=17), (3, 1, 1), 256),
     ("qk_norm_rope_kv", dict(T=2, n_heads=16, n_kv_heads=8), (6, 2, 1), 128),
 ])

@@ -21,11 +21,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from toolcall.kernels.declarations import Launch
-from toolcall.kernels.geometry import PLAIN, RMSNORM, SWIGLU, attention_max_splits, decode_max_splits, matvec_kernel
+from toolcall.kernels.geometry import (
+    PLAIN,
+    RMSNORM,
+    SWIGLU,
+    attention_max_splits,
+    decode_kernel,
+    decode_max_splits,
+    matvec_kernel,
+)
 from toolcall.kernels.launch import DeviceArray
 from toolcall.runtime.cuda.buffers import offset
 
 F32 = 4
+# bytes attention_decode asks L2 for at most: a third of the smallest L2 of the targets (an A100's 40 MB), so the
+# weights ahead never crowd out the KV reads beside them (a Qwen3-0.6B FP8 layer's span is ~15.7 MB)
+L2_PREFETCH_MAX = 16 << 20
 __all__ = ["Launch", "StepLaunches", "StepRows"]
 
 
@@ -64,6 +75,7 @@ class StepLaunches:
         positions = m.limits.max_input_tokens + m.limits.max_output_tokens
         self.splits, self.decode_splits = attention_max_splits(positions), decode_max_splits(positions)
         self.part_o = part
+        self.decode_attention = decode_kernel(cfg.num_heads, cfg.num_kv_heads)
         self.part_ml = offset(part, self.t_max * cfg.num_heads * self.splits * cfg.head_dim * F32)
         decode_rows = min(self.t_max, m.limits.max_sequences)
         self.decode_part_ml = offset(part, decode_rows * cfg.num_heads * self.decode_splits * cfg.head_dim * F32)
@@ -122,9 +134,9 @@ class StepLaunches:
             decode = T if rows.tiles is None else rows.decode
             if decode:  # decode rows: one fused launch up to the o_proj input
                 ahead = w.after_attention(i)  # into L2 while attention runs
-                out.append(Launch("attention_decode", dict(**rope, **splits, counters=m.ws["attn_count"], out=attn,
-                                                           prefetch=ahead, prefetch_bytes=ahead.nbytes,
-                                                           out_stride=cfg.q_dim, T=decode)))
+                out.append(Launch(self.decode_attention, dict(
+                    **rope, **splits, counters=m.ws["attn_count"], out=attn, prefetch=ahead,
+                    prefetch_bytes=min(ahead.nbytes, L2_PREFETCH_MAX), out_stride=cfg.q_dim, T=decode)))
             if rows.tiles is not None:  # prefill tiles over rows decode .. T - 1 (their views start there)
                 start, length, n_tiles = rows.tiles
                 q, k, v = (offset(a, decode * self.q_stride * F32) for a in (self.q, self.k, self.v))

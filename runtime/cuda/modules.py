@@ -10,7 +10,7 @@ from pathlib import Path
 from toolcall.common.errors import CudaError, Refusal
 from toolcall.common.formats import BF16, WEIGHT_FORMATS
 from toolcall.kernels.declarations import declaration
-from toolcall.kernels.geometry import MATVEC_FORMATS, KernelFamily, matvec_kernel
+from toolcall.kernels.geometry import DECODE_KERNELS, MATVEC_FORMATS, KernelFamily, matvec_kernel
 from toolcall.runtime.bundle.checks import check_cubin
 from toolcall.runtime.bundle.files import KERNELS_DIR
 
@@ -19,7 +19,7 @@ DENSE_HEAD = matvec_kernel(BF16)  # every row of the head (dense_logits), in eve
 
 def required_kernels(family: KernelFamily) -> tuple[str, ...]:
     """The kernels a CudaModel loads: the step's, with ``family``'s linear layers and prefill attention."""
-    return ("embed_gather", "qk_norm_rope_kv", "attention_decode", "rmsnorm", "grammar_candidates", "head_sparse",
+    return ("embed_gather", "qk_norm_rope_kv", *DECODE_KERNELS, "rmsnorm", "grammar_candidates", "head_sparse",
             "grammar_advance", "sample_draw", DENSE_HEAD, *family.prefill_attention,
             *(matvec_kernel(f, family=family) for f in MATVEC_FORMATS))
 
