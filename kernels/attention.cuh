@@ -1,6 +1,6 @@
 // attention.cuh: the prefill attention tile of attention.cu (the fma kernel family): paged causal
 // GQA attention of one tile of query rows of one sequence against one kv head, over one split of
-// ATTN_SPLIT key positions; and kv_load, the paged K/V load attention_decode.cu shares.
+// ATTN_SPLIT key positions.
 //
 // One block = (tile of query rows of one sequence, kv head, split of ATTN_SPLIT positions).
 // Query vectors of the tile = its rows x the G = n_heads / n_kv_heads q heads sharing the kv
@@ -28,18 +28,15 @@
 #define ATTN_MAX_HEAD_DIM 128
 #define ATTN_UNROLL 4
 
-// Lane c's 16 bytes (dims c*8 .. c*8+7) of key position p of kv head kvh. page_shift >= 0: page_size ==
-// 1 << page_shift (a shift and a mask per key instead of / and %). NC: __ldg, for a cache the launch only
-// reads (prefill); else __ldcg, from L2, where a launch that writes its own row (decode) stored it.
-template <bool NC>
-__device__ __forceinline__ uint4 kv_load(const __nv_bfloat16* cache, const int* bt_row,
-                                         int page_size, int page_shift, int n_kv_heads, int head_dim,
-                                         int kvh, int p, int c) {
+// Lane c's 16 bytes (dims c*8 .. c*8+7) of key position p of kv head kvh, through the read-only path (the
+// cache is not written during the launch). page_shift >= 0: page_size == 1 << page_shift (a shift and a
+// mask per key instead of / and %).
+__device__ __forceinline__ uint4 kv_load(const __nv_bfloat16* cache, const int* bt_row, int page_size,
+                                         int page_shift, int n_kv_heads, int head_dim, int kvh, int p, int c) {
     const int in_page = page_shift >= 0 ? p & (page_size - 1) : p % page_size;
     const int page = bt_row[page_shift >= 0 ? p >> page_shift : p / page_size];
     const size_t off = (((size_t)page * page_size + in_page) * n_kv_heads + kvh) * head_dim;
-    const uint4* src = reinterpret_cast<const uint4*>(cache + off) + c;
-    return NC ? __ldg(src) : __ldcg(src);
+    return __ldg(reinterpret_cast<const uint4*>(cache + off) + c);
 }
 
 __device__ __forceinline__ void attn_tile(
@@ -88,7 +85,7 @@ __device__ __forceinline__ void attn_tile(
 #pragma unroll
             for (int u = 0; u < ATTN_UNROLL; ++u) {
                 const int p = k0 + j0 + u * KG + g;
-                kr[u] = p < k1 ? kv_load<true>(k_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, p, c)
+                kr[u] = p < k1 ? kv_load(k_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, p, c)
                                : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
@@ -150,7 +147,7 @@ __device__ __forceinline__ void attn_tile(
 #pragma unroll
             for (int u = 0; u < ATTN_UNROLL; ++u) {
                 const int p = k0 + j0 + u * KG + g;
-                vr[u] = p < k1 ? kv_load<true>(v_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, p, c)
+                vr[u] = p < k1 ? kv_load(v_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, p, c)
                                : make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll

@@ -19,7 +19,8 @@
 //      prefetch_bytes) into L2, one prefetch a 128-byte line: the launcher passes the weights the
 //      step reads next, which stream in while attention, latency-bound, leaves the memory system
 //      idle. Immutable bytes: issued before pdl_wait; null / 0: none.
-//   1. the split's first chunk: every K and V load issued (all but key p), in flight during 2-3;
+//   1. the split's first chunk: its pages, then every K and V load issued (all but key p), in flight
+//      during 2-3 (a round of 3 issues the next round's before its merge);
 //   2. the block of the row's last split (n - 1, which holds key p) norms and rotates k[t, kvh]
 //      (rope.cuh) into shared memory as bf16, with bf16(v[t, kvh]) beside it, and stores both at
 //      (block_table[seq, p / page_size], p % page_size); its attention takes key p from shared
@@ -33,10 +34,13 @@
 //      n == 1: out = o / L directly; else part_o[t, h, split] = o, part_ml[t, h, split] = (M, L);
 //   4. n > 1: __threadfence, then an atomic count per (t, kvh) in counters; the block that counts
 //      last (every other split's partials are then visible) resets the count to 0 for the next
-//      launch and merges, a warp a query head, reading with __ldcg, splits in order 0..n-1:
+//      launch and merges, a warp a (query head, 32 dims), split s's (m, l) in lane s, reading with
+//      __ldcg, splits in order 0..n-1:
 //        M = max_s m_s, w_s = exp(m_s - M), L = sum_s w_s l_s, out[d] = (sum_s w_s o_s[d]) / L
 // Padding rows (seq < 0 or pos < 0): split 0 writes zeros to out and nothing else happens.
-// The launcher's invariant: keys 0..p of a live row lie on assigned pages (block_table >= 0).
+// The launcher's invariants: keys 0..p of a live row lie on assigned pages (block_table >= 0), and the
+// page holding a live row's own position p is no other live row's (prefix pages shared between
+// sequences are full pages, written before).
 //
 // q, k, v: float32 raw projections [T, q_stride] / [T, k_stride] / [T, v_stride] (k is rewritten
 // in place by the writer block, normed + rotated; q is only read); seq, pos: int32 [T], at most
@@ -66,19 +70,26 @@ static_assert(DECODE_WARPS * 32 == DECODE_THREADS && DECODE_WARP_KEYS * DECODE_W
 static_assert(DECODE_MAX_SPLITS <= 32 && ATTN_MAX_HEAD_DIM == 128, "the merge and DECODE_PASSES assume these");
 
 // This lane's K/V of the chunk whose first key for it is ``base``: keys base + i * KPP, i < passes,
-// below k1, other than p (the row's own key, in shared memory); zeros elsewhere.
+// below k1, other than p (the row's own key, in shared memory); zeros elsewhere (and for a key on an
+// unassigned page). Every page first (independent loads), then every K and V load of the chunk.
 __device__ __forceinline__ void load_chunk(uint4 (&kr)[DECODE_PASSES], uint4 (&vr)[DECODE_PASSES], int base,
                                            int KPP, int passes, int k1, int p, const __nv_bfloat16* k_cache,
                                            const __nv_bfloat16* v_cache, const int* bt_row, int page_size,
                                            int page_shift, int n_kv_heads, int head_dim, int kvh, int c) {
+    int page[DECODE_PASSES];
 #pragma unroll
     for (int i = 0; i < DECODE_PASSES; ++i) {
         const int key = base + i * KPP;
         const bool in = i < passes && key < k1 && key != p;
-        kr[i] = in ? kv_load<false>(k_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, key, c)
-                   : make_uint4(0u, 0u, 0u, 0u);
-        vr[i] = in ? kv_load<false>(v_cache, bt_row, page_size, page_shift, n_kv_heads, head_dim, kvh, key, c)
-                   : make_uint4(0u, 0u, 0u, 0u);
+        page[i] = in ? __ldg(bt_row + (page_shift >= 0 ? key >> page_shift : key / page_size)) : -1;
+    }
+#pragma unroll
+    for (int i = 0; i < DECODE_PASSES; ++i) {
+        const int key = base + i * KPP, slot = page_shift >= 0 ? key & (page_size - 1) : key % page_size;
+        const size_t off = (((size_t)page[i] * page_size + slot) * n_kv_heads + kvh) * head_dim + c * 8;
+        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+        kr[i] = page[i] >= 0 ? __ldcg(reinterpret_cast<const uint4*>(k_cache + off)) : zero;
+        vr[i] = page[i] >= 0 ? __ldcg(reinterpret_cast<const uint4*>(v_cache + off)) : zero;
     }
 }
 
@@ -122,6 +133,9 @@ __device__ __forceinline__ void decode_row(
     const int g = lane / LPK, c = lane - g * LPK;
     const int page_shift = (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
     const int* bt_row = block_table + (size_t)s * max_pages_per_seq;
+    // the wide kernel (several rounds where G > 4) issues a round's first chunk during the previous round; the
+    // narrow one, launched for G <= 2 (one round), keeps those registers free
+    constexpr bool AHEAD = QG > DECODE_NARROW_GROUP;
 
     // 1. the first chunk's loads, in flight while the row's own K/V and q are prepared
     uint4 kr[DECODE_PASSES], vr[DECODE_PASSES];
@@ -175,7 +189,7 @@ __device__ __forceinline__ void decode_row(
 
         for (int c0 = k0; c0 < k1; c0 += DECODE_KEYS) {  // the split's chunks (one, up to 2,048 keys)
             const int base = c0 + warp * DECODE_WARP_KEYS + g;  // this lane's key of pass i: base + i * KPP
-            if (c0 != k0 || q0 != 0)
+            if (c0 != k0 || (q0 != 0 && !AHEAD))  // else issued before this round's q
                 load_chunk(kr, vr, base, KPP, passes, k1, p, k_cache, v_cache, bt_row, page_size, page_shift,
                            n_kv_heads, head_dim, kvh, c);
 #pragma unroll
@@ -234,6 +248,10 @@ __device__ __forceinline__ void decode_row(
             }
         }
 
+        if (AHEAD && q0 + QG < G)  // the next round's first chunk, in flight during this round's merge and q
+            load_chunk(kr, vr, k0 + warp * DECODE_WARP_KEYS + g, KPP, passes, k1, p, k_cache, v_cache, bt_row,
+                       page_size, page_shift, n_kv_heads, head_dim, kvh, c);
+
         // the warp's (m, l, o): l and o summed over its key groups (lanes c, c + LPK, ...)
 #pragma unroll
         for (int qi = 0; qi < QG; ++qi) {
@@ -291,21 +309,21 @@ __device__ __forceinline__ void decode_row(
     __syncthreads();
     if (!is_last) return;
     __threadfence();  // the other splits' partials are read after their counts were seen
-    for (int hq = warp; hq < G; hq += DECODE_WARPS) {  // a warp a query head; split sp's (m, l) in lane sp
-        const int h = kvh * G + hq;
+    const int cols = head_dim / 32;  // 32-dim column blocks of a head
+    for (int j = warp; j < G * cols; j += DECODE_WARPS) {  // a warp a (query head, 32 dims); split sp in lane sp
+        const int hq = j / cols, d = (j - hq * cols) * 32 + lane, h = kvh * G + hq;
         const size_t base = ((size_t)t * n_heads + h) * max_splits;
         const float ms = lane < n ? __ldcg(part_ml + (base + lane) * 2) : NEG_INF;
         const float ls = lane < n ? __ldcg(part_ml + (base + lane) * 2 + 1) : 0.f;
         const float M = warp_max(ms);
         const float w = lane < n ? expf(ms - M) : 0.f;  // every split's m is finite
-        float L = 0.f;
-        for (int sp = 0; sp < n; ++sp) L = fmaf(__shfl_sync(FULL_MASK, w, sp), __shfl_sync(FULL_MASK, ls, sp), L);
-        for (int d = lane; d < head_dim; d += 32) {
-            float o = 0.f;
-            for (int sp = 0; sp < n; ++sp)
-                o = fmaf(__shfl_sync(FULL_MASK, w, sp), __ldcg(part_o + (base + sp) * head_dim + d), o);
-            out[(size_t)t * out_stride + (size_t)h * head_dim + d] = __fdiv_rn(o, L);
+        float L = 0.f, o = 0.f;
+        for (int sp = 0; sp < n; ++sp) {
+            const float ws = __shfl_sync(FULL_MASK, w, sp);
+            L = fmaf(ws, __shfl_sync(FULL_MASK, ls, sp), L);
+            o = fmaf(ws, __ldcg(part_o + (base + sp) * head_dim + d), o);
         }
+        out[(size_t)t * out_stride + (size_t)h * head_dim + d] = __fdiv_rn(o, L);
     }
 }
 

@@ -16,10 +16,10 @@ from toolcall.kernels.targets import SM_ARCHS
 pytestmark = pytest.mark.skipif(sass.nvdisasm() is None, reason="nvdisasm missing: the test extra installs "
                                 "nvidia-cuda-nvdisasm")
 ARCHS = SM_ARCHS  # every architecture a target names (kernels/targets.py)
-# the decode attention kernels' instructions on sm_90 (attention_decode 7,496 and attention_decode_wide 9,200 for
+# the decode attention kernels' instructions on sm_90 (attention_decode 6,848 and attention_decode_wide 9,032 for
 # the split-KV kernels, 2026-12-06; 12,912 for the one kernel they replaced), with 5 % of room: a change that grows
 # one past its bound must say why
-DECODE_MAX_SM90 = {"attention_decode": 7_870, "attention_decode_wide": 9_660}
+DECODE_MAX_SM90 = {"attention_decode": 7_190, "attention_decode_wide": 9_480}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
