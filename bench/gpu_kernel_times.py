@@ -189,7 +189,8 @@ def main() -> None:
     emb = gpu.upload(bf16_bits(rng.standard_normal(64 * s["hidden"])))
     tok = gpu.upload(np.array([3], np.int32))
     record("embed_gather (floor)", [Launch("embed_gather", dict(tokens=tok, table=emb, vocab=64, hidden=s["hidden"],
-                                                                 x=y, T=1))] * args.nodes, 0)
+                                                                 x=y, pos=None, inv_freq=None, rope_pairs=0,
+                                                                 rope=None, T=1))] * args.nodes, 0)
     h, i, q_dim = s["hidden"], s["inter"], s["heads"] * s["head_dim"]
     qkv_out = q_dim + 2 * s["kv_heads"] * s["head_dim"]
     layer_mv = {}  # (format, family) -> [the nodes of each projection], for the layer chains below
@@ -221,16 +222,18 @@ def main() -> None:
     qkv = f32(qkv_out)
     k_dev, v_dev = DeviceArray(qkv.ptr + q_dim * 4, 0), DeviceArray(qkv.ptr + (q_dim + nkv * hd) * 4, 0)
     seqs = [gpu.upload(np.array([i], np.int32)) for i in range(args.nodes)]
-    inv_freq = gpu.upload((1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32))
+    inv_freq = (1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
     qw = kw = gpu.upload(np.full(hd, 0x3f80, np.uint16))
     part_o, part_ml = gpu.alloc(nh * S_decode * hd * 4), gpu.alloc(nh * S_decode * 2 * 4)
     counters, out = gpu.zeros(nkv * 4), gpu.alloc(q_dim * 4)
     for position in map(int, args.positions.split(",")):
         pos = gpu.upload(np.array([position], np.int32))
+        angle = np.float32(position) * inv_freq  # the row's (cos, sin) pairs, as embed_gather makes them
+        rope = gpu.upload(np.stack([np.cos(angle), np.sin(angle)], axis=-1).astype(np.float32))
         att = [Launch(decode_kernel(nh, nkv), dict(
             q=qkv, q_stride=qkv_out, k=k_dev, k_stride=qkv_out, v=v_dev, v_stride=qkv_out, seq=seq, pos=pos,
             block_table=bt, max_pages_per_seq=per_seq, page_size=ps, k_cache=kc, v_cache=vc, q_norm_w=qw, k_norm_w=kw,
-            inv_freq=inv_freq, eps=EPS, n_heads=nh, n_kv_heads=nkv, head_dim=hd, sm_scale=np.float32(hd ** -0.5),
+            rope=rope, eps=EPS, n_heads=nh, n_kv_heads=nkv, head_dim=hd, sm_scale=np.float32(hd ** -0.5),
             max_splits=S_decode, part_o=part_o, part_ml=part_ml, counters=counters, out=out, out_stride=q_dim,
             prefetch=None, prefetch_bytes=0, T=1))
                for seq in seqs]

@@ -45,11 +45,12 @@
 // q, k, v: float32 raw projections [T, q_stride] / [T, k_stride] / [T, v_stride] (k is rewritten
 // in place by the writer block, normed + rotated; q is only read); seq, pos: int32 [T], at most
 // one row per sequence; block_table: int32 [max_seqs, max_pages_per_seq]; k_cache, v_cache: bf16
-// [pages, page_size, n_kv_heads, head_dim]; q_norm_w, k_norm_w: bf16 [head_dim] or null;
-// inv_freq: float32 [head_dim / 2]; part_o: float32 [T, n_heads, max_splits, head_dim]; part_ml:
-// float32 [T, n_heads, max_splits, 2]; counters: int32 [T, n_kv_heads], zero before the launch
-// and left zero after it; out: float32 [T, out_stride], head h at columns h * head_dim (the
-// o_proj input). head_dim in {32, 64, 128}. prefetch: any bytes (null with prefetch_bytes 0).
+// [pages, page_size, n_kv_heads, head_dim]; q_norm_w, k_norm_w: bf16 [head_dim] or null; rope:
+// float32 [T, head_dim / 2, 2], the step's (cos, sin) table (embedding.cu); part_o: float32 [T,
+// n_heads, max_splits, head_dim]; part_ml: float32 [T, n_heads, max_splits, 2]; counters: int32
+// [T, n_kv_heads], zero before the launch and left zero after it; out: float32 [T, out_stride],
+// head h at columns h * head_dim (the o_proj input). head_dim in {32, 64, 128}. prefetch: any
+// bytes (null with prefetch_bytes 0).
 // Launch: grid (T, n_kv_heads, max_splits), block DECODE_THREADS; max_splits >= 1.
 #include "attention.cuh"
 #include "rope.cuh"
@@ -98,7 +99,7 @@ template <int QG>
 __device__ __forceinline__ void decode_row(
     const float* q, int q_stride, float* k, int k_stride, const float* v, int v_stride, const int* seq,
     const int* pos, const int* block_table, int max_pages_per_seq, int page_size, __nv_bfloat16* k_cache,
-    __nv_bfloat16* v_cache, const __nv_bfloat16* q_norm_w, const __nv_bfloat16* k_norm_w, const float* inv_freq,
+    __nv_bfloat16* v_cache, const __nv_bfloat16* q_norm_w, const __nv_bfloat16* k_norm_w, const float* rope,
     float eps, int n_heads, int n_kv_heads, int head_dim, float sm_scale, int max_splits, float* part_o,
     float* part_ml, int* counters, float* out, int out_stride, const u8* prefetch, int prefetch_bytes, int T) {
     {  // 0. L2 prefetch, a grid-stride loop over 128-byte lines
@@ -133,6 +134,7 @@ __device__ __forceinline__ void decode_row(
     const int g = lane / LPK, c = lane - g * LPK;
     const int page_shift = (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
     const int* bt_row = block_table + (size_t)s * max_pages_per_seq;
+    const float* rope_row = rope + (size_t)t * head_dim;  // the row's head_dim / 2 (cos, sin) pairs
     // the wide kernel (several rounds where G > 4) issues a round's first chunk during the previous round; the
     // narrow one, launched for G <= 2 (one round), keeps those registers free
     constexpr bool AHEAD = QG > DECODE_NARROW_GROUP;
@@ -146,7 +148,7 @@ __device__ __forceinline__ void decode_row(
                                             kvh);
         const int vecs = head_dim / 8;  // 16-byte vectors of a row
         if (warp == 0) {
-            warp_norm_rope(k + (size_t)t * k_stride + (size_t)kvh * head_dim, k_norm_w, inv_freq, p, eps, head_dim,
+            warp_norm_rope(k + (size_t)t * k_stride + (size_t)kvh * head_dim, k_norm_w, rope_row, eps, head_dim,
                            lane, own_k);
             __syncwarp();
             if (row >= 0 && lane < vecs)
@@ -171,7 +173,7 @@ __device__ __forceinline__ void decode_row(
         }
         __syncthreads();
         for (int qi = warp; qi < nq; qi += DECODE_WARPS)
-            warp_norm_rope(qs[qi], q_norm_w, inv_freq, p, eps, head_dim, lane, nullptr);
+            warp_norm_rope(qs[qi], q_norm_w, rope_row, eps, head_dim, lane, nullptr);
         __syncthreads();
         float qr[QG][8], m[QG], l[QG], acc[QG][8];
 #pragma unroll
@@ -333,12 +335,12 @@ attention_decode(const float* q, int q_stride, float* k, int k_stride, const flo
                  int v_stride, const int* seq, const int* pos, const int* block_table,
                  int max_pages_per_seq, int page_size, __nv_bfloat16* k_cache,
                  __nv_bfloat16* v_cache, const __nv_bfloat16* q_norm_w,
-                 const __nv_bfloat16* k_norm_w, const float* inv_freq, float eps, int n_heads,
+                 const __nv_bfloat16* k_norm_w, const float* rope, float eps, int n_heads,
                  int n_kv_heads, int head_dim, float sm_scale, int max_splits, float* part_o,
                  float* part_ml, int* counters, float* out, int out_stride, const u8* prefetch,
                  int prefetch_bytes, int T) {
     decode_row<DECODE_NARROW_GROUP>(q, q_stride, k, k_stride, v, v_stride, seq, pos, block_table, max_pages_per_seq,
-                                    page_size, k_cache, v_cache, q_norm_w, k_norm_w, inv_freq, eps, n_heads,
+                                    page_size, k_cache, v_cache, q_norm_w, k_norm_w, rope, eps, n_heads,
                                     n_kv_heads, head_dim, sm_scale, max_splits, part_o, part_ml, counters, out,
                                     out_stride, prefetch, prefetch_bytes, T);
 }
@@ -348,11 +350,11 @@ attention_decode_wide(const float* q, int q_stride, float* k, int k_stride, cons
                       int v_stride, const int* seq, const int* pos, const int* block_table,
                       int max_pages_per_seq, int page_size, __nv_bfloat16* k_cache,
                       __nv_bfloat16* v_cache, const __nv_bfloat16* q_norm_w,
-                      const __nv_bfloat16* k_norm_w, const float* inv_freq, float eps, int n_heads,
+                      const __nv_bfloat16* k_norm_w, const float* rope, float eps, int n_heads,
                       int n_kv_heads, int head_dim, float sm_scale, int max_splits, float* part_o,
                       float* part_ml, int* counters, float* out, int out_stride, const u8* prefetch,
                       int prefetch_bytes, int T) {
     decode_row<4>(q, q_stride, k, k_stride, v, v_stride, seq, pos, block_table, max_pages_per_seq, page_size,
-                  k_cache, v_cache, q_norm_w, k_norm_w, inv_freq, eps, n_heads, n_kv_heads, head_dim, sm_scale,
+                  k_cache, v_cache, q_norm_w, k_norm_w, rope, eps, n_heads, n_kv_heads, head_dim, sm_scale,
                   max_splits, part_o, part_ml, counters, out, out_stride, prefetch, prefetch_bytes, T);
 }

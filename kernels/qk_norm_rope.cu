@@ -10,8 +10,8 @@
 //
 // q: float32 [T, q_stride], head h at columns h * head_dim; k, v: float32 [T, k_stride] /
 // [T, v_stride]; seq, pos: int32 [T]; block_table: int32 [max_seqs, max_pages_per_seq];
-// q_norm_w, k_norm_w: bf16 [head_dim] or null; inv_freq: float32 [head_dim / 2] (llama3
-// scaling is the host's job); k_cache, v_cache: bf16 [pages, page_size, n_kv_heads, head_dim]
+// q_norm_w, k_norm_w: bf16 [head_dim] or null; rope: float32 [T, head_dim / 2, 2], the step's
+// (cos, sin) table (embedding.cu; llama3 scaling is the host's, in inv_freq); k_cache, v_cache: bf16 [pages, page_size, n_kv_heads, head_dim]
 // or null (then q and k are only normed and rotated). head_dim in {32, 64, 128, 256}.
 // One warp per (row, head): warps of the q heads, then of the kv heads (which also store V).
 // Launch: grid (ceil((n_heads + n_kv_heads) / 4), T), block ROPE_THREADS.
@@ -24,7 +24,7 @@ extern "C" __global__ void __launch_bounds__(ROPE_THREADS)
 qk_norm_rope_kv(float* q, int q_stride, float* k, int k_stride, const float* v, int v_stride,
                 const int* seq, const int* pos, const int* block_table, int max_pages_per_seq,
                 int page_size, const __nv_bfloat16* q_norm_w, const __nv_bfloat16* k_norm_w,
-                const float* inv_freq, float eps, int T, int n_heads, int n_kv_heads,
+                const float* rope, float eps, int T, int n_heads, int n_kv_heads,
                 int head_dim, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache) {
     pdl_enter();
     const int lane = threadIdx.x & 31;
@@ -37,7 +37,7 @@ qk_norm_rope_kv(float* q, int q_stride, float* k, int k_stride, const float* v, 
                                                                            n_kv_heads, head_dim, h);
     float* x = is_q ? q + (size_t)t * q_stride + (size_t)h * head_dim
                     : k + (size_t)t * k_stride + (size_t)h * head_dim;
-    warp_norm_rope(x, is_q ? q_norm_w : k_norm_w, inv_freq, pos[t], eps, head_dim, lane,
+    warp_norm_rope(x, is_q ? q_norm_w : k_norm_w, rope + (size_t)t * head_dim, eps, head_dim, lane,
                    row < 0 ? nullptr : k_cache + row);
     if (row >= 0) {  // the kv heads' warps also store V
         const float* vh = v + (size_t)t * v_stride + (size_t)h * head_dim;

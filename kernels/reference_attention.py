@@ -1,7 +1,7 @@
-"""numpy references of the rope and attention kernels (qk_norm_rope.cu, attention_decode.cu, attention.cu,
-attention_merge.cu, attention_prefill_mma.cu), argument for argument, as kernels/reference.py holds the others:
-each takes the arrays its kernel reads in the kernel's layout and returns what it writes (the KV cache updated in
-place); the formulas follow runtime/cpu/model.py.
+"""numpy references of the rope and attention kernels (embedding.cu's rotary table, qk_norm_rope.cu,
+attention_decode.cu, attention.cu, attention_merge.cu, attention_prefill_mma.cu), argument for argument, as
+kernels/reference.py holds the others: each takes the arrays its kernel reads in the kernel's layout and returns
+what it writes (the KV cache updated in place); the formulas follow runtime/cpu/model.py.
 """
 from __future__ import annotations
 
@@ -11,11 +11,17 @@ from toolcall.kernels.geometry import ATTN_SPLIT, decode_split_keys, tile_rows
 from toolcall.kernels.reference import BF16, F32, bf16_hi_lo, f32, rmsnorm
 
 
-def qk_norm_rope(q, k, pos, q_norm_w, k_norm_w, inv_freq, eps, n_heads, n_kv_heads, head_dim):
-    """(q, k) after per-head RMSNorm (skipped for a None weight) and rotate-half RoPE.
-    q [T, >= n_heads*head_dim], k [T, >= n_kv_heads*head_dim] float32; returns new arrays."""
-    ang = pos.astype(F32)[:, None] * f32(inv_freq)[None, :]  # [T, half]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+def rope_table(pos, inv_freq) -> np.ndarray:
+    """embed_gather's rotary table, float32 [T, head_dim / 2, 2]: (cos, sin) of float32(pos) * inv_freq."""
+    ang = np.asarray(pos).astype(F32)[:, None] * f32(inv_freq)[None, :]  # [T, half]
+    return np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(F32)
+
+
+def qk_norm_rope(q, k, rope, q_norm_w, k_norm_w, eps, n_heads, n_kv_heads, head_dim):
+    """(q, k) after per-head RMSNorm (skipped for a None weight) and rotate-half RoPE with the rows' (cos, sin)
+    pairs ``rope`` [T, head_dim / 2, 2] (rope_table). q [T, >= n_heads*head_dim], k [T, >= n_kv_heads*head_dim]
+    float32; returns new arrays."""
+    cos, sin = f32(rope[..., 0])[:, None, :], f32(rope[..., 1])[:, None, :]
     out = []
     for x, heads, nw in ((q, n_heads, q_norm_w), (k, n_kv_heads, k_norm_w)):
         x = f32(x).copy()
@@ -29,21 +35,21 @@ def qk_norm_rope(q, k, pos, q_norm_w, k_norm_w, inv_freq, eps, n_heads, n_kv_hea
     return tuple(out)
 
 
-def qk_norm_rope_kv(q, k, v, seq, pos, block_table, page_size, q_norm_w, k_norm_w, inv_freq, eps,
+def qk_norm_rope_kv(q, k, v, seq, pos, block_table, page_size, q_norm_w, k_norm_w, rope, eps,
                     n_heads, n_kv_heads, head_dim, k_cache=None, v_cache=None):
     """(q, k) as qk_norm_rope; with caches, bf16 of the new k and of v written in place (kv_write)."""
-    q2, k2 = qk_norm_rope(q, k, pos, q_norm_w, k_norm_w, inv_freq, eps, n_heads, n_kv_heads, head_dim)
+    q2, k2 = qk_norm_rope(q, k, rope, q_norm_w, k_norm_w, eps, n_heads, n_kv_heads, head_dim)
     if k_cache is not None:
         kv_write(k2, v, seq, pos, block_table, page_size, k_cache, v_cache)
     return q2, k2
 
 
 def attention_decode(q, k, v, seq, pos, block_table, page_size, k_cache, v_cache, q_norm_w, k_norm_w,
-                     inv_freq, eps, n_heads, n_kv_heads, head_dim, sm_scale, max_splits):
+                     rope, eps, n_heads, n_kv_heads, head_dim, sm_scale, max_splits):
     """attention_decode.cu: float32 [T, n_heads*head_dim] for decode rows (one per sequence):
     q/k norm + rope, the rows' K/V written into the caches in place, then each row's splits
     (geometry.decode_split_keys) merged (zeros for padding rows). Returns (out, the rotated k)."""
-    q2, k2 = qk_norm_rope_kv(q, k, v, seq, pos, block_table, page_size, q_norm_w, k_norm_w, inv_freq, eps,
+    q2, k2 = qk_norm_rope_kv(q, k, v, seq, pos, block_table, page_size, q_norm_w, k_norm_w, rope, eps,
                              n_heads, n_kv_heads, head_dim, k_cache, v_cache)
     out = np.zeros((len(q), n_heads * head_dim), F32)
     for t in np.flatnonzero((seq >= 0) & (pos >= 0)):

@@ -3,12 +3,14 @@
 // and attention_decode.cu (the decode row, inside attention), so both give the same bits.
 //
 //   xn = (x / sqrt(mean(x^2) + eps)) * norm_w                 (over the head's head_dim)
-//   angle_i = float(pos) * inv_freq[i]   (float32 product, as HF / runtime/bundle/rope.py)
-//   out[i]        = xn[i] * cos(angle_i) - xn[i + half] * sin(angle_i)
-//   out[i + half] = xn[i + half] * cos(angle_i) + xn[i] * sin(angle_i),   i < half
+//   out[i]        = xn[i] * cos_i - xn[i + half] * sin_i
+//   out[i + half] = xn[i + half] * cos_i + xn[i] * sin_i,   i < half
+// (cos_i, sin_i) of angle float(pos) * inv_freq[i]: the row's entry of the step's table, which
+// embedding.cu makes once a step (sincosf of that float32 product).
 //
 // v: float32 [head_dim] (global or shared memory); norm_w: bf16 [head_dim] or null;
-// inv_freq: float32 [head_dim / 2]. head_dim even, <= ROPE_MAX_HEAD_DIM (32, 64, 128, 256).
+// rope: float32 [head_dim / 2, 2], the row's (cos, sin) pairs. head_dim even, <=
+// ROPE_MAX_HEAD_DIM (32, 64, 128, 256).
 // Lane l owns the pairs (i, i + half) for i = l, l + 32, ... below half (head_dim 32: lanes
 // 0..15; the others add zeros to the norm's sum). cache: bf16 [head_dim] or null; when given,
 // the result is also stored there, rounded to nearest even (the KV cache's format).
@@ -18,8 +20,7 @@
 #define ROPE_MAX_HEAD_DIM 256
 
 __device__ __forceinline__ void warp_norm_rope(float* v, const __nv_bfloat16* __restrict__ nw,
-                                               const float* __restrict__ inv_freq, int pos,
-                                               float eps, int head_dim, int lane,
+                                               const float* __restrict__ rope, float eps, int head_dim, int lane,
                                                __nv_bfloat16* cache) {
     constexpr int MAXP = ROPE_MAX_HEAD_DIM / 64;  // pairs per lane, at most
     const int half = head_dim / 2;
@@ -45,13 +46,12 @@ __device__ __forceinline__ void warp_norm_rope(float* v, const __nv_bfloat16* __
             }
         }
     }
-    const float p = (float)pos;
 #pragma unroll
     for (int j = 0; j < MAXP; ++j) {
         const int i = lane + 32 * j;
         if (i < half) {
-            float sn, cs;
-            sincosf(__fmul_rn(p, inv_freq[i]), &sn, &cs);
+            const float2 r = reinterpret_cast<const float2*>(rope)[i];
+            const float cs = r.x, sn = r.y;
             const float a = __fsub_rn(__fmul_rn(x1[j], cs), __fmul_rn(x2[j], sn));
             const float b = __fadd_rn(__fmul_rn(x2[j], cs), __fmul_rn(x1[j], sn));
             v[i] = a;

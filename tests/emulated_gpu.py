@@ -123,6 +123,10 @@ class EmulatedGpu(DryRunGpu):
         tokens = self.view(a["tokens"], I32, (a["T"],))
         table = self.view(a["table"], BF16, (a["vocab"], a["hidden"]))
         self.view(a["x"], F32, (a["T"], a["hidden"]))[:] = ref.embed_gather(tokens, table)
+        if a["rope"] is not None:
+            pairs = a["rope_pairs"]
+            self.view(a["rope"], F32, (a["T"], pairs, 2))[:] = ref_attn.rope_table(
+                self.view(a["pos"], I32, (a["T"],)), self.view(a["inv_freq"], F32, (pairs,)))
 
     def _cache(self, a):
         ps, nkv, hd = a["page_size"], a["n_kv_heads"], a["head_dim"]
@@ -130,20 +134,21 @@ class EmulatedGpu(DryRunGpu):
         return bt, self.view(a["k_cache"], BF16, (-1, ps, nkv, hd)), self.view(a["v_cache"], BF16, (-1, ps, nkv, hd))
 
     def _qk_rows(self, a, T: int):
-        """(q, k, v) views [T, heads * head_dim] with the launch's strides, seq, pos, norm weights."""
+        """(q, k, v) views [T, heads * head_dim] with the launch's strides, seq, pos, norm weights, the rows'
+        rotary table."""
         nh, nkv, hd = a["n_heads"], a["n_kv_heads"], a["head_dim"]
         q = self.view(a["q"], F32, (T, nh * hd), a["q_stride"])
         k = self.view(a["k"], F32, (T, nkv * hd), a["k_stride"])
         v = self.view(a["v"], F32, (T, nkv * hd), a["v_stride"])
         norm = lambda p: None if p is None else self.view(p, BF16, (hd,))
         return (q, k, v, self.view(a["seq"], I32, (T,)), self.view(a["pos"], I32, (T,)), norm(a["q_norm_w"]),
-                norm(a["k_norm_w"]), self.view(a["inv_freq"], F32, (hd // 2,)))
+                norm(a["k_norm_w"]), self.view(a["rope"], F32, (T, hd // 2, 2)))
 
     def _qk_norm_rope_kv(self, a):
         T = a["T"]
-        q, k, v, seq, pos, qn, kn, inv = self._qk_rows(a, T)
+        q, k, v, seq, pos, qn, kn, rope = self._qk_rows(a, T)
         bt, kc, vc = self._cache(a) if a["k_cache"] is not None else (None, None, None)
-        q2, k2 = ref_attn.qk_norm_rope_kv(q, k, v, seq, pos, bt, a["page_size"], qn, kn, inv, a["eps"], a["n_heads"],
+        q2, k2 = ref_attn.qk_norm_rope_kv(q, k, v, seq, pos, bt, a["page_size"], qn, kn, rope, a["eps"], a["n_heads"],
                                      a["n_kv_heads"], a["head_dim"], kc, vc)
         q[:], k[:] = q2, k2
 
@@ -152,7 +157,7 @@ class EmulatedGpu(DryRunGpu):
 
     def _attention_decode(self, a):
         T, nh, hd = a["T"], a["n_heads"], a["head_dim"]
-        q, k, v, seq, pos, qn, kn, inv = self._qk_rows(a, T)
+        q, k, v, seq, pos, qn, kn, rope = self._qk_rows(a, T)
         assert len(set(seq[seq >= 0].tolist())) == int((seq >= 0).sum()), "attention_decode: one row per sequence"
         count = self.view(a["counters"], I32, (T, a["n_kv_heads"]))
         assert not count.any(), "attention_decode: split counters must be zero before the launch"
@@ -164,7 +169,7 @@ class EmulatedGpu(DryRunGpu):
                 "attention_decode: part_o too small for its rows' splits"
             assert n * 2 <= pml.nbytes, "attention_decode: part_ml too small for its rows' splits"
         bt, kc, vc = self._cache(a)
-        out, k2 = ref_attn.attention_decode(q, k, v, seq, pos, bt, a["page_size"], kc, vc, qn, kn, inv, a["eps"], nh,
+        out, k2 = ref_attn.attention_decode(q, k, v, seq, pos, bt, a["page_size"], kc, vc, qn, kn, rope, a["eps"], nh,
                                        a["n_kv_heads"], hd, a["sm_scale"], a["max_splits"])
         k[:] = np.where(((seq >= 0) & (pos >= 0))[:, None], k2, k)  # the writer block rewrites k in place
         self.view(a["out"], F32, (T, nh * hd), a["out_stride"])[:] = out

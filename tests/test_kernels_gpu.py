@@ -124,13 +124,21 @@ def case_fusions(d: KernelRunner, rng):
 
 
 def case_rows(d: KernelRunner, rng):
-    """embed_gather, rmsnorm with a row gather, argmax."""
+    """embed_gather (and its rotary table: sincosf against numpy's float64-rounded cos / sin, a few ulp), rmsnorm
+    with a row gather, argmax."""
     vocab, hidden, T = 300, 256, 5
     table = bf16(rng, vocab, hidden)
     tokens = np.array([0, 299, -1, 300, 17], np.int32)
-    x = d.run("embed_gather", tokens=tokens, table=table, vocab=vocab, hidden=hidden,
-              x=Out(np.ones((T, hidden), np.float32)), T=T)["x"]
+    pos, inv_freq = np.array([0, 1, 511, 2047, 40000], np.int32), rope_inputs(rng, 1, 1, 128, False)[0]
+    got = d.run("embed_gather", tokens=tokens, table=table, vocab=vocab, hidden=hidden,
+                x=Out(np.ones((T, hidden), np.float32)), pos=pos, inv_freq=inv_freq, rope_pairs=64,
+                rope=Out(np.ones((T, 64, 2), np.float32)), T=T)
+    x = got["x"]
     d.same(x, ref.embed_gather(tokens, table), "embed_gather")
+    d.close(got["rope"], ref_attn.rope_table(pos, inv_freq), atol=2e-6, label="embed_gather's rotary table")
+    alone = d.run("embed_gather", tokens=tokens, table=table, vocab=vocab, hidden=hidden,
+                  x=Out(np.ones((T, hidden), np.float32)), pos=None, inv_freq=None, rope_pairs=64, rope=None, T=T)
+    d.same(alone["x"], x, "embed_gather without a rotary table")
     rows = np.array([4, -1, 0], np.int32)
     nw = bf16(rng, hidden)
     y = d.run("rmsnorm", x=x, x_stride=hidden, rows=rows, w=nw, eps=EPS, y=Out(np.ones((3, hidden), np.float32)),
@@ -163,19 +171,20 @@ def case_rope_kv(d: KernelRunner, rng, nh, nkv, hd, qk_norm):
     bt = np.full((2, 2501), -1, np.int32)
     bt[0, 0], bt[1, 1], bt[1, 2500] = 3, 2, 4
     inv_freq, qw, kw = rope_inputs(rng, nh, nkv, hd, qk_norm)
+    table = ref_attn.rope_table(pos, inv_freq)  # what embed_gather makes (case_rows checks it)
     kc, vc = (rng.standard_normal((5, ps, nkv, hd)).astype(BF16) for _ in range(2))
     base = d.gpu.upload(qkv)
     k_off, v_off = nh * hd * 4, (nh + nkv) * hd * 4
     k_dev, v_dev = DeviceArray(base.ptr + k_off, base.nbytes - k_off), DeviceArray(base.ptr + v_off, base.nbytes - v_off)
     caches = d.run("qk_norm_rope_kv", q=base, q_stride=width, k=k_dev, k_stride=width, v=v_dev, v_stride=width, seq=seq,
                    pos=pos, block_table=bt, max_pages_per_seq=bt.shape[1], page_size=ps, q_norm_w=qw, k_norm_w=kw,
-                   inv_freq=inv_freq, eps=EPS, T=T, n_heads=nh, n_kv_heads=nkv, head_dim=hd, k_cache=Out(kc),
+                   rope=table, eps=EPS, T=T, n_heads=nh, n_kv_heads=nkv, head_dim=hd, k_cache=Out(kc),
                    v_cache=Out(vc))
     kc2, vc2 = caches["k_cache"], caches["v_cache"]
     got = d.gpu.download(base, qkv.shape, qkv.dtype)
     kw_ref, vw_ref = kc.copy(), vc.copy()
     q2, k2 = ref_attn.qk_norm_rope_kv(qkv[:, :nh * hd], qkv[:, nh * hd:(nh + nkv) * hd], qkv[:, (nh + nkv) * hd:], seq,
-                                 pos, bt, ps, qw, kw, inv_freq, EPS, nh, nkv, hd, kw_ref, vw_ref)
+                                 pos, bt, ps, qw, kw, table, EPS, nh, nkv, hd, kw_ref, vw_ref)
     d.close(got[:, :(nh + nkv) * hd], np.concatenate([q2, k2], axis=1), atol=3e-5, rtol=1e-5,
             label="qk_norm_rope_kv q, k")
     d.same(got[:, (nh + nkv) * hd:], qkv[:, (nh + nkv) * hd:], "qk_norm_rope_kv leaves v alone")

@@ -44,7 +44,7 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
         T = len(q)
         return d.run(geometry.decode_kernel(nh, nkv), q=q, q_stride=nh * hd, k=Out(k), k_stride=nkv * hd, v=v,
                      v_stride=nkv * hd, seq=seq, pos=pos, **paging, k_cache=Out(kc), v_cache=Out(vc), q_norm_w=qw,
-                     k_norm_w=kw, inv_freq=inv_freq, eps=EPS, **heads, **partials(T, S),
+                     k_norm_w=kw, rope=ref_attn.rope_table(pos, inv_freq), eps=EPS, **heads, **partials(T, S),
                      counters=Out(np.zeros((T, nkv), np.int32)), out=Out(np.ones((T, nh * hd), np.float32)),
                      out_stride=nh * hd, prefetch=prefetch, prefetch_bytes=0 if prefetch is None else prefetch.nbytes,
                      T=T)
@@ -56,8 +56,8 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
         got = decode(q, k, v, seq, pos, kc, vc, S, prefetch=np.arange(3 << 20, dtype=np.uint8))  # 3 MiB into L2
         kc2, vc2, counters, out = got["k_cache"], got["v_cache"], got["counters"], got["out"]
         kc_ref, vc_ref = kc.copy(), vc.copy()
-        want, _ = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc_ref, vc_ref, qw, kw, inv_freq, EPS, nh, nkv,
-                                            hd, scale, S)
+        want, _ = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc_ref, vc_ref, qw, kw,
+                                            ref_attn.rope_table(pos, inv_freq), EPS, nh, nkv, hd, scale, S)
         d.close(out, want, atol=2e-5, rtol=1e-5, label=f"attention_decode, {S} split slots")
         d.same(counters, np.zeros_like(counters), "attention_decode leaves its split counters at zero")
         d.close(kc2.astype(np.float32), kc_ref.astype(np.float32), atol=1e-2, rtol=1e-2,
@@ -76,7 +76,8 @@ def case_attention(d: KernelRunner, rng, nh, nkv, hd):
     kd, vd = DeviceArray(base.ptr + nh * hd * 4, 0), DeviceArray(base.ptr + (nh + nkv) * hd * 4, 0)
     kcd, vcd = d.gpu.upload(kc), d.gpu.upload(vc)
     d.run("qk_norm_rope_kv", q=base, q_stride=width, k=kd, k_stride=width, v=vd, v_stride=width, seq=pseq, pos=ppos,
-          **paging, q_norm_w=qw, k_norm_w=kw, inv_freq=inv_freq, eps=EPS, T=T, **heads, k_cache=kcd, v_cache=vcd)
+          **paging, q_norm_w=qw, k_norm_w=kw, rope=ref_attn.rope_table(ppos, inv_freq), eps=EPS, T=T, **heads,
+          k_cache=kcd, v_cache=vcd)
     start, length = geometry.prefill_tiles(pseq, ppos, max(1, geometry.ATTN_QCHUNK // (nh // nkv)))
     S = geometry.attention_max_splits(max(lengths))
     parts = d.run("attention_prefill_partial", q=base, q_stride=width, seq=pseq, pos=ppos, tile_start=start,
@@ -115,13 +116,14 @@ def case_attention_batch(d: KernelRunner, rng, nh, nkv, hd):
     kc, vc = (rng.standard_normal((shared + rows, ps, nkv, hd)).astype(BF16) for _ in range(2))
     q, k, v = (rng.standard_normal((rows, n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
     inv_freq, qw, kw = rope_inputs(rng, nh, nkv, hd, True)
+    rope = ref_attn.rope_table(pos, inv_freq)
     S, scale = geometry.decode_max_splits(2048), np.float32(hd ** -0.5)
 
     def decode(r):
         T = len(r)
         return d.run(geometry.decode_kernel(nh, nkv), q=q[r], q_stride=nh * hd, k=Out(k[r]), k_stride=nkv * hd, v=v[r],
                      v_stride=nkv * hd, seq=seq[r], pos=pos[r], block_table=bt, max_pages_per_seq=shared, page_size=ps,
-                     k_cache=Out(kc), v_cache=Out(vc), q_norm_w=qw, k_norm_w=kw, inv_freq=inv_freq, eps=EPS,
+                     k_cache=Out(kc), v_cache=Out(vc), q_norm_w=qw, k_norm_w=kw, rope=rope[r], eps=EPS,
                      n_heads=nh, n_kv_heads=nkv, head_dim=hd, sm_scale=scale, max_splits=S,
                      part_o=Out(np.zeros((T, nh, S, hd), np.float32)), part_ml=Out(np.zeros((T, nh, S, 2), np.float32)),
                      counters=Out(np.zeros((T, nkv), np.int32)), out=Out(np.ones((T, nh * hd), np.float32)),
@@ -130,8 +132,8 @@ def case_attention_batch(d: KernelRunner, rng, nh, nkv, hd):
     every = decode(np.arange(rows))
     if d.dry:  # packed; the reference's 512 rows only where there is a result to hold against it
         return
-    want, _ = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc.copy(), vc.copy(), qw, kw, inv_freq, EPS, nh,
-                                        nkv, hd, scale, S)
+    want, _ = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc.copy(), vc.copy(), qw, kw, rope, EPS, nh, nkv,
+                                        hd, scale, S)
     d.close(every, want, atol=2e-5, rtol=1e-5, label="attention_decode, 512 rows")
     for r in (0, 255, rows - 1):
         d.same(decode(np.array([r])), every[r:r + 1], f"decode row at position {pos[r]} alone vs among 512")

@@ -168,7 +168,7 @@ def test_qk_norm_rope_is_a_rotation_and_matches_cpu_backend(qk_norm):
     inv_freq = (1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
     nq = rng.standard_normal(hd).astype(BF16) if qk_norm else None
     nk = rng.standard_normal(hd).astype(BF16) if qk_norm else None
-    q2, k2 = ref_attn.qk_norm_rope(q, k, pos, nq, nk, inv_freq, 1e-6, nh, nkv, hd)
+    q2, k2 = ref_attn.qk_norm_rope(q, k, ref_attn.rope_table(pos, inv_freq), nq, nk, 1e-6, nh, nkv, hd)
     # float64 complex rotation of (x1 + i x2) by the float32 angle
     qn = ref.rmsnorm(q.reshape(T, nh, hd), nq, 1e-6) if qk_norm else q.reshape(T, nh, hd)
     z = qn[..., :hd // 2].astype(np.float64) + 1j * qn[..., hd // 2:]
@@ -259,12 +259,12 @@ def test_attention_decode_is_rope_kv_write_then_attention(hd, S):
     q, k, v = (rng.standard_normal((3, n * hd)).astype(np.float32) for n in (nh, nkv, nkv))
     seq, pos = np.array([0, 1, -1], np.int32), np.array([699, 32, 3], np.int32)
     qw, kw = (rng.standard_normal(hd).astype(BF16) for _ in range(2))
-    inv = (1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32)
+    table = ref_attn.rope_table(pos, (1.0 / 1e6 ** (np.arange(0, hd, 2) / hd)).astype(np.float32))
     scale = np.float32(hd ** -0.5)
     kc2, vc2 = kc.copy(), vc.copy()
-    out, k_rot = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc2, vc2, qw, kw, inv, 1e-6, nh, nkv, hd,
+    out, k_rot = ref_attn.attention_decode(q, k, v, seq, pos, bt, ps, kc2, vc2, qw, kw, table, 1e-6, nh, nkv, hd,
                                            scale, S)
-    q2, k2 = ref_attn.qk_norm_rope(q, k, pos, qw, kw, inv, 1e-6, nh, nkv, hd)
+    q2, k2 = ref_attn.qk_norm_rope(q, k, table, qw, kw, 1e-6, nh, nkv, hd)
     kc3, vc3 = kc.copy(), vc.copy()
     ref_attn.kv_write(k2, v, seq, pos, bt, ps, kc3, vc3)
     assert kc2.tobytes() == kc3.tobytes() and vc2.tobytes() == vc3.tobytes() and kc2.tobytes() != kc.tobytes()

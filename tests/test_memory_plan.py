@@ -71,7 +71,7 @@ def test_tiny_workspace_breakdown():
     assert workspace_breakdown(TINY, TINY_LIMITS, max_edges_per_node=5) == {
         "hidden": 8 * 32 * 4, "normed": 8 * 32 * 4, "q": 8 * 32 * 4, "k": 8 * 16 * 4, "v": 8 * 16 * 4,
         "attn_out": 8 * 32 * 4, "gate": 8 * 64 * 4, "up": 8 * 64 * 4, "attn_partials": 8 * 4 * 1 * (8 + 2) * 4,
-        "logits_sparse": 4 * 5 * 4, "logits_dense": 4 * 100 * 4}
+        "rope": 8 * 8 * 4, "logits_sparse": 4 * 5 * 4, "logits_dense": 4 * 100 * 4}
     # No catalog yet: the sparse head is bounded by the vocabulary.
     assert workspace_breakdown(TINY, TINY_LIMITS)["logits_sparse"] == 4 * 100 * 4
 
@@ -84,7 +84,7 @@ def test_tiny_memory_plan(stub_weights):
     gpu = plan_memory(TINY, "fp8_e4m3", TINY_LIMITS, "h200", max_edges_per_node=5)
     assert (gpu.graphs_bytes, gpu.context_reserve_bytes) == (GRAPHS_BYTES_GPU, CONTEXT_RESERVE_BYTES_GPU) \
         == (64 << 20, 512 << 20)
-    assert gpu.total_bytes == cpu.total_bytes - 6144 + 1280 + (576 << 20)
+    assert gpu.total_bytes == cpu.total_bytes - 6144 + 1280 + 256 + (576 << 20)  # partials and the rope table
     assert plan_memory(TINY, "fp8_e4m3", TINY_LIMITS, "h200", context_reserve_bytes=0,
                        max_edges_per_node=5).context_reserve_bytes == 0
     with pytest.raises(BuildError, match="non-negative"):
@@ -100,8 +100,9 @@ def test_qwen3_kv_pool_and_workspace(stub_weights):
     assert ws["hidden"] == 1_048_576 and ws["q"] == 2_097_152 and ws["gate"] == 3_145_728
     assert ws["attn_partials"] == 256 * 16 * 5 * 130 * 4 == 10_649_600  # ceil(1088 / 256) = 5 splits
     assert ws["logits_sparse"] == 8 * 12 * 4 and ws["logits_dense"] == 8 * 151_936 * 4 == 4_861_952
+    assert ws["rope"] == 256 * 128 * 4  # [T, head_dim / 2, 2] (cos, sin)
     assert mem.workspace_bytes == sum(ws.values()) == 2 * 1_048_576 + 2 * 2_097_152 + 2 * 1_048_576 \
-        + 2 * 3_145_728 + 10_649_600 + 384 + 4_861_952
+        + 2 * 3_145_728 + 10_649_600 + 131_072 + 384 + 4_861_952
 
 
 def test_size_pool_for_budget(stub_weights):

@@ -88,7 +88,8 @@ def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node:
         attention = {"attn_scores": t * config.num_heads * (limits.max_input_tokens + limits.max_output_tokens) * F32}
     else:
         # [rows, heads, splits, head_dim + 2]: partial outputs, running max and sum per split
-        attention = {"attn_partials": attention_partials_bytes(config, limits)}
+        attention = {"attn_partials": attention_partials_bytes(config, limits),
+                     "rope": t * config.head_dim * F32}  # [T, head_dim / 2, 2] the step's (cos, sin) pairs
     return {
         "hidden": t * h * F32,  # [T, hidden] residual stream
         "normed": t * h * F32,  # [T, hidden] RMSNorm output; reused for o_proj/down_proj output

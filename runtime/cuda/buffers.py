@@ -45,6 +45,7 @@ def workspace_plan(cfg: ModelConfig, limits: Limits, max_edges: int, bitset_word
         "up": t * i * F32,  # [T, inter]    }
         # part_o [rows, heads, S, head_dim] + part_ml [rows, heads, S, 2]: prefill or decode splits (layout.py)
         "attn_partials": attention_partials_bytes(cfg, limits),
+        "rope": t * cfg.head_dim * F32,  # [T, head_dim / 2, 2]: the step's rotary (cos, sin), embed_gather's
         "logits_sparse": r * max_edges * F32,  # [R, M] candidate logits
         "logits_dense": r * cfg.vocab_size * F32,  # [R, vocab] cross-check head
         # integer side buffers (not in the builder's breakdown: small)
@@ -73,7 +74,7 @@ def arena_sizes(plan: dict[str, int]) -> dict[str, int]:
     return {"qkv": plan["q"] + plan["k"] + plan["v"], "gate_up": plan["gate"] + plan["up"], **sizes}
 
 
-BREAKDOWN_NAMES = ("hidden", "normed", "q", "k", "v", "attn_out", "gate", "up", "attn_partials",
+BREAKDOWN_NAMES = ("hidden", "normed", "q", "k", "v", "attn_out", "gate", "up", "attn_partials", "rope",
                    "logits_sparse", "logits_dense")
 
 

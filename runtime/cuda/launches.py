@@ -5,9 +5,10 @@ kernel's parameter names; the grid comes from those arguments). A launch marked 
 the same dependencies as the one before it (a graph runs them side by side; the host launches
 them in order on one stream, which is the same computation).
 
-Per layer (<f> = the weight format's kernel prefix; one fused q|k|v and one gate|up weight in every format):
+embed_gather first (the rows' embeddings, and the step's rotary (cos, sin) table every rope below reads), then
+per layer (<f> = the weight format's kernel prefix; one fused q|k|v and one gate|up weight in every format):
   decode rows (StepRows.tiles None; the graph's loop body), 5 launches:
-    <f>_matvec_rmsnorm qkv -> attention_decode (norm, rope, K/V write, attention, merge)
+    <f>_matvec_rmsnorm qkv -> attention_decode[_wide] (norm, rope, K/V write, split-KV attention, merge)
     -> <f>_matvec o_proj (+= x) -> <f>_matvec_rmsnorm gate|up -> <f>_matvec_swiglu down (+= x)
   prefill tiles, 7 launches: qkv -> qk_norm_rope_kv -> attention_prefill_partial ->
     attention_merge -> o_proj -> gate|up -> down (the mma kernel family: 6, attention_prefill_mma in
@@ -116,8 +117,10 @@ class StepLaunches:
         w, kv, x = m.weights, m.kv, m.ws["hidden"]
         arena = w.arena
         heads = dict(n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim)
+        table = m.ws["rope"]  # [T, head_dim / 2, 2]: the step's (cos, sin) pairs, made by embed_gather
         out = [Launch("embed_gather", dict(tokens=rows.tokens, table=arena[w.embed], vocab=cfg.vocab_size,
-                                           hidden=cfg.hidden_size, x=x, T=T))]
+                                           hidden=cfg.hidden_size, x=x, pos=rows.pos, inv_freq=arena[w.inv_freq],
+                                           rope_pairs=cfg.head_dim // 2, rope=table, T=T))]
         attn = m.ws["attn_out"]
         cache = dict(block_table=kv.table, max_pages_per_seq=kv.max_pages_per_seq, page_size=kv.page_size)
         splits = dict(sm_scale=self.sm_scale, max_splits=self.decode_splits, part_o=self.part_o,
@@ -125,23 +128,24 @@ class StepLaunches:
         for i, layer in enumerate(w.layers):
             layer_kv = dict(k_cache=kv.k(i), v_cache=kv.v(i))
             # q, k, v columns of the fused [T, q | k | v] buffer, the rows' sequences and positions
-            rope = dict(q=self.q, q_stride=self.q_stride, k=self.k, k_stride=self.k_stride, v=self.v,
-                        v_stride=self.k_stride, seq=rows.seq, pos=rows.pos, **cache,
-                        q_norm_w=arena[layer.norms["q_norm"]] if "q_norm" in layer.norms else None,
-                        k_norm_w=arena[layer.norms["k_norm"]] if "k_norm" in layer.norms else None,
-                        inv_freq=arena[w.inv_freq], eps=self.eps, **heads, **layer_kv)
+            rope_args = dict(q=self.q, q_stride=self.q_stride, k=self.k, k_stride=self.k_stride, v=self.v,
+                             v_stride=self.k_stride, seq=rows.seq, pos=rows.pos, **cache,
+                             q_norm_w=arena[layer.norms["q_norm"]] if "q_norm" in layer.norms else None,
+                             k_norm_w=arena[layer.norms["k_norm"]] if "k_norm" in layer.norms else None,
+                             rope=table, eps=self.eps, **heads, **layer_kv)
             out.append(self._mv_norm(layer.qkv, layer.norms["ln_in"], self.q, T))
             decode = T if rows.tiles is None else rows.decode
             if decode:  # decode rows: one fused launch up to the o_proj input
                 ahead = w.after_attention(i)  # into L2 while attention runs
                 out.append(Launch(self.decode_attention, dict(
-                    **rope, **splits, counters=m.ws["attn_count"], out=attn, prefetch=ahead,
+                    **rope_args, **splits, counters=m.ws["attn_count"], out=attn, prefetch=ahead,
                     prefetch_bytes=min(ahead.nbytes, L2_PREFETCH_MAX), out_stride=cfg.q_dim, T=decode)))
             if rows.tiles is not None:  # prefill tiles over rows decode .. T - 1 (their views start there)
                 start, length, n_tiles = rows.tiles
                 q, k, v = (offset(a, decode * self.q_stride * F32) for a in (self.q, self.k, self.v))
                 seq, pos = offset(rows.seq, decode * 4), offset(rows.pos, decode * 4)
-                chunk = dict(rope, q=q, k=k, v=v, seq=seq, pos=pos)
+                chunk = dict(rope_args, q=q, k=k, v=v, seq=seq, pos=pos,
+                             rope=offset(table, decode * cfg.head_dim * F32))
                 out.append(Launch("qk_norm_rope_kv", dict(**chunk, T=T - decode)))
                 tiles = dict(q=q, q_stride=self.q_stride, seq=seq, pos=pos, tile_start=start, tile_len=length,
                              **cache, **layer_kv, **heads, n_tiles=n_tiles)
