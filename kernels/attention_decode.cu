@@ -25,11 +25,11 @@
 //      (rope.cuh) into shared memory as bf16, with bf16(v[t, kvh]) beside it, and stores both at
 //      (block_table[seq, p / page_size], p % page_size); its attention takes key p from shared
 //      memory (the same bits the cache holds), so no block reads a position this launch writes;
-//   3. per round of QG query heads: q staged, normed and rotated in shared memory, then held in
-//      registers; per chunk (later chunks: their loads issued first) scores summed over the key's
-//      lanes (xor butterfly), online softmax in registers (running max m, sum l, o rescaled by
-//      exp(m_old - m_new)); each warp's (m, l, o) summed over its key groups, then the 4 warps
-//      merged in order 0..3:
+//   3. per round of QG query heads (decode_split.cuh): q staged, normed and rotated in shared
+//      memory, then held in registers; per chunk (later chunks: their loads issued first) scores
+//      summed over the key's lanes (xor butterfly), online softmax in registers (running max m, sum
+//      l, o rescaled by exp(m_old - m_new)); each warp's (m, l, o) summed over its key groups, then
+//      the 4 warps merged in order 0..3:
 //        M = max_w m_w, c_w = exp(m_w - M), L = sum_w c_w l_w, o[d] = sum_w c_w o_w[d]
 //      n == 1: out = o / L directly; else part_o[t, h, split] = o, part_ml[t, h, split] = (M, L);
 //   4. n > 1: __threadfence, then an atomic count per (t, kvh) in counters; the block that counts
@@ -52,47 +52,9 @@
 // head h at columns h * head_dim (the o_proj input). head_dim in {32, 64, 128}. prefetch: any
 // bytes (null with prefetch_bytes 0).
 // Launch: grid (T, n_kv_heads, max_splits), block DECODE_THREADS; max_splits >= 1.
-#include "attention.cuh"
-#include "rope.cuh"
+#include "decode_split.cuh"
 
-// DECODE_KEYS: keys of one chunk (two pages of 32); DECODE_MAX_SPLITS: a row's splits at most (2,048
-// keys in one-chunk splits; <= 32: the merge holds a split a lane); L2_LINE: bytes one prefetch asks for.
-#define DECODE_KEYS 64
-#define DECODE_MAX_SPLITS 32
-#define DECODE_NARROW_GROUP 2
-#define DECODE_THREADS 128
-#define DECODE_WARPS 4
-#define L2_LINE 128
-
-constexpr int DECODE_WARP_KEYS = DECODE_KEYS / DECODE_WARPS;  // a warp's keys of a chunk
-constexpr int DECODE_PASSES = DECODE_WARP_KEYS / 2;           // its passes over them at head_dim 128
-static_assert(DECODE_WARPS * 32 == DECODE_THREADS && DECODE_WARP_KEYS * DECODE_WARPS == DECODE_KEYS,
-              "a chunk's keys split evenly over the block's warps");
-static_assert(DECODE_MAX_SPLITS <= 32 && ATTN_MAX_HEAD_DIM == 128, "the merge and DECODE_PASSES assume these");
-
-// This lane's K/V of the chunk whose first key for it is ``base``: keys base + i * KPP, i < passes,
-// below k1, other than p (the row's own key, in shared memory); zeros elsewhere (and for a key on an
-// unassigned page). Every page first (independent loads), then every K and V load of the chunk.
-__device__ __forceinline__ void load_chunk(uint4 (&kr)[DECODE_PASSES], uint4 (&vr)[DECODE_PASSES], int base,
-                                           int KPP, int passes, int k1, int p, const __nv_bfloat16* k_cache,
-                                           const __nv_bfloat16* v_cache, const int* bt_row, int page_size,
-                                           int page_shift, int n_kv_heads, int head_dim, int kvh, int c) {
-    int page[DECODE_PASSES];
-#pragma unroll
-    for (int i = 0; i < DECODE_PASSES; ++i) {
-        const int key = base + i * KPP;
-        const bool in = i < passes && key < k1 && key != p;
-        page[i] = in ? __ldg(bt_row + (page_shift >= 0 ? key >> page_shift : key / page_size)) : -1;
-    }
-#pragma unroll
-    for (int i = 0; i < DECODE_PASSES; ++i) {
-        const int key = base + i * KPP, slot = page_shift >= 0 ? key & (page_size - 1) : key % page_size;
-        const size_t off = (((size_t)page[i] * page_size + slot) * n_kv_heads + kvh) * head_dim + c * 8;
-        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-        kr[i] = page[i] >= 0 ? __ldcg(reinterpret_cast<const uint4*>(k_cache + off)) : zero;
-        vr[i] = page[i] >= 0 ? __ldcg(reinterpret_cast<const uint4*>(v_cache + off)) : zero;
-    }
-}
+#define L2_LINE 128  // bytes one prefetch asks for
 
 // The whole kernel for QG query heads at a time (the entry points below).
 template <int QG>
@@ -110,9 +72,6 @@ __device__ __forceinline__ void decode_row(
             asm volatile("prefetch.global.L2 [%0];" ::"l"(prefetch + off));
     }
     pdl_enter();
-    __shared__ __align__(16) float qs[QG][ATTN_MAX_HEAD_DIM];
-    __shared__ __align__(16) float wo[DECODE_WARPS][QG][ATTN_MAX_HEAD_DIM];
-    __shared__ float wml[DECODE_WARPS][QG][2];
     __shared__ __align__(16) __nv_bfloat16 own_k[ATTN_MAX_HEAD_DIM], own_v[ATTN_MAX_HEAD_DIM];
     __shared__ int is_last;
 
@@ -133,23 +92,20 @@ __device__ __forceinline__ void decode_row(
     const int LPK = head_dim / 8, KPP = 32 / LPK, passes = DECODE_WARP_KEYS / KPP;  // passes: 8, 4, 2
     const int g = lane / LPK, c = lane - g * LPK;
     const int page_shift = (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
-    const int* bt_row = block_table + (size_t)s * max_pages_per_seq;
-    const float* rope_row = rope + (size_t)t * head_dim;  // the row's head_dim / 2 (cos, sin) pairs
-    // the wide kernel (several rounds where G > 4) issues a round's first chunk during the previous round; the
-    // narrow one, launched for G <= 2 (one round), keeps those registers free
-    constexpr bool AHEAD = QG > DECODE_NARROW_GROUP;
+    const DecodeBlock b{t, kvh, split, n, p, k0, k1, G, LPK, KPP, passes, g, c, warp, lane, n_heads, n_kv_heads,
+                        head_dim, page_size, page_shift, block_table + (size_t)s * max_pages_per_seq,
+                        rope + (size_t)t * head_dim};
 
     // 1. the first chunk's loads, in flight while the row's own K/V and q are prepared
     uint4 kr[DECODE_PASSES], vr[DECODE_PASSES];
-    load_chunk(kr, vr, k0 + warp * DECODE_WARP_KEYS + g, KPP, passes, k1, p, k_cache, v_cache, bt_row, page_size,
-               page_shift, n_kv_heads, head_dim, kvh, c);
+    load_chunk(kr, vr, k0 + warp * DECODE_WARP_KEYS + g, b, k_cache, v_cache);
     if (split == n - 1) {  // 2. this row's K (normed, rotated) and V: shared memory, then the cache
         const long long row = kv_row_offset(block_table, max_pages_per_seq, page_size, s, p, n_kv_heads, head_dim,
                                             kvh);
         const int vecs = head_dim / 8;  // 16-byte vectors of a row
         if (warp == 0) {
-            warp_norm_rope(k + (size_t)t * k_stride + (size_t)kvh * head_dim, k_norm_w, rope_row, eps, head_dim,
-                           lane, own_k);
+            warp_norm_rope(k + (size_t)t * k_stride + (size_t)kvh * head_dim, k_norm_w, b.rope_row, eps,
+                           head_dim, lane, own_k);
             __syncwarp();
             if (row >= 0 && lane < vecs)
                 reinterpret_cast<uint4*>(k_cache + row)[lane] = reinterpret_cast<const uint4*>(own_k)[lane];
@@ -163,140 +119,9 @@ __device__ __forceinline__ void decode_row(
         }
     }  // own_k / own_v are read after the barriers below
 
-    // 3. attention over keys [k0, k1), QG query heads a round
-    for (int q0 = 0; q0 < G; q0 += QG) {
-        const int nq = min(QG, G - q0);
-        __syncthreads();  // the previous round is done with qs, wo, wml
-        for (int i = tid; i < nq * head_dim; i += DECODE_THREADS) {
-            const int qi = i / head_dim, d = i - qi * head_dim;
-            qs[qi][d] = q[(size_t)t * q_stride + (size_t)(kvh * G + q0 + qi) * head_dim + d];
-        }
-        __syncthreads();
-        for (int qi = warp; qi < nq; qi += DECODE_WARPS)
-            warp_norm_rope(qs[qi], q_norm_w, rope_row, eps, head_dim, lane, nullptr);
-        __syncthreads();
-        float qr[QG][8], m[QG], l[QG], acc[QG][8];
-#pragma unroll
-        for (int qi = 0; qi < QG; ++qi) {  // heads past nq: zeros (their results are never written)
-            const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-            const float4 a = qi < nq ? *reinterpret_cast<const float4*>(&qs[qi][c * 8]) : z;
-            const float4 b = qi < nq ? *reinterpret_cast<const float4*>(&qs[qi][c * 8 + 4]) : z;
-            qr[qi][0] = a.x; qr[qi][1] = a.y; qr[qi][2] = a.z; qr[qi][3] = a.w;
-            qr[qi][4] = b.x; qr[qi][5] = b.y; qr[qi][6] = b.z; qr[qi][7] = b.w;
-            m[qi] = NEG_INF;
-            l[qi] = 0.f;
-#pragma unroll
-            for (int d = 0; d < 8; ++d) acc[qi][d] = 0.f;
-        }
-
-        for (int c0 = k0; c0 < k1; c0 += DECODE_KEYS) {  // the split's chunks (one, up to 2,048 keys)
-            const int base = c0 + warp * DECODE_WARP_KEYS + g;  // this lane's key of pass i: base + i * KPP
-            if (c0 != k0 || (q0 != 0 && !AHEAD))  // else issued before this round's q
-                load_chunk(kr, vr, base, KPP, passes, k1, p, k_cache, v_cache, bt_row, page_size, page_shift,
-                           n_kv_heads, head_dim, kvh, c);
-#pragma unroll
-            for (int i = 0; i < DECODE_PASSES; ++i)  // the row's own key (the writer block's last chunk only)
-                if (i < passes && base + i * KPP == p) {
-                    kr[i] = reinterpret_cast<const uint4*>(own_k)[c];
-                    vr[i] = reinterpret_cast<const uint4*>(own_v)[c];
-                }
-            float sc[QG][DECODE_PASSES];  // scores, -inf past k1
-#pragma unroll
-            for (int i = 0; i < DECODE_PASSES; ++i) {
-                const bool in = i < passes && base + i * KPP < k1;
-                if (i >= passes) {  // head_dim < 128: fewer passes (block-uniform)
-#pragma unroll
-                    for (int qi = 0; qi < QG; ++qi) sc[qi][i] = NEG_INF;
-                    continue;
-                }
-                float kf[8];
-                bf16x8_to_float(kr[i], kf);
-#pragma unroll
-                for (int qi = 0; qi < QG; ++qi) {
-                    float d = 0.f;
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) d = fmaf(qr[qi][e], kf[e], d);
-                    for (int off = LPK / 2; off > 0; off >>= 1) d += __shfl_xor_sync(FULL_MASK, d, off);
-                    sc[qi][i] = in ? __fmul_rn(d, sm_scale) : NEG_INF;
-                }
-            }
-#pragma unroll
-            for (int qi = 0; qi < QG; ++qi) {  // online softmax: the warp's running max over its keys
-                float mc = m[qi];
-#pragma unroll
-                for (int i = 0; i < DECODE_PASSES; ++i) mc = fmaxf(mc, sc[qi][i]);
-                for (int off = LPK; off < 32; off <<= 1) mc = fmaxf(mc, __shfl_xor_sync(FULL_MASK, mc, off));
-                const float alpha = m[qi] == NEG_INF ? 0.f : expf(m[qi] - mc);  // mc finite where m is
-                m[qi] = mc;
-                float ls = 0.f;
-#pragma unroll
-                for (int i = 0; i < DECODE_PASSES; ++i) {
-                    sc[qi][i] = sc[qi][i] == NEG_INF ? 0.f : expf(sc[qi][i] - mc);  // now probabilities
-                    ls += sc[qi][i];
-                }
-                l[qi] = fmaf(l[qi], alpha, ls);
-#pragma unroll
-                for (int d = 0; d < 8; ++d) acc[qi][d] *= alpha;
-            }
-#pragma unroll
-            for (int i = 0; i < DECODE_PASSES; ++i) {
-                if (i >= passes) break;
-                float vf[8];
-                bf16x8_to_float(vr[i], vf);  // zeros past k1, where the probability is 0 too
-#pragma unroll
-                for (int qi = 0; qi < QG; ++qi)
-#pragma unroll
-                    for (int d = 0; d < 8; ++d) acc[qi][d] = fmaf(sc[qi][i], vf[d], acc[qi][d]);
-            }
-        }
-
-        if (AHEAD && q0 + QG < G)  // the next round's first chunk, in flight during this round's merge and q
-            load_chunk(kr, vr, k0 + warp * DECODE_WARP_KEYS + g, KPP, passes, k1, p, k_cache, v_cache, bt_row,
-                       page_size, page_shift, n_kv_heads, head_dim, kvh, c);
-
-        // the warp's (m, l, o): l and o summed over its key groups (lanes c, c + LPK, ...)
-#pragma unroll
-        for (int qi = 0; qi < QG; ++qi) {
-            if (qi >= nq) break;
-            float lw = l[qi];
-            for (int off = LPK; off < 32; off <<= 1) lw += __shfl_xor_sync(FULL_MASK, lw, off);
-#pragma unroll
-            for (int d = 0; d < 8; ++d)
-                for (int off = LPK; off < 32; off <<= 1) acc[qi][d] += __shfl_xor_sync(FULL_MASK, acc[qi][d], off);
-            if (lane < LPK) {
-                *reinterpret_cast<float4*>(&wo[warp][qi][c * 8]) =
-                    make_float4(acc[qi][0], acc[qi][1], acc[qi][2], acc[qi][3]);
-                *reinterpret_cast<float4*>(&wo[warp][qi][c * 8 + 4]) =
-                    make_float4(acc[qi][4], acc[qi][5], acc[qi][6], acc[qi][7]);
-            }
-            if (lane == 0) {
-                wml[warp][qi][0] = m[qi];
-                wml[warp][qi][1] = lw;
-            }
-        }
-        __syncthreads();
-        // the block's (M, L, o): warps 0..3 in order (warp 0 always holds key k0, so M is finite)
-        for (int i = tid; i < nq * head_dim; i += DECODE_THREADS) {
-            const int qi = i / head_dim, d = i - qi * head_dim, h = kvh * G + q0 + qi;
-            float M = NEG_INF;
-#pragma unroll
-            for (int w = 0; w < DECODE_WARPS; ++w) M = fmaxf(M, wml[w][qi][0]);
-            float L = 0.f, o = 0.f;
-#pragma unroll
-            for (int w = 0; w < DECODE_WARPS; ++w) {
-                const float mw = wml[w][qi][0], cw = mw == NEG_INF ? 0.f : expf(mw - M);
-                L = fmaf(cw, wml[w][qi][1], L);
-                o = fmaf(cw, wo[w][qi][d], o);
-            }
-            if (n == 1) {
-                out[(size_t)t * out_stride + (size_t)h * head_dim + d] = __fdiv_rn(o, L);
-            } else {
-                const size_t at = ((size_t)t * n_heads + h) * max_splits + split;
-                part_o[at * head_dim + d] = o;
-                if (d == 0) { part_ml[at * 2] = M; part_ml[at * 2 + 1] = L; }
-            }
-        }
-    }
+    // 3. attention over keys [k0, k1), QG query heads a round (decode_split.cuh)
+    split_attention<QG>(b, kr, vr, own_k, own_v, q, q_stride, q_norm_w, eps, k_cache, v_cache, sm_scale, max_splits,
+                        part_o, part_ml, out, out_stride);
     if (n == 1) return;
 
     // 4. merge, by the last block of (t, kvh) to finish

@@ -32,8 +32,8 @@ from toolcall.kernels.cuda_source import defines
 
 ATTN_SPLIT = defines()["ATTN_SPLIT"]  # positions of one attention split (common.cuh)
 ATTN_QCHUNK = defines()["ATTN_QCHUNK"]  # query rows one prefill block stages (attention.cuh)
-DECODE_KEYS = defines()["DECODE_KEYS"]  # keys of one decode attention chunk (attention_decode.cu)
-DECODE_MAX_SPLITS = defines()["DECODE_MAX_SPLITS"]  # a decode row's splits at most (attention_decode.cu)
+DECODE_KEYS = defines()["DECODE_KEYS"]  # keys of one decode attention chunk (decode_split.cuh)
+DECODE_MAX_SPLITS = defines()["DECODE_MAX_SPLITS"]  # a decode row's splits at most (decode_split.cuh)
 DECODE_NARROW_GROUP = defines()["DECODE_NARROW_GROUP"]  # the most query heads a kv head attention_decode takes
 DECODE_KERNELS = ("attention_decode", "attention_decode_wide")  # one parameter list, registers of their own
 HEAD_DIMS = (32, 64, 128)  # what the attention kernels take (attention.cuh: head_dim / 8 lanes a key)
