@@ -129,7 +129,9 @@ def check_memory(contract: Contract) -> None:
     ws = sum(workspace_breakdown(contract.model, lim, contract.candidate_columns, contract.target.name).values())
     if ws != mem.workspace_bytes:
         raise bundle_invalid(CONTRACT_FILE, f"memory.workspace_bytes {mem.workspace_bytes}, but steps of "
-                             f"{lim.max_tokens_per_step} rows take {ws} bytes", expected=ws, found=mem.workspace_bytes)
+                             f"{lim.max_tokens_per_step} rows take {ws} bytes with this runtime's step buffers (a "
+                             "contract edited, or written by a builder of other buffers: rebuild the bundle)",
+                             expected=ws, found=mem.workspace_bytes)
     reserve = contract.engine.build_options.context_reserve_bytes
     if reserve is not None and reserve != mem.context_reserve_bytes:
         raise bundle_invalid(CONTRACT_FILE, f"memory.context_reserve_bytes {mem.context_reserve_bytes}, but the "
