@@ -110,12 +110,6 @@ def decode_split_keys(pos: int, max_splits: int) -> list[tuple[int, int]]:
     return [(k0, min(k0 + per_split, int(pos) + 1)) for k0 in range(0, int(pos) + 1, per_split)]
 
 
-def attention_partial_slots(rows: int, decode_rows: int, max_positions: int) -> int:
-    """(row, split) slots of the attention partials buffer: the prefill partials of ``rows`` rows
-    (ATTN_SPLIT-position splits) or the decode kernel's of ``decode_rows`` rows, which never share a launch."""
-    return max(rows * attention_max_splits(max_positions), decode_rows * decode_max_splits(max_positions))
-
-
 def prefill_tiles(seq: np.ndarray, pos: np.ndarray, rows_per_tile: int) -> tuple[np.ndarray, np.ndarray]:
     """(tile_start, tile_len) int32 for a kernel family's prefill attention: runs of consecutive rows of
     one sequence with rising positions, cut every ``rows_per_tile`` rows (KernelFamily.rows_per_tile:

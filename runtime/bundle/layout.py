@@ -5,11 +5,12 @@ weights.safetensors' tensors, the KV pool's bytes and the step workspace's buffe
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
 from toolcall.common.formats import KV_BF16, KvFormat, WeightFormat
-from toolcall.kernels.geometry import attention_max_splits, attention_partial_slots
+from toolcall.kernels.geometry import attention_max_splits, decode_max_splits
 from toolcall.runtime.bundle.contract import CPU_TARGET, Limits
 from toolcall.runtime.bundle.model_config import ModelConfig
 from toolcall.runtime.bundle.tensor_file import DTYPES
@@ -62,12 +63,31 @@ def attention_splits(limits: Limits) -> int:
     return attention_max_splits(limits.max_input_tokens + limits.max_output_tokens)
 
 
+@dataclass(frozen=True)
+class AttentionPartials:
+    """The split-K attention partials buffer, part_o [rows, heads, splits, head_dim] then part_ml [rows, heads,
+    splits, 2] float32, laid out for one of two launches that never share it: the prefill partials (T =
+    max_tokens_per_step rows of ATTN_SPLIT-position splits) or the decode kernel's finer splits (flash-decoding)
+    of min(T, max_sequences) rows."""
+
+    rows: int
+    splits: int
+    decode_rows: int
+    decode_splits: int
+
+    @classmethod
+    def of(cls, limits: Limits) -> "AttentionPartials":
+        t, positions = limits.max_tokens_per_step, limits.max_input_tokens + limits.max_output_tokens
+        return cls(t, attention_max_splits(positions), min(t, limits.max_sequences), decode_max_splits(positions))
+
+    def bytes(self, config: ModelConfig) -> int:
+        slots = max(self.rows * self.splits, self.decode_rows * self.decode_splits)
+        return slots * config.num_heads * (config.head_dim + 2) * F32
+
+
 def attention_partials_bytes(config: ModelConfig, limits: Limits) -> int:
-    """The split-K attention partials, [slots, heads, head_dim + 2] float32: T = max_tokens_per_step rows of
-    prefill splits, or the decode kernel's finer splits (flash-decoding) of min(T, max_sequences) rows."""
-    t = limits.max_tokens_per_step
-    slots = attention_partial_slots(t, min(t, limits.max_sequences), limits.max_input_tokens + limits.max_output_tokens)
-    return slots * config.num_heads * (config.head_dim + 2) * F32
+    """Bytes of the attention partials buffer (AttentionPartials)."""
+    return AttentionPartials.of(limits).bytes(config)
 
 
 def workspace_breakdown(config: ModelConfig, limits: Limits, max_edges_per_node: int | None = None,

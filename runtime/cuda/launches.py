@@ -22,16 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from toolcall.kernels.declarations import Launch
-from toolcall.kernels.geometry import (
-    PLAIN,
-    RMSNORM,
-    SWIGLU,
-    attention_max_splits,
-    decode_kernel,
-    decode_max_splits,
-    matvec_kernel,
-)
+from toolcall.kernels.geometry import PLAIN, RMSNORM, SWIGLU, decode_kernel, matvec_kernel
 from toolcall.kernels.launch import DeviceArray
+from toolcall.runtime.bundle.layout import AttentionPartials
 from toolcall.runtime.cuda.buffers import offset
 
 F32 = 4
@@ -71,15 +64,13 @@ class StepLaunches:
         self.q, self.k, self.v = qkv, offset(qkv, q * F32), offset(qkv, (q + kv) * F32)
         self.q_stride = self.k_stride = q + 2 * kv
         self.gate, self.up, self.gu_stride = gu, offset(gu, i * F32), 2 * i
-        # the partials: prefill [T, heads, S, head_dim] then [T, heads, S, 2], or the decode kernel's
-        # [R, heads, D, head_dim] then [R, heads, D, 2] (runtime/bundle/layout.py attention_partials_bytes)
-        positions = m.limits.max_input_tokens + m.limits.max_output_tokens
-        self.splits, self.decode_splits = attention_max_splits(positions), decode_max_splits(positions)
+        # the partials, laid out for the prefill kernels or for the decode kernel (layout.py AttentionPartials)
+        parts = AttentionPartials.of(m.limits)
+        self.splits, self.decode_splits = parts.splits, parts.decode_splits
         self.part_o = part
+        self.part_ml = offset(part, parts.rows * cfg.num_heads * parts.splits * cfg.head_dim * F32)
+        self.decode_part_ml = offset(part, parts.decode_rows * cfg.num_heads * parts.decode_splits * cfg.head_dim * F32)
         self.decode_attention = decode_kernel(cfg.num_heads, cfg.num_kv_heads)
-        self.part_ml = offset(part, self.t_max * cfg.num_heads * self.splits * cfg.head_dim * F32)
-        decode_rows = min(self.t_max, m.limits.max_sequences)
-        self.decode_part_ml = offset(part, decode_rows * cfg.num_heads * self.decode_splits * cfg.head_dim * F32)
         # the kernel family's prefill attention (kernels/geometry.py KernelFamily.prefill_attention)
         self.prefill_attention = {("attention_prefill_partial", "attention_merge"): self._split_attention,
                                   ("attention_prefill_mma",): self._one_pass_attention}[m.family.prefill_attention]
