@@ -54,6 +54,7 @@ from toolcall.kernels.geometry import (  # noqa: E402
 )
 from toolcall.kernels.graph_nodes import add_kernel_node  # noqa: E402
 from toolcall.kernels.launch import DeviceArray, Gpu, check  # noqa: E402
+from toolcall.kernels.reference_attention import rope_table  # noqa: E402
 from toolcall.kernels.runner import KernelRunner  # noqa: E402
 from toolcall.kernels.weight_args import weight_args  # noqa: E402
 
@@ -228,8 +229,7 @@ def main() -> None:
     counters, out = gpu.zeros(nkv * 4), gpu.alloc(q_dim * 4)
     for position in map(int, args.positions.split(",")):
         pos = gpu.upload(np.array([position], np.int32))
-        angle = np.float32(position) * inv_freq  # the row's (cos, sin) pairs, as embed_gather makes them
-        rope = gpu.upload(np.stack([np.cos(angle), np.sin(angle)], axis=-1).astype(np.float32))
+        rope = gpu.upload(rope_table(np.array([position]), inv_freq))  # the row's (cos, sin), as embed_gather
         att = [Launch(decode_kernel(nh, nkv), dict(
             q=qkv, q_stride=qkv_out, k=k_dev, k_stride=qkv_out, v=v_dev, v_stride=qkv_out, seq=seq, pos=pos,
             block_table=bt, max_pages_per_seq=per_seq, page_size=ps, k_cache=kc, v_cache=vc, q_norm_w=qw, k_norm_w=kw,

@@ -44,15 +44,22 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoint):
     return out
 
 
-@pytest.fixture(scope="module")
-def dev():
-    """A KernelRunner on GPU 0; skips with the probe's reason where there is no usable CUDA device."""
-    from toolcall.kernels.launch import Gpu, probe_gpu
-    from toolcall.kernels.runner import KernelRunner
+@pytest.fixture(scope="session")
+def cuda_device():
+    """Skips, with the probe's reason, where there is no usable CUDA device (GPU tests ask for it)."""
+    from toolcall.kernels.launch import probe_gpu
 
     ok, why = probe_gpu()
     if not ok:
         pytest.skip(f"needs a CUDA GPU and driver: {why}")
+
+
+@pytest.fixture(scope="module")
+def dev(cuda_device):
+    """A KernelRunner on GPU 0 (skipped where there is no usable CUDA device)."""
+    from toolcall.kernels.launch import Gpu
+    from toolcall.kernels.runner import KernelRunner
+
     gpu = Gpu()
     yield KernelRunner(gpu)
     gpu.close()

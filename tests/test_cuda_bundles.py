@@ -91,10 +91,7 @@ def test_a_shape_the_kernels_cannot_run_is_refused_by_builder_and_runtime(tmp_pa
 
 # ---- on a GPU ----
 @pytest.fixture(scope="module")
-def device_bundle(tmp_path_factory):
-    ok, why = probe_gpu()
-    if not ok:
-        pytest.skip(f"needs a CUDA GPU and driver: {why}")
+def device_bundle(tmp_path_factory, cuda_device):
     work = tmp_path_factory.mktemp("gpu-bundles")
     stages.stage_build(work, ["small-fp8", "small-nvfp4"])
     return work

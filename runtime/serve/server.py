@@ -23,6 +23,7 @@ import time
 import prometheus_client
 import uvicorn
 
+from toolcall.runtime.backends import LoadOptions
 from toolcall.runtime.bundle.machine import available_cpus, serving_threads
 from toolcall.runtime.serve.app import create_app
 from toolcall.runtime.serve.state import ServeConfig, ServeState
@@ -148,7 +149,7 @@ def serve_threads(threads: int | None) -> int:
 
 
 def main(path: str, host: str, port: int, config: ServeConfig, head: str = "sparse", threads: int | None = None,
-         load=None, label: str = "", gpu_kernels: str = "fma") -> None:
+         load=None, label: str = "", gpu_kernels: str = LoadOptions.gpu_kernels) -> None:
     """`runtime serve`: prints one ready line on stdout once bound, errors as one line on stderr. ``load``:
     another engine's loader in place of the bundle's (a benchmark's no-op engine), named ``label``;
     ``gpu_kernels``: the GPU kernel family (Engine.load)."""
