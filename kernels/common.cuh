@@ -80,6 +80,36 @@ __device__ __forceinline__ __half2 e2m1x2_to_half2_2m14(u32 x) {
     return *reinterpret_cast<const __half2*>(&bits);
 }
 
+// NVFP4 decoding: e2m1 codes times their e4m3 block scale, as half2 of e2m1(c) x 2^-14 x bs (exact: see
+// linear.cuh FmtNVFP4). Blackwell's arch- and family-specific targets (sm_100a, sm_120a) convert the codes in
+// hardware (cvt.rn.f16x2.e2m1x2, PTX ISA 8.6: one F2FP a byte) and fold the 2^-14 into the block scales once
+// a vector; the other targets place the bits (e2m1x2_to_half2_2m14). Both give the same bits: bs x 2^-14 is
+// exact in fp16 for every e4m3 bs and each product is one exact value either way (kernels/reference.py
+// e2m1_scaled_half; tests/test_kernels_reference.py checks all 16 x 254 finite pairs).
+#if defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && __CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000
+#define E2M1_HARDWARE 1
+#endif
+
+// Two e4m3 block scales (low byte first) -> the half2 factor e2m1x2_scaled takes.
+__device__ __forceinline__ __half2 e2m1_block_scales(unsigned short v) {
+#ifdef E2M1_HARDWARE
+    return __hmul2(e4m3x2_to_half2(v), __float2half2_rn(1.0f / 16384.0f));  // x 2^-14: exact
+#else
+    return e4m3x2_to_half2(v);
+#endif
+}
+
+// The low byte of x (two e2m1 codes, low nibble first) times `scales` from e2m1_block_scales.
+__device__ __forceinline__ __half2 e2m1x2_scaled(u32 x, __half2 scales) {
+#ifdef E2M1_HARDWARE
+    u32 codes;
+    asm("{\n .reg .b8 byte;\n cvt.u8.u32 byte, %1;\n cvt.rn.f16x2.e2m1x2 %0, byte;\n}" : "=r"(codes) : "r"(x));
+    return __hmul2(*reinterpret_cast<const __half2*>(&codes), scales);
+#else
+    return __hmul2(e2m1x2_to_half2_2m14(x), scales);
+#endif
+}
+
 // ---- row statistics shared by rmsnorm.cu and the matvec prologues ----
 
 // sqrt(mean(x^2) + eps) of one float32 row x[0:n] (n % 4 == 0, x 16-byte aligned), computed by

@@ -76,9 +76,10 @@ struct FmtFP8 {
 // NVFP4: e2m1 codes uint8 [out, in/2] (element 2k in the low nibble), e4m3 block scales
 // [out, in/16], float32 global scale per output row [out] (one value repeated per source
 // tensor, so fused q|k|v and gate|up keep each tensor's own). A vector holds 32 elements = 2
-// scale blocks. Codes become fp16 e2m1 x 2^-14 by bit placement (common.cuh, no conversion
-// instruction); times the block scale in fp16 that is exact (a.b x 2^-24 with a <= 12, b an
-// e4m3 significand: <= 6 significant bits, 2^-24 .. 2688 x 2^-14, all fp16 values), and the
+// scale blocks. Codes times their block scale become fp16 e2m1 x 2^-14 x scale (common.cuh
+// e2m1x2_scaled: bit placement, or the hardware conversion on sm_100a / sm_120a); that is exact
+// (a.b x 2^-24 with a <= 12, b an e4m3 significand: <= 6 significant bits, 2^-24 .. 2688 x 2^-14,
+// all fp16 values), and the
 // 2^14 is folded into the row's global scale (exact: a power of two), so every product and
 // partial sum is the previous decoding's times 2^-14 exactly and the result has the same bits.
 struct FmtNVFP4 {
@@ -92,17 +93,17 @@ struct FmtNVFP4 {
     // Sub-vector `sub` (0..3) = word `sub` = 8 elements of block sub / 2.
     static __device__ __forceinline__ void decode(const uint4 r, u32 scales, int sub, float w[8]) {
         const u32 word = sub == 0 ? r.x : sub == 1 ? r.y : sub == 2 ? r.z : r.w;
-        const __half2 bs2 = e4m3x2_to_half2((unsigned short)scales);
+        const __half2 bs2 = e2m1_block_scales((unsigned short)scales);
         const __half2 bs = sub < 2 ? __low2half2(bs2) : __high2half2(bs2);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            float2 f = __half22float2(__hmul2(e2m1x2_to_half2_2m14(word >> (8 * i)), bs));
+            float2 f = __half22float2(e2m1x2_scaled(word >> (8 * i), bs));
             w[2 * i] = f.x; w[2 * i + 1] = f.y;
         }
     }
-    // The two block scales as fp16 (half2 bits), converted once a vector.
+    // The two block scales as e2m1x2_scaled takes them (half2 bits), converted once a vector.
     static __device__ __forceinline__ u32 word_aux(u32 aux) {
-        const __half2 bs2 = e4m3x2_to_half2((unsigned short)aux);
+        const __half2 bs2 = e2m1_block_scales((unsigned short)aux);
         return *reinterpret_cast<const u32*>(&bs2);
     }
     // Word i (0..15): byte i = elements 2i, 2i + 1 of block i / 8 -> bf16x2 of e2m1 x block scale x
@@ -110,7 +111,7 @@ struct FmtNVFP4 {
     static __device__ __forceinline__ u32 bf16_word(const uint4 r, u32 scales, int i) {
         const __half2 bs2 = *reinterpret_cast<const __half2*>(&scales);
         const __half2 bs = i < 8 ? __low2half2(bs2) : __high2half2(bs2);
-        const float2 f = __half22float2(__hmul2(e2m1x2_to_half2_2m14(vec_word(r, i >> 2) >> (8 * (i & 3))), bs));
+        const float2 f = __half22float2(e2m1x2_scaled(vec_word(r, i >> 2) >> (8 * (i & 3)), bs));
         return float2_to_bf16x2(f.x, f.y);
     }
     static __device__ __forceinline__ float row_scale(const void*, const float* g, int o) {

@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 
 from toolcall.common.formats import WeightFormat
+from toolcall.common.nvfp4 import E2M1_VALUES
 from toolcall.kernels.geometry import (
     KERNEL_FAMILIES,
     MATVEC_FORMATS,
@@ -50,6 +51,17 @@ def e2m1_half_bits(codes: np.ndarray) -> np.ndarray:
     (common/nvfp4.py E2M1_VALUES[code] x 2^-14)."""
     c = np.asarray(codes).astype(np.uint16)
     return ((c & 7) << 9) | ((c & 8) << 12)
+
+
+def e2m1_scaled_half(codes: np.ndarray, scale_codes: np.ndarray, hardware: bool) -> np.ndarray:
+    """float16 [codes, scales]: e2m1(c) x 2^-14 x e4m3(s), as common.cuh e2m1x2_scaled computes it: the
+    bit-placed codes times the scale (plain targets), or the hardware's e2m1(c) times the scale x 2^-14
+    (sm_100a / sm_120a). numpy rounds each fp16 product to nearest even, as __hmul2 does."""
+    scales = np.asarray(scale_codes, np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float16)
+    if hardware:
+        values = np.asarray(E2M1_VALUES, np.float32)[np.asarray(codes)].astype(np.float16)  # cvt: exact
+        return values[:, None] * (scales * np.float16(2.0 ** -14))[None, :]
+    return e2m1_half_bits(codes).view(np.float16)[:, None] * scales[None, :]
 
 
 # ---- row kernels ----

@@ -33,6 +33,7 @@ class SassStats:
     local_memory: int  # LDL + STL
     mma: int
     ffma: int
+    e2m1_cvt: int = 0  # F2FP.F16.E2M1...: hardware e2m1 -> fp16 conversions (sm_100a / sm_120a)
 
     @property
     def share_128(self) -> float:
@@ -86,7 +87,8 @@ def stats(ops: list[str]) -> SassStats:
     return SassStats(instructions=len(ops), global_loads=len(loads),
                      global_loads_128=sum(".128" in op for op in loads),
                      local_memory=sum(op.startswith(("LDL", "STL")) for op in ops),
-                     mma=sum(op.startswith(MMA_PREFIXES) for op in ops), ffma=sum(op.startswith("FFMA") for op in ops))
+                     mma=sum(op.startswith(MMA_PREFIXES) for op in ops), ffma=sum(op.startswith("FFMA") for op in ops),
+                     e2m1_cvt=sum(op.startswith("F2FP") and ".E2M1" in op for op in ops))
 
 
 def sass_stats(cubin: bytes) -> dict[str, SassStats]:
@@ -103,9 +105,10 @@ def sass_stats_all(cubins: list[bytes]) -> dict[str, SassStats]:
 
 
 def sass_table(rows: dict[str, SassStats]) -> str:
-    """A text table: one line per function (instructions, global loads, 128-bit share, local, MMA, FFMA)."""
-    lines = [f"{'function':26} {'instr':>6} {'ldg':>5} {'128b':>5} {'local':>5} {'mma':>4} {'ffma':>5}"]
+    """A text table: one line per function (instructions, global loads, 128-bit share, local, MMA, FFMA, e2m1
+    conversions)."""
+    lines = [f"{'function':26} {'instr':>6} {'ldg':>5} {'128b':>5} {'local':>5} {'mma':>4} {'ffma':>5} {'e2m1':>5}"]
     for fn, s in sorted(rows.items()):
         lines.append(f"{fn:26} {s.instructions:6} {s.global_loads:5} {s.share_128:5.2f} {s.local_memory:5} "
-                     f"{s.mma:4} {s.ffma:5}")
+                     f"{s.mma:4} {s.ffma:5} {s.e2m1_cvt:5}")
     return "\n".join(lines)

@@ -14,8 +14,11 @@ from toolcall.common.errors import BuildError
 # cuda-bindings 13.x needs a CUDA 13.0 driver (>= 580); cubins from NVRTC 13 need it too.
 MIN_DRIVER_VERSION = 13000
 
-# SM architectures NVRTC 13 turns into cubin without a GPU, and we ship kernels for.
-SM_ARCHS: tuple[str, ...] = ("sm_80", "sm_89", "sm_90", "sm_100", "sm_120")
+# SM architectures NVRTC 13 turns into cubin without a GPU, and we ship kernels for. The arch-specific
+# sm_100a / sm_120a cubins run only on compute capability 10.0 / 12.0 (as every cubin here: see
+# Target.accepts) and use those chips' own instructions (the hardware e2m1 conversion, kernels/common.cuh);
+# plain sm_100 / sm_120 are the fallback for any device of that capability.
+SM_ARCHS: tuple[str, ...] = ("sm_80", "sm_89", "sm_90", "sm_100", "sm_100a", "sm_120", "sm_120a")
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,8 @@ def _gpu(name: str, arch: str, names: tuple[str, ...]) -> Target:
 
 
 def arch_capability(arch: str) -> tuple[int, int]:
-    """``sm_90`` -> (9, 0), ``sm_120`` -> (12, 0): last digit minor, the rest major."""
-    digits = arch[3:]
+    """``sm_90`` -> (9, 0), ``sm_120a`` -> (12, 0): last digit minor, the rest major (a suffix dropped)."""
+    digits = arch[3:].rstrip("abcdefghijklmnopqrstuvwxyz")
     return int(digits[:-1]), int(digits[-1])
 
 
@@ -62,8 +65,8 @@ TARGETS: dict[str, Target] = {
     "cpu": Target("cpu", None, None, (), 0),
     "h100": _gpu("h100", "sm_90", ("H100",)),
     "h200": _gpu("h200", "sm_90", ("H200",)),
-    "b200": _gpu("b200", "sm_100", ("B200",)),
-    "rtx5090": _gpu("rtx5090", "sm_120", ("RTX 5090",)),
+    "b200": _gpu("b200", "sm_100a", ("B200",)),
+    "rtx5090": _gpu("rtx5090", "sm_120a", ("RTX 5090",)),
 }
 TARGETS.update({arch: _gpu(arch, arch, ()) for arch in SM_ARCHS})
 

@@ -122,8 +122,9 @@ def test_parse_resources_reads_each_entry():
 @pytest.mark.parametrize("name,arch,cc,accepts,rejects", [
     ("h100", "sm_90", (9, 0), "NVIDIA H100 80GB HBM3", "NVIDIA H200"),
     ("H200", "sm_90", (9, 0), "NVIDIA H200", "NVIDIA H100 PCIe"),
-    ("b200", "sm_100", (10, 0), "NVIDIA B200", "NVIDIA H200"),
-    ("rtx5090", "sm_120", (12, 0), "NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 4090"),
+    ("b200", "sm_100a", (10, 0), "NVIDIA B200", "NVIDIA H200"),
+    ("rtx5090", "sm_120a", (12, 0), "NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 4090"),
+    ("sm_120", "sm_120", (12, 0), "NVIDIA GeForce RTX 5090", None),
     ("sm_89", "sm_89", (8, 9), "NVIDIA L4", None),
     ("sm_80", "sm_80", (8, 0), "NVIDIA A100-SXM4-40GB", None),
 ])

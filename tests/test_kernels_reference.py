@@ -90,6 +90,21 @@ def test_e2m1_half_bits_times_every_e4m3_scale_is_exact():
     assert acc_new * np.float32(g * np.float32(2 ** 14)) == acc_old * g
 
 
+def test_hardware_e2m1_decoding_gives_the_bit_placements_bits():
+    """sm_100a / sm_120a convert e2m1 codes in hardware and scale the block scales by 2^-14 instead: for
+    all 16 codes x 254 finite e4m3 scales the fp16 products are the plain path's, bit for bit (so one
+    bundle's answers do not depend on which of the two paths its target compiled)."""
+    codes = np.arange(16)
+    scales = np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8)
+    s16 = scales.view(ml_dtypes.float8_e4m3fn).astype(np.float16)
+    np.testing.assert_array_equal((s16 * np.float16(2.0 ** -14)).astype(np.float64),
+                                  s16.astype(np.float64) * 2.0 ** -14)  # the folded scale is exact
+    plain, hardware = (ref.e2m1_scaled_half(codes, scales, hardware=h) for h in (False, True))
+    np.testing.assert_array_equal(plain.view(np.uint16), hardware.view(np.uint16))
+    exact = E2M1_VALUES.astype(np.float64)[:, None] * s16.astype(np.float64)[None, :] * 2.0 ** -14
+    np.testing.assert_array_equal(plain.astype(np.float64), exact)
+
+
 def test_nvfp4_dequant_takes_a_per_row_global_scale():
     """The kernels' layout repeats each tensor's global scale per output row: dequantized through the registry,
     each row is (e2m1 * block) * its global, bit for bit as the row alone with its scalar (the stored layout)."""

@@ -1,12 +1,14 @@
 """SASS statistics of every kernel, read with the CUDA disassembler wheel without a GPU (kernels/sass.py): the
 counts agree with the resource report, no kernel touches local memory, the sampled pick has no
 fused multiply-add (it must round every operation as the CPU draw does), the decode attention kernels stay within
-their instruction bounds, and the tensor-core linear family is made of mma instructions. The table prints with
+their instruction bounds, the tensor-core linear family is made of mma instructions, and the NVFP4 kernels convert
+e2m1 codes in hardware exactly on the arch-specific Blackwell targets. The table prints with
 ``-s``."""
 from __future__ import annotations
 
 import pytest
 
+from toolcall.common.formats import NVFP4
 from toolcall.kernels import sass
 from toolcall.kernels.declarations import declarations
 from toolcall.kernels.geometry import KERNEL_FAMILIES, MATVECS, MMA, matvec_kernel
@@ -91,3 +93,14 @@ def test_the_tensor_core_family_uses_mma_and_the_fma_family_none(compiled):
                 assert stats.mma >= 4 and not stats.local_memory, (arch, fn, stats)
             else:
                 assert stats.mma == 0, (arch, fn, stats)
+
+
+def test_nvfp4_kernels_convert_e2m1_in_hardware_on_the_arch_specific_targets(compiled):
+    """kernels/common.cuh e2m1x2_scaled: on sm_100a / sm_120a every NVFP4 linear kernel of both families converts
+    its codes with F2FP.F16.E2M1 (one a byte of codes) and no other kernel does; other archs place the bits
+    (no such instruction)."""
+    arch, rows = compiled
+    prologues = {p for _, p in MATVECS.values()}
+    nvfp4 = {matvec_kernel(NVFP4, p, family) for family in KERNEL_FAMILIES.values() for p in prologues}
+    converting = {fn for fn, (stats, _) in rows.items() if stats.e2m1_cvt}
+    assert converting == (nvfp4 if arch in ("sm_100a", "sm_120a") else set()), arch
