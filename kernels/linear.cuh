@@ -79,9 +79,8 @@ struct FmtFP8 {
 // scale blocks. Codes times their block scale become fp16 e2m1 x 2^-14 x scale (common.cuh
 // e2m1x2_scaled: bit placement, or the hardware conversion on sm_100a / sm_120a); that is exact
 // (a.b x 2^-24 with a <= 12, b an e4m3 significand: <= 6 significant bits, 2^-24 .. 2688 x 2^-14,
-// all fp16 values), and the
-// 2^14 is folded into the row's global scale (exact: a power of two), so every product and
-// partial sum is the previous decoding's times 2^-14 exactly and the result has the same bits.
+// all fp16 values), and the 2^14 is folded into the row's global scale (exact: a power of two), so
+// every product and partial sum is the true one times 2^-14 exactly and the result has the same bits.
 struct FmtNVFP4 {
     static constexpr int ELEMS = 32, K_CHUNK = 1024;
     static __device__ __forceinline__ size_t row_bytes(int in) { return (size_t)(in / 2); }
