@@ -7,7 +7,7 @@ The model: masked_qwen3 (Hugging Face Qwen3 names; 6 layers, hidden 256, MLP 512
 of 64, tied embeddings, the shipped 2,048-token tokenizer: 4.07M parameters), written as a Hugging Face
 folder (OUT/) from the exponential moving average of the weights.
 
-Data, per step: with share ``--catalog64`` two rows of 24 requests for the shipped 64-tool catalog
+Data, per step: with share ``--catalog64`` one row of 32 requests for the shipped 64-tool catalog
 (make_split's train split, with train.py's wording), else four rows of 16 requests, each on a catalog
 from catalog_gen (2 to n tools, n growing from 4 to ``--max-tools``; first words of one token, then
 ever more words of several). The prompt is catalog_rows.TEMPLATE with ``{name}: {description}`` lines.
@@ -149,13 +149,15 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="folder for the Hugging Face checkpoint (and OUT.log, OUT.state.pt)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3600)
+    ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=150)
     ap.add_argument("--easy-steps", type=int, default=300, help="steps on catalogs of 2-4 tools")
-    ap.add_argument("--ramp-steps", type=int, default=1500, help="then steps to grow catalogs to --max-tools")
-    ap.add_argument("--max-tools", type=int, default=40)
-    ap.add_argument("--catalog64", type=float, default=0.25, help="share of steps on the shipped 64-tool catalog")
+    ap.add_argument("--ramp-steps", type=int, default=1200, help="then steps to grow catalogs to --max-tools")
+    ap.add_argument("--max-tools", type=int, default=32)
+    ap.add_argument("--catalog64", type=float, default=0.2, help="share of steps on the shipped 64-tool catalog")
+    ap.add_argument("--rows64", type=int, default=1, help="rows of a 64-tool step")
+    ap.add_argument("--requests64", type=int, default=32, help="requests per 64-tool row")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--mlp", type=int, default=512)
     ap.add_argument("--layers", type=int, default=6)
@@ -169,7 +171,7 @@ def main() -> None:
     ap.add_argument("--same-word-layer", type=int, default=2)
     ap.add_argument("--evidence-layer", type=int, default=4)
     ap.add_argument("--copy-layer", type=int, default=5)
-    ap.add_argument("--eval-every", type=int, default=300)
+    ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--stop-step", type=int, default=None,
                     help="stop after this step (the LR schedule still spans --steps)")
     args = ap.parse_args()
@@ -213,9 +215,9 @@ def main() -> None:
             break
         if pick.random() < args.catalog64:
             rows = []
-            for _ in range(2):
-                rows.append(enc.row(tools64, [train64[(at64 + i) % len(train64)] for i in range(24)]))
-                at64 += 24
+            for _ in range(args.rows64):
+                rows.append(enc.row(tools64, [train64[(at64 + i) % len(train64)] for i in range(args.requests64)]))
+                at64 += args.requests64
         else:
             gen.single_p = single_word_share(step, args)
             rows = []
