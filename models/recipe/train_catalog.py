@@ -19,7 +19,8 @@ head 0 of three layers: a request word to the same word in its tool's line (``--
 the answer's first position to the request words that name its tool (``--evidence-layer``), each
 answer position to the name token it copies (``--copy-layer``).
 
-Deterministic from the seed and the thread count on one kind of CPU and torch build.
+Deterministic from the seed and the thread count on one kind of CPU and torch build; another process
+on the same cores slows it several times over (the threads spin-wait), so give it the machine.
 """
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="folder for the Hugging Face checkpoint (and OUT.log, OUT.state.pt)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=150)
     ap.add_argument("--easy-steps", type=int, default=300, help="steps on catalogs of 2-4 tools")
@@ -174,6 +175,9 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--stop-step", type=int, default=None,
                     help="stop after this step (the LR schedule still spans --steps)")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop (evaluate and write OUT) once training has run this long; the log names the step, "
+                         "and --stop-step at it repeats the run")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -207,11 +211,15 @@ def main() -> None:
     t0, avg = time.time(), None
     last = args.steps if args.stop_step is None else min(args.steps, args.stop_step)
     for step in range(last + 1):
-        if step % args.eval_every == 0 or step == last:
+        out_of_time = args.max_seconds is not None and time.time() - t0 > args.max_seconds
+        if step % args.eval_every == 0 or step == last or out_of_time:
             res = evaluate(ema if step else model, sets)
             say(f"EVAL step {step} t {time.time() - t0:.0f}s " + " | ".join(
                 f"{k}: first {a:.2f} none {b:.2f} exact {c:.2f}" for k, (a, b, c) in res.items()))
-        if step == last:
+        if step == last or out_of_time:
+            if out_of_time:
+                say(f"--max-seconds: stopped at step {step}; --stop-step {step} repeats this run")
+            last = step
             break
         if pick.random() < args.catalog64:
             rows = []
