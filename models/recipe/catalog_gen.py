@@ -21,6 +21,7 @@ from pathlib import Path
 import wordfreq
 from tokenizers import Tokenizer
 
+from toolcall.models.recipe.data import stem
 from toolcall.models.recipe.overlap import STOPWORDS
 
 TOKENIZER = Path(__file__).parents[1] / "toolcall-qwen3-tiny" / "tokenizer.json"
@@ -43,13 +44,6 @@ CHAT = ["thanks a lot", "how are you", "good morning", "you are great", "what do
         "what time is it", "nice work", "sounds good", "no thanks", "bye", "lol", "hmm", "cool"]
 # P(0, 1, 2, 3 tools) per request.
 KIND_WEIGHTS = (0.25, 0.5, 0.2, 0.05)
-
-
-def stem(w: str) -> str:
-    for suffix in ("ing", "ed", "es", "s"):
-        if w.endswith(suffix) and len(w) - len(suffix) >= 3:
-            return w[: -len(suffix)]
-    return w
 
 
 _STOP_STEMS = {stem(s) for s in STOPWORDS} | STOPWORDS

@@ -130,7 +130,7 @@ class Example:
         return spans
 
 
-def _stem(word: str) -> str:
+def stem(word: str) -> str:
     """The word without one plural or verb ending (-ing, -ed, -es, -s), so "emails" ~ "email"."""
     for suffix in ("ing", "ed", "es", "s"):
         if len(word) > len(suffix) + 2 and word.endswith(suffix):
@@ -140,11 +140,11 @@ def _stem(word: str) -> str:
 
 def near_held_out(pattern: str, held_out: list[str]) -> bool:
     """Whether ``pattern`` shares a run of three words with one of ``held_out``, or at least half of
-    the distinct words of the two together (Jaccard >= 0.5); words compare by ``_stem`` and a
+    the distinct words of the two together (Jaccard >= 0.5); words compare by ``stem`` and a
     {slot} counts as a word. The decontamination rule that keeps paraphrases of a held-out
     template out of training."""
     def words(text: str) -> list[str]:
-        return [_stem(w) for w in text.replace(",", " ,").split()]
+        return [stem(w) for w in text.replace(",", " ,").split()]
 
     def trigrams(w: list[str]) -> set[tuple[str, ...]]:
         return {tuple(w[i:i + 3]) for i in range(len(w) - 2)}
