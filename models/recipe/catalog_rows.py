@@ -23,6 +23,7 @@ import torch
 from tokenizers import Tokenizer
 
 from toolcall.models.recipe.catalog_gen import TOKENIZER, VERB_STEMS, tool_words, words
+from toolcall.models.recipe.train import END_ID, PAD_ID
 from toolcall.runtime.batching.prompt import PromptEncoder
 from toolcall.runtime.grammar.tool_text import Tool, render_template
 
@@ -30,7 +31,7 @@ TEMPLATE = ("<|im_start|>system\nTools:\n{tools}<|im_end|>\n<|im_start|>user\n{r
             "<|im_start|>assistant\n")
 # After the newline a name tokenizes exactly as its answer path does ("- {name}" would not).
 TOOL_FORMAT = "{name}: {description}"
-END, PAD = 2, 0
+END, PAD = END_ID, PAD_ID
 SUPERVISED = ("same_word", "evidence", "copy")
 
 

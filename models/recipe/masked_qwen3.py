@@ -12,11 +12,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-HEAD_DIM = 64  # the smallest head the GPU attention kernels take
-ROPE_THETA = 10000.0
+from toolcall.models.recipe.train import MODEL
+
+HEAD_DIM = MODEL["head_dim"]  # 64: the smallest head the GPU attention kernels take
+ROPE_THETA = MODEL["rope_theta"]
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-6):
+    def __init__(self, dim, eps=MODEL["rms_norm_eps"]):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
@@ -126,19 +128,18 @@ class Qwen3(nn.Module):
         return h @ self.model.embed_tokens.weight.T
 
 
-def hf_config(c, end_id=2, pad_id=0):
+def hf_config(c):
+    """The Qwen3Config of shape ``c``: train.MODEL (the shipped model's token ids, norms and rotary) resized."""
     from transformers import Qwen3Config
-    return Qwen3Config(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["mlp"],
-                       num_hidden_layers=c["layers"], num_attention_heads=c["heads"], num_key_value_heads=c["kv"],
-                       head_dim=HEAD_DIM, max_position_embeddings=2048, rope_theta=ROPE_THETA, rms_norm_eps=1e-6,
-                       tie_word_embeddings=True, bos_token_id=0, eos_token_id=end_id, pad_token_id=pad_id)
+    return Qwen3Config(**{**MODEL, "vocab_size": c["vocab"], "hidden_size": c["hidden"], "intermediate_size": c["mlp"],
+                          "num_hidden_layers": c["layers"], "num_attention_heads": c["heads"],
+                          "num_key_value_heads": c["kv"]})
 
 
 def to_hf(model: Qwen3):
     from transformers import Qwen3ForCausalLM
     hf = Qwen3ForCausalLM(hf_config(model.c))
-    sd = {k: v for k, v in model.state_dict().items()}
-    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
     assert not unexpected, unexpected
     assert set(missing) <= {"lm_head.weight"}, missing
     hf.tie_weights()
