@@ -53,6 +53,7 @@ class Prefix:
     paths: dict
     line_labels: tuple[int, ...]
     name_at: dict  # name -> prefix position of its line's first token
+    in_line: dict  # (token id, line label) -> the prefix positions holding that token in that line
 
 
 class RowEncoder:
@@ -81,7 +82,11 @@ class RowEncoder:
             i = next(i for i, (a, _) in enumerate(enc.offsets) if a == x)
             assert enc.ids[i:i + len(paths[n])] == paths[n]
             name_at[n] = i
-        return Prefix(tuple(enc.ids), tuple(prompt.suffix_ids), paths, tuple(labels), name_at)
+        in_line: dict[tuple[int, int], list[int]] = {}
+        for q, (token, label) in enumerate(zip(enc.ids, labels)):
+            if label >= 0:
+                in_line.setdefault((token, label), []).append(q)
+        return Prefix(tuple(enc.ids), tuple(prompt.suffix_ids), paths, tuple(labels), name_at, in_line)
 
     def answer(self, names, paths) -> list[int]:
         out = []
@@ -101,10 +106,8 @@ class RowEncoder:
             start = len(r.ids)
             labels = [self._token_label(text, a, b, spans, line_words, first_token) for a, b in enc.offsets]
             for k, label in enumerate(labels):
-                if label >= 0 and label != END:
-                    same = [q for q in range(len(p.ids)) if p.ids[q] == enc.ids[k] and p.line_labels[q] == label]
-                    if same:
-                        r.supervised["same_word"].append((start + k, same))
+                if label >= 0 and label != END and (enc.ids[k], label) in p.in_line:
+                    r.supervised["same_word"].append((start + k, p.in_line[enc.ids[k], label]))
             body = enc.ids + list(p.suffix)
             answer = self.answer(names, p.paths)
             first_at = start + len(body) - 1  # the position that predicts the answer's first token
