@@ -12,6 +12,11 @@ as the runtime reads them; its tokens equal the reference backend's). A candidat
   the grammar forces every step (a one-tool catalog), where the logits alone gate;
 and the first CANARY_PROMPTS kept ones are recorded: request text, prompt ids, answer ids,
 and per step the TOP_K allowed candidates with their logits.
+
+The fixed requests come first; then the bundle's own requests (compile.py passes the probe's, one per
+tool, made from its description). A model that reads its catalog rightly answers none to every fixed
+request a small catalog cannot serve, and the empty answer is the grammar's first candidate, so such a
+catalog's canary rests on its own requests.
 """
 from __future__ import annotations
 
@@ -88,10 +93,12 @@ def is_first_candidate_answer(grammar: Grammar, tokens: list[int]) -> tuple[bool
 
 
 def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
-                  encode: Callable[[str], tuple[int, ...]], kv_format=None, kv_scales=None) -> Canary:
+                  encode: Callable[[str], tuple[int, ...]], kv_format=None, kv_scales=None,
+                  own_requests: tuple[str, ...] = ()) -> Canary:
     """Runs the candidates in order on the written weights and records the first CANARY_PROMPTS
     that qualify (module docstring). ``encode(text)``: the runtime's Engine.encode for this
-    bundle's tokenizer and template; ``kv_format``/``kv_scales``: the bundle's cache (default bf16).
+    bundle's tokenizer and template; ``kv_format``/``kv_scales``: the bundle's cache (default bf16);
+    ``own_requests``: candidates tried after CANARY_REQUESTS.
     BuildError("build_failed") when none qualifies."""
     # the fast backend on the stored weights (memory-mapped): the build never holds a float32 copy
     generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits,
@@ -99,7 +106,8 @@ def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
     kept: list[CanaryPrompt] = []
     rejected: dict[str, int] = {"too long": 0, "near tie": 0, "first candidate at every step": 0}
     best_margin = 0.0
-    for request in CANARY_REQUESTS:  # one at a time: a decode step costs the same for 1 or 8 rows on a CPU
+    candidates = CANARY_REQUESTS + tuple(r for r in dict.fromkeys(own_requests) if r not in CANARY_REQUESTS)
+    for request in candidates:  # one at a time: a decode step costs the same for 1 or 8 rows on a CPU
         prompt = tuple(encode(request))
         if len(prompt) > limits.max_input_tokens:
             rejected["too long"] += 1

@@ -30,7 +30,7 @@ from toolcall.builder.memory_plan import (
     prefix_pages,
     size_pool_for_budget,
 )
-from toolcall.builder.probe import Probe, probe_refusal, run_probe
+from toolcall.builder.probe import Probe, probe_refusal, run_probe, tool_request
 from toolcall.builder.quantize import quantize_checkpoint
 from toolcall.builder.trie import build_grammar
 from toolcall.common.errors import BuildError, CatalogError
@@ -262,7 +262,8 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
             stage_done()
             lap("kv_calibration")
         stage("recording the canary" if kernels_cached() else f"recording the canary ({COLD_CACHE_NOTE})")
-        canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, encoder.encode, kv_format, kv_scales)
+        canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, encoder.encode, kv_format, kv_scales,
+                               tuple(tool_request(t.name, t.description) for t in catalog.tools))
         if kv_format.scaled:
             change = check_against_bf16(canary, tmp / WEIGHTS_FILE, cfg, grammar, limits)
             kv_report = KvCacheReport(kv_format.name, HEADROOM, calibrated,

@@ -201,6 +201,40 @@ def test_answers_that_always_take_the_first_candidate_are_rejected(tiny_bundle, 
     assert info.value.details["rejected"]["first candidate at every step"] == 8
 
 
+def test_a_catalog_the_fixed_requests_miss_takes_its_canary_from_its_own_requests(tiny_bundle, monkeypatch):
+    """A model that reads its catalog answers none (the first candidate) to every fixed request; the
+    bundle's own requests, tried after them, give the canary."""
+    import toolcall.builder.canary
+    grammar = Grammar.read(tiny_bundle / GRAMMAR_FILE)
+    trivial = first_candidate_answer(grammar)
+    stepper = GrammarStepper(grammar)
+    state, answer, logits, candidates = stepper.initial_state(), [], [], []
+    while not stepper.done(state):  # the last allowed candidate at every step, clearly
+        cand, _, allowed = stepper.allowed_mask_batch(state[None])
+        ids = cand[0][allowed[0]]
+        answer.append(int(ids[-1]))
+        candidates.append(ids)
+        logits.append(np.where(ids == ids[-1], 2.0, 0.0).astype(np.float32))
+        state = stepper.advance(state, answer[-1])
+    assert is_first_candidate_answer(grammar, answer)[0] is False
+    own = "water the ferns on the balcony"
+
+    class ReadingModel:
+        def generate(self, requests):
+            (r,) = requests
+            if r.prompt_ids == (4, 5, 6):
+                return [Result(answer, [], "done", 2.0, 0.0, 0.0, logits, candidates)]
+            return [Result(trivial, [], "done", 1.0, 0.0, 0.0, [], [])]
+
+    monkeypatch.setattr(toolcall.builder.canary, "cpu_batcher", lambda *a, **k: ReadingModel())
+    monkeypatch.setattr(toolcall.builder.canary, "load_cpu_weights", lambda *a, **k: None)
+    contract = Engine.load(tiny_bundle, facts=ROOMY_CPU).contract
+    canary = record_canary(tiny_bundle / WEIGHTS_FILE, contract.model, grammar, contract.limits,
+                           lambda text: (4, 5, 6) if text == own else (1, 2, 3), own_requests=(own, own))
+    assert [p.request for p in canary.prompts] == [own]
+    assert list(canary.prompts[0].expected_token_ids) == answer
+
+
 def test_a_one_tool_catalog_builds_and_loads(tmp_path, tiny_checkpoint):
     catalog = tmp_path / "one.json"
     full = json.loads(Path(CATALOG).read_text())
