@@ -12,6 +12,14 @@ Data, per step: with share ``--catalog64`` one row of 32 requests for the shippe
 from catalog_gen (2 to n tools, n growing from 4 to ``--max-tools``; first words of one token, then
 ever more words of several). The prompt is catalog_rows.TEMPLATE with ``{name}: {description}`` lines.
 
+With share ``--subcatalog`` a step is instead ``--sub-rows`` rows on real-language sub-catalogs of the 64
+tools (subcatalogs.py: 2 to ``--sub-max-tools`` tools, renamed with share ``--rename``, a request whose
+tools were left out answers none).
+
+``--init DIR`` starts from a Hugging Face folder of this architecture (its shape replaces the shape flags),
+for example the shipped model; ``--init-trained`` first trains the shipped model's recipe from nothing
+(``toolcall.models.recipe.train``, the same seed and threads) into OUT.init and starts from that.
+
 Losses: the answer tokens (a tool's first token weighs double); and training-only ones, without which
 the match was not learnt (docs/history/catalog-pilot-2026-12-06): probes that name a catalog token's
 line (``--line-layer``) and a request token's tool (``--request-layer``), and attention targets for
@@ -29,6 +37,8 @@ import copy
 import json
 import math
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -41,6 +51,7 @@ from toolcall.models.recipe.catalog_rows import RowEncoder, collate
 from toolcall.models.recipe.data import Wording, make_split
 from toolcall.models.recipe.handwritten import without_evaluation_requests
 from toolcall.models.recipe.masked_qwen3 import Qwen3, to_hf
+from toolcall.models.recipe.subcatalogs import SubcatalogSampler
 from toolcall.models.recipe.train import TRAIN_COUNTS, write_folder
 
 CATALOG = Path(__file__).parents[2] / "builder" / "data" / "tools-64.json"
@@ -85,6 +96,28 @@ def lr_at(step: int, args) -> float:
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def load_init(path: Path) -> Qwen3:
+    """The training model holding the weights of the Hugging Face folder ``path`` (float32)."""
+    from safetensors.torch import load_file
+    c = json.loads((path / "config.json").read_text())
+    shape = dict(vocab=c["vocab_size"], hidden=c["hidden_size"], mlp=c["intermediate_size"],
+                 layers=c["num_hidden_layers"], heads=c["num_attention_heads"], kv=c["num_key_value_heads"])
+    model = Qwen3(shape)
+    weights = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+    return model
+
+
+def trained_init(out: Path, seed: int, threads: int) -> Path:
+    """OUT.init: the shipped model's recipe trained from nothing (kept, so a rerun starts from it)."""
+    base = Path(f"{out}.init")
+    if not (base / "model.safetensors").exists():
+        subprocess.run([sys.executable, "-m", "toolcall.models.recipe.train", "--out", str(base),
+                        "--seed", str(seed), "--threads", str(threads)], check=True)
+    return base
+
+
 def eval_rows(enc: RowEncoder, seed: int):
     gen = CatalogGenerator(seed, single_p=0.3)
     out = {}
@@ -96,6 +129,9 @@ def eval_rows(enc: RowEncoder, seed: int):
         out[f"n={n}"] = rows
     tools, reqs = catalog64_requests(seed, 96, split="val")
     out["64-val"] = [enc.row(tools, reqs[i:i + 24]) for i in range(0, 96, 24)]
+    _, pool = catalog64_requests(seed, 2000, split="val")
+    sub = SubcatalogSampler(tools, pool, seed, rename_p=0.5)
+    out["64-sub"] = [enc.row(*sub.row(k, 24)) for k in (4, 8, 16, 24, 32, 40)]
     return out
 
 
@@ -159,6 +195,15 @@ def main() -> None:
     ap.add_argument("--catalog64", type=float, default=0.2, help="share of steps on the shipped 64-tool catalog")
     ap.add_argument("--rows64", type=int, default=1, help="rows of a 64-tool step")
     ap.add_argument("--requests64", type=int, default=32, help="requests per 64-tool row")
+    ap.add_argument("--subcatalog", type=float, default=0.0, help="share of steps on sub-catalogs of the 64 tools")
+    ap.add_argument("--sub-rows", type=int, default=2, help="rows of a sub-catalog step")
+    ap.add_argument("--sub-requests", type=int, default=24, help="requests per sub-catalog row")
+    ap.add_argument("--sub-max-tools", type=int, default=40)
+    ap.add_argument("--rename", type=float, default=0.3, help="share of sub-catalogs whose tools are renamed")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="start from this Hugging Face folder (e.g. the shipped model)")
+    ap.add_argument("--init-trained", action="store_true",
+                    help="train the shipped model's recipe first (OUT.init) and start from it")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--mlp", type=int, default=512)
     ap.add_argument("--layers", type=int, default=6)
@@ -180,6 +225,8 @@ def main() -> None:
                          "and --stop-step at it repeats the run")
     args = ap.parse_args()
 
+    if args.init_trained:
+        args.init = trained_init(Path(args.out), args.seed, args.threads)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
@@ -191,9 +238,10 @@ def main() -> None:
         log.write(line + "\n")
         log.flush()
 
-    say(json.dumps(vars(args)))
+    say(json.dumps(vars(args), default=str))
     shape = dict(vocab=2048, hidden=args.hidden, mlp=args.mlp, layers=args.layers, heads=args.heads, kv=args.kv_heads)
-    model = Qwen3(shape)
+    model = Qwen3(shape) if args.init is None else load_init(args.init)
+    shape = model.c
     ema = copy.deepcopy(model)
     for layer in (args.same_word_layer, args.evidence_layer, args.copy_layer):
         model.model.layers[layer].self_attn.capture = True
@@ -205,9 +253,11 @@ def main() -> None:
     sets = eval_rows(enc, 12345)
     tools64, train64 = catalog64_requests(args.seed, 120_000)
     gen = CatalogGenerator(args.seed)
+    sub = SubcatalogSampler(tools64, train64, args.seed + 2, rename_p=args.rename)
     pick = random.Random(args.seed + 1)
     at64 = 0
-    say(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters; {len(train64)} 64-tool requests")
+    say(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, shape {shape}; "
+        f"{len(train64)} 64-tool requests")
     t0, avg = time.time(), None
     last = args.steps if args.stop_step is None else min(args.steps, args.stop_step)
     for step in range(last + 1):
@@ -221,7 +271,11 @@ def main() -> None:
                 say(f"--max-seconds: stopped at step {step}; --stop-step {step} repeats this run")
             last = step
             break
-        if pick.random() < args.catalog64:
+        draw = pick.random()
+        if draw < args.subcatalog:
+            rows = [enc.row(*sub.row(pick.randint(2, args.sub_max_tools), args.sub_requests))
+                    for _ in range(args.sub_rows)]
+        elif draw < args.subcatalog + args.catalog64:
             rows = []
             for _ in range(args.rows64):
                 rows.append(enc.row(tools64, [train64[(at64 + i) % len(train64)] for i in range(args.requests64)]))
