@@ -77,3 +77,11 @@ def test_init_loads_a_hugging_face_folder_unchanged():
         a = ours.logits_at(ours.hidden(ids, torch.arange(23)[None], mask))
         b = theirs(input_ids=ids).logits
     assert torch.allclose(a, b, atol=1e-3), (a - b).abs().max()
+
+
+def test_init_from_a_folder_without_a_checkpoint_says_what_it_expected(tmp_path):
+    pytest.importorskip("torch")
+    from toolcall.models.recipe.train_catalog import load_init
+
+    with pytest.raises(SystemExit, match="expected a Hugging Face folder with config.json"):
+        load_init(tmp_path)

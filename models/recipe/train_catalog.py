@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from toolcall.builder.catalog import load_catalog
-from toolcall.models.recipe.catalog_gen import CatalogGenerator
+from toolcall.models.recipe.catalog_gen import TOKENIZER, CatalogGenerator
 from toolcall.models.recipe.catalog_rows import RowEncoder, collate
 from toolcall.models.recipe.data import Wording, make_split
 from toolcall.models.recipe.handwritten import without_evaluation_requests
@@ -99,13 +99,18 @@ def lr_at(step: int, args) -> float:
 def load_init(path: Path) -> Qwen3:
     """The training model holding the weights of the Hugging Face folder ``path`` (float32)."""
     from safetensors.torch import load_file
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        raise SystemExit(f"--init {path}: expected a Hugging Face folder with config.json and model.safetensors "
+                         "(e.g. models/toolcall-qwen3-tiny); found none there")
     c = json.loads((path / "config.json").read_text())
     shape = dict(vocab=c["vocab_size"], hidden=c["hidden_size"], mlp=c["intermediate_size"],
                  layers=c["num_hidden_layers"], heads=c["num_attention_heads"], kv=c["num_key_value_heads"])
     model = Qwen3(shape)
     weights = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
     missing, unexpected = model.load_state_dict(weights, strict=False)
-    assert not unexpected and not missing, (missing, unexpected)
+    if missing or unexpected:
+        raise SystemExit(f"--init {path}: not this Qwen3 architecture (missing {sorted(missing)[:3]}, unexpected "
+                         f"{sorted(unexpected)[:3]}); give a folder train.py or train_catalog.py wrote")
     return model
 
 
@@ -115,6 +120,9 @@ def trained_init(out: Path, seed: int, threads: int) -> Path:
     if not (base / "model.safetensors").exists():
         subprocess.run([sys.executable, "-m", "toolcall.models.recipe.train", "--out", str(base),
                         "--seed", str(seed), "--threads", str(threads)], check=True)
+    if (base / "tokenizer.json").read_bytes() != TOKENIZER.read_bytes():
+        raise SystemExit(f"{base}: its tokenizer differs from {TOKENIZER}, which the catalog rows encode with; "
+                         "the recipe no longer gives the shipped tokenizer")
     return base
 
 
