@@ -16,6 +16,9 @@ from toolcall.models.recipe.train import MODEL
 
 HEAD_DIM = MODEL["head_dim"]  # 64: the smallest head the GPU attention kernels take
 ROPE_THETA = MODEL["rope_theta"]
+# A shape's keys and their Qwen3Config names.
+HF_NAMES = dict(vocab="vocab_size", hidden="hidden_size", mlp="intermediate_size", layers="num_hidden_layers",
+                heads="num_attention_heads", kv="num_key_value_heads")
 
 class RMSNorm(nn.Module):
     def __init__(self, dim, eps=MODEL["rms_norm_eps"]):
@@ -131,9 +134,7 @@ class Qwen3(nn.Module):
 def hf_config(c):
     """The Qwen3Config of shape ``c``: train.MODEL (the shipped model's token ids, norms and rotary) resized."""
     from transformers import Qwen3Config
-    return Qwen3Config(**{**MODEL, "vocab_size": c["vocab"], "hidden_size": c["hidden"], "intermediate_size": c["mlp"],
-                          "num_hidden_layers": c["layers"], "num_attention_heads": c["heads"],
-                          "num_key_value_heads": c["kv"]})
+    return Qwen3Config(**{**MODEL, **{HF_NAMES[k]: v for k, v in c.items()}})
 
 
 def to_hf(model: Qwen3):

@@ -28,6 +28,7 @@ class SubcatalogSampler:
     def __init__(self, tools: list[tuple[str, str]], pool: list[Request], seed: int,
                  rename_p: float = 0.3, none_p: float = 0.25, partial_p: float = 0.15):
         self.tools, self.pool = tools, pool
+        self.shipped = frozenset(name for name, _ in tools)  # a generated name never takes one of these
         self.rng = random.Random(seed)
         self.names = CatalogGenerator(seed + 7, single_p=0.3)
         self.rename_p, self.none_p, self.partial_p = rename_p, none_p, partial_p
@@ -42,11 +43,12 @@ class SubcatalogSampler:
         rng = self.rng
         chosen = rng.sample(self.tools, k)
         held = {name for name, _ in chosen}
+        held_order = sorted(held)  # a fixed order to draw from: a set's order is not seeded
         rename = {}
         if rng.random() < self.rename_p:
             used: set[str] = set()
             for name, _ in chosen:
-                new, _ = self.names.tool([], used | {t for t, _ in self.tools})
+                new, _ = self.names.tool([], used | self.shipped)
                 used.add(new)
                 rename[name] = new
         tools = [(rename.get(name, name), desc) for name, desc in chosen]
@@ -54,13 +56,13 @@ class SubcatalogSampler:
         for _ in range(n):
             draw = rng.random()
             kind = "none" if draw < self.none_p else "partial" if draw < self.none_p + self.partial_p else "held"
-            i = self._draw(kind, held)
+            i = self._draw(kind, held, held_order)
             text, names, spans = self.pool[i]
             requests.append((text, [rename.get(t, t) for t in names if t in held],
                              [(a, b, rename.get(t, t)) for a, b, t in spans if t in held]))
         return tools, requests
 
-    def _draw(self, kind: str, held: set[str]) -> int:
+    def _draw(self, kind: str, held: set[str], held_order: list[str]) -> int:
         """A pool index of the ``kind`` asked for. When 200 draws find none (a small catalog rarely holds
         part of a multi-tool request), a held tool's single-tool request, else any request."""
         rng = self.rng
@@ -70,11 +72,11 @@ class SubcatalogSampler:
             elif kind == "partial":
                 i = rng.choice(self.multi)
             else:
-                i = rng.choice(self.by_tool.get(rng.choice(sorted(held)), [0]))
+                i = rng.choice(self.by_tool.get(rng.choice(held_order), [0]))
             names = set(self.pool[i][1])
             inside = len(names & held)
             if (kind == "none" and inside == 0) or (kind == "partial" and 0 < inside < len(names)) \
                     or (kind == "held" and inside == len(names)):
                 return i
-        singles = [i for t in sorted(held) for i in self.by_tool.get(t, []) if len(self.pool[i][1]) == 1]
+        singles = [i for t in held_order for i in self.by_tool.get(t, []) if len(self.pool[i][1]) == 1]
         return rng.choice(singles) if singles else rng.randrange(len(self.pool))

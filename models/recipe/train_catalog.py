@@ -50,7 +50,7 @@ from toolcall.models.recipe.catalog_gen import TOKENIZER, CatalogGenerator
 from toolcall.models.recipe.catalog_rows import RowEncoder, collate
 from toolcall.models.recipe.data import Wording, make_split
 from toolcall.models.recipe.handwritten import without_evaluation_requests
-from toolcall.models.recipe.masked_qwen3 import Qwen3, to_hf
+from toolcall.models.recipe.masked_qwen3 import HF_NAMES, Qwen3, to_hf
 from toolcall.models.recipe.subcatalogs import SubcatalogSampler
 from toolcall.models.recipe.train import TRAIN_COUNTS, write_folder
 
@@ -103,9 +103,7 @@ def load_init(path: Path) -> Qwen3:
         raise SystemExit(f"--init {path}: expected a Hugging Face folder with config.json and model.safetensors "
                          "(e.g. models/toolcall-qwen3-tiny); found none there")
     c = json.loads((path / "config.json").read_text())
-    shape = dict(vocab=c["vocab_size"], hidden=c["hidden_size"], mlp=c["intermediate_size"],
-                 layers=c["num_hidden_layers"], heads=c["num_attention_heads"], kv=c["num_key_value_heads"])
-    model = Qwen3(shape)
+    model = Qwen3({k: c[name] for k, name in HF_NAMES.items()})
     weights = {k: v.float() for k, v in load_file(str(path / "model.safetensors")).items()}
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
