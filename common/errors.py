@@ -44,6 +44,8 @@ EXIT_CODES: dict[str, int] = {
     "cuda_error": 50,
     "graph_stuck": 51,  # a WHILE graph never cleared its condition: the context is unusable
     "device_check_setup": 52,  # bench/gpu_check.py: what the device machine needs is missing
+    "sim_unsupported": 53,  # the PTX executor met an instruction or directive it does not run
+    "sim_fault": 54,  # the PTX executor's sanitizers: out of bounds, race, sync, uninitialized, misaligned, hang
     # numerics and outputs (issue 14)
     "numerics_invalid": 60,  # NaN/Inf in hidden states or logits: never a silent argmax
     "output_unsafe": 61,  # --out equal to, inside or containing an input (checkpoint, catalog)

@@ -180,6 +180,11 @@ class Gpu:
         self._modules.append(module)
         return Module(module)
 
+    def load_kernel_file(self, file: str) -> "Module":
+        """kernels/``file``.cu compiled for this device's arch (cached per process) and loaded."""
+        from toolcall.kernels.nvrtc_build import compile_kernel
+        return self.load(compile_kernel(file, self.arch).cubin)
+
     def launch(self, kernel: Kernel, grid, block, args: Mapping[str, object], shared_bytes: int = 0,
                stream=0) -> None:
         params, holders = kernel.pack(args)

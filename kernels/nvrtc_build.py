@@ -79,6 +79,38 @@ def _check(nvrtc, result, call: str, name: str, log: str = ""):
     return values[0] if len(values) == 1 else values
 
 
+def compute_target(arch: str) -> str:
+    """The virtual architecture NVRTC writes PTX for, for ``arch`` (sm_100a -> compute_100a)."""
+    return "compute_" + check_arch(arch)[3:]
+
+
+def compile_ptx(source: bytes, name: str, arch: str, headers: dict[str, bytes] | None = None) -> str:
+    """The PTX of CUDA C++ ``source`` (program ``name``.cu) for ``arch``'s virtual architecture, with line info
+    (the PTX executor names source lines); ``headers`` default to kernels/*.cuh. ``BuildError`` with the log."""
+    nvrtc = _nvrtc()
+    headers = kernel_headers() if headers is None else headers
+    opts = [f"--gpu-architecture={compute_target(arch)}".encode(), b"-std=c++17", b"-default-device", b"-lineinfo",
+            f"-I{include_dir()}".encode()]
+    prog = _check(nvrtc, nvrtc.nvrtcCreateProgram(source, f"{name}.cu".encode(), len(headers),
+                                                  list(headers.values()), [h.encode() for h in headers]),
+                  "nvrtcCreateProgram", name)
+    try:
+        result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            size = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize", name)
+            buf = b" " * size
+            _check(nvrtc, nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog", name)
+            log = buf.rstrip(b"\x00").decode(errors="replace")
+            raise BuildError("kernel_compile_failed", f"{name}.cu does not compile for {arch}:\n{log}",
+                             kernel=name, arch=arch, log=log, result=int(result[0]))
+        size = _check(nvrtc, nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize", name)
+        ptx = b" " * size
+        _check(nvrtc, nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX", name)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return bytes(ptx).rstrip(b"\x00").decode()
+
+
 def compile_source(source: bytes, name: str, arch: str) -> CompiledKernel:
     """Compiles CUDA C++ ``source`` (program ``name``.cu) for ``arch``; ``BuildError`` with the
     compiler log on failure."""

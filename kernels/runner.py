@@ -18,7 +18,6 @@ from toolcall.common.errors import CudaError
 from toolcall.kernels.declarations import Launch, declaration
 from toolcall.kernels.graph_nodes import add_kernel_node, add_while_node
 from toolcall.kernels.launch import DeviceArray, Kernel, check
-from toolcall.kernels.nvrtc_build import compile_kernel
 
 WHILE_TIMEOUT_S = 30.0  # run_while_graph's default wait for the loop to end
 
@@ -42,8 +41,7 @@ class KernelRunner:
     def kernel(self, fn: str) -> Kernel:
         file = declaration(fn).file
         if file not in self.modules:
-            cubin = b"" if self.dry else compile_kernel(file, self.gpu.arch).cubin
-            self.modules[file] = self.gpu.load(cubin)
+            self.modules[file] = self.gpu.load_kernel_file(file)
         return self.modules[file].kernel(fn)
 
     def launch(self, ln: Launch) -> None:
@@ -114,6 +112,9 @@ class DryRunGpu:
         pass
 
     def load(self, cubin: bytes) -> _DryModule:
+        return _DryModule()
+
+    def load_kernel_file(self, file: str) -> _DryModule:
         return _DryModule()
 
     def launch(self, kernel: Kernel, grid, block, args, shared_bytes: int = 0, stream=0) -> None:

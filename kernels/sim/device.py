@@ -1,0 +1,127 @@
+"""``SimGpu``: the Gpu interface of toolcall.kernels.launch on the PTX executor, for kernels/ tests.
+
+Memory is the executor's GlobalMemory (allocations bounds-checked on every access), a module is the PTX NVRTC
+writes for the device's arch, and a launch runs on the executor at once (a stream is always idle). Options:
+``seed`` (block and atomic order; a later launch gets the next seed), ``sanitize`` (racecheck and initcheck),
+``stats`` (a LaunchStats every launch adds to).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from toolcall.kernels.declarations import declaration
+from toolcall.kernels.launch import DeviceArray, Kernel
+from toolcall.kernels.sim.errors import SimUnsupported
+from toolcall.kernels.sim.executor import LaunchSpec, run_launch
+from toolcall.kernels.sim.machine import LaunchStats
+from toolcall.kernels.sim.memory import GlobalMemory
+from toolcall.kernels.sim.modules import ptx_module
+from toolcall.kernels.sim.program import Program
+from toolcall.kernels.targets import arch_capability
+
+
+class SimModule:
+    """A PTX module loaded on a SimGpu: its entry functions compiled on first use."""
+
+    def __init__(self, gpu: "SimGpu", file: str):
+        self.gpu, self.file = gpu, file
+        self.ptx = ptx_module(file, gpu.arch, gpu.kernels_dir)
+        self.globals = {}
+        for var in self.ptx.variables:
+            if var.space in ("global", "const"):
+                address = gpu.memory.alloc(max(var.size, 1), f"{file}:{var.name}")
+                if var.init:
+                    gpu.memory.host_view(address, len(var.init))[:] = np.frombuffer(var.init, np.uint8)
+                self.globals[var.name] = address
+        self.programs: dict[str, Program] = {}
+
+    def kernel(self, name: str) -> Kernel:
+        if name not in self.ptx.functions:
+            raise SimUnsupported(f"{self.file}: no entry function {name!r} in its PTX", kernel=name)
+        if name not in self.programs:
+            self.programs[name] = Program(self.ptx.functions[name], self.ptx, self.globals)
+        return Kernel(self.programs[name], declaration(name))
+
+
+class SimGpu:
+    """A simulated device of architecture ``arch`` (sm_80, sm_90, sm_100a, sm_120a, ...)."""
+
+    context = None
+
+    def __init__(self, arch: str = "sm_90", *, seed: int = 0, sanitize: bool = True, kernels_dir=None,
+                 stats: LaunchStats | None = None):
+        self.arch, self.seed, self.sanitize, self.kernels_dir, self.stats = arch, seed, sanitize, kernels_dir, stats
+        self.compute_capability = arch_capability(arch)
+        self.name = f"simulated {arch}"
+        self.memory = GlobalMemory()
+        self._allocs: dict[int, DeviceArray] = {}
+        self.launches = []
+        self.conditionals: dict[int, int] = {}
+
+    # ---- memory ----
+    def alloc(self, nbytes: int, label: str = "") -> DeviceArray:
+        arr = DeviceArray(self.memory.alloc(nbytes, label), int(nbytes))
+        self._allocs[arr.ptr] = arr
+        return arr
+
+    def zeros(self, nbytes: int) -> DeviceArray:
+        return self.alloc(nbytes)
+
+    def upload(self, host: np.ndarray) -> DeviceArray:
+        host = np.ascontiguousarray(host)
+        arr = self.alloc(host.nbytes)
+        self.copy_in(arr, host)
+        return arr
+
+    def copy_in(self, arr: DeviceArray, host: np.ndarray) -> None:
+        raw = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+        if raw.nbytes > arr.nbytes:
+            raise ValueError(f"copy of {raw.nbytes} bytes into a {arr.nbytes}-byte allocation")
+        self.memory.host_view(arr.ptr, raw.nbytes)[:] = raw
+
+    def download(self, arr: DeviceArray, shape, dtype) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        if out.nbytes > arr.nbytes:
+            raise ValueError(f"download of {out.nbytes} bytes from a {arr.nbytes}-byte allocation")
+        out.reshape(-1).view(np.uint8)[:] = self.memory.host_view(arr.ptr, out.nbytes)
+        return out
+
+    def copy_device(self, dst: DeviceArray, src: DeviceArray, nbytes: int) -> None:
+        if nbytes > min(dst.nbytes, src.nbytes):
+            raise ValueError(f"copy of {nbytes} bytes between allocations of {src.nbytes} and {dst.nbytes} bytes")
+        self.memory.host_view(dst.ptr, nbytes)[:] = self.memory.host_view(src.ptr, nbytes).copy()
+
+    def free(self, arr: DeviceArray) -> None:
+        if self._allocs.pop(arr.ptr, None) is not None:
+            self.memory.free(arr.ptr)
+
+    # ---- modules and launches ----
+    def load_kernel_file(self, file: str) -> SimModule:
+        return SimModule(self, file)
+
+    def launch(self, kernel: Kernel, grid, block, args: Mapping[str, object], shared_bytes: int = 0,
+               stream=0) -> None:
+        _, holders = kernel.pack(args)
+        prog: Program = kernel.function
+        block_params = np.zeros(max(prog.param_bytes, 8), np.uint8)
+        for (name, size), h in zip(prog.fn.params, holders):
+            at = prog.param_offsets[name]
+            block_params[at:at + size] = h.view(np.uint8)[:size]
+        grid = (tuple(int(g) for g in grid) + (1, 1))[:3]
+        block = (tuple(int(b) for b in block) + (1, 1))[:3]
+        spec = LaunchSpec(grid, block, block_params, self.memory, shared_bytes, self.seed, self.sanitize,
+                          self.stats)
+        if self.seed:
+            self.seed += 1
+        run_launch(prog, spec)
+        self.conditionals.update(spec.conditionals)
+        self.launches.append(kernel.name)
+
+    def synchronize(self) -> None:
+        pass
+
+    def close(self) -> None:
+        for arr in list(self._allocs.values()):
+            self.free(arr)

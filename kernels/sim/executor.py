@@ -1,0 +1,123 @@
+"""A launch on the executor: blocks in a seeded order, batch by batch, each batch stepped min-PC.
+
+``run_launch(program, grid, block, param_block, memory, ...)`` runs every block of the grid; ``seed`` orders
+the blocks and the atomics (two seeds must give the same output for a kernel whose cross-block protocol is
+right); ``sanitize`` turns on racecheck / initcheck (bounds, alignment and sync checks are always on).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from toolcall.kernels.sim.errors import SimFault
+from toolcall.kernels.sim.machine import BATCH_BYTES, MAX_STEPS, Batch, LaunchStats
+from toolcall.kernels.sim.memory import GlobalMemory
+from toolcall.kernels.sim.numerics import APPROXIMATE
+from toolcall.kernels.sim.program import Program
+
+
+@dataclass
+class LaunchSpec:
+    """One launch's inputs and what it leaves: ``conditionals`` (graph handle -> value set by the kernel)."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    param_block: np.ndarray
+    memory: GlobalMemory
+    shared_bytes: int = 0
+    seed: int = 0
+    sanitize: bool = True
+    stats: LaunchStats | None = None
+    conditionals: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(self.seed)
+
+
+def run_launch(prog: Program, spec: LaunchSpec) -> None:
+    threads = int(np.prod(spec.block))
+    n_blocks = int(np.prod(spec.grid))
+    order = spec.rng.permutation(n_blocks) if spec.seed else np.arange(n_blocks)
+    lane_bytes = sum(dt.itemsize for dt in prog.reg_dtypes) + prog.local_bytes + 64
+    per_batch = max(1, min(n_blocks, BATCH_BYTES // (lane_bytes * threads), max(1, 65536 // threads)))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for start in range(0, n_blocks, per_batch):
+            run_batch(Batch(prog, spec, order[start:start + per_batch]))
+
+
+def run_batch(S: Batch) -> None:
+    prog, steps = S.prog, S.prog.steps
+    exit_pc = prog.exit_pc
+    pc = np.zeros(S.n, np.int64)
+    alive = S.n
+    uniform_pc, uniform_ix = 0, slice(None)  # all live lanes at one pc (None: diverged, read `pc`)
+    stats = S.stats
+    for _ in range(MAX_STEPS):
+        if uniform_pc is None:
+            p = int(pc.min())
+            if p >= exit_pc:
+                return
+            ix = np.flatnonzero(pc == p)
+            if len(ix) == alive:
+                uniform_pc, uniform_ix = p, ix
+        else:
+            p, ix = uniform_pc, uniform_ix
+            if p >= exit_pc:
+                return
+        step = steps[p]
+        S.step = step
+        run = ix
+        if step.guard is not None:
+            g = S.regs[step.guard][ix]
+            run = S.lane_ids(ix)[~g if step.negated else g]
+        if stats is not None:
+            n_run = len(S.lane_ids(run))
+            stats.lane_instructions += n_run
+            stats.steps += 1
+            if step.instr.op in APPROXIMATE:
+                stats.approximate[step.instr.op] = stats.approximate.get(step.instr.op, 0) + n_run
+        kind = step.kind
+        if kind == "op":
+            if step.fn is not None and (step.guard is None or len(run)):
+                step.fn(S, run)
+            nxt = p + 1
+        elif kind == "bra":
+            taken = S.lane_ids(run) if step.guard is not None else None
+            if taken is None or len(taken) == len(S.lane_ids(ix)):
+                nxt = step.target
+            elif len(taken) == 0:
+                nxt = p + 1
+            else:
+                if uniform_pc is not None:
+                    pc[S.lane_ids(ix)] = p
+                pc[S.lane_ids(ix)] = p + 1
+                pc[taken] = step.target
+                uniform_pc = None
+                continue
+        elif kind == "ret":
+            gone = S.lane_ids(run)
+            if len(gone):
+                if uniform_pc is not None:
+                    pc[S.lane_ids(ix)] = p
+                pc[gone] = exit_pc
+                alive -= len(gone)
+                np.subtract.at(S.alive_per_block, S.block[gone], 1)
+                rest = np.setdiff1d(S.lane_ids(ix), gone, assume_unique=True)
+                pc[rest] = p + 1
+                uniform_pc = None
+                if alive == 0:
+                    return
+                continue
+            nxt = p + 1
+        else:  # bar
+            S.barrier(S.lane_ids(ix))
+            if step.fn is not None:
+                step.fn(S, ix)
+            nxt = p + 1
+        if uniform_pc is not None:
+            uniform_pc = nxt
+        else:
+            pc[ix] = nxt
+    raise SimFault("hang", f"{prog.name}: a batch ran {MAX_STEPS} instructions without finishing",
+                   kernel=prog.name)

@@ -1,0 +1,246 @@
+"""Running one launch of a compiled entry function over every thread of a batch of blocks at once.
+
+Lanes: a batch holds whole blocks, their threads in order (lane = block slot * threads + thread), each
+register a numpy array over the lanes. Scheduling: every lane has its own program counter; each step runs
+the instruction at the smallest counter for all lanes there (min-PC), so a diverged if / else or loop
+reconverges where the lanes meet again, as at the immediate post-dominator of the structured code NVRTC
+writes. A barrier runs when it is the smallest counter, i.e. once every lane of the block has reached it;
+a live lane of the block still elsewhere is a sync fault. Blocks run in a seeded order, batch by batch (a
+later batch sees an earlier one's writes), and atomics resolve in a seeded lane order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from toolcall.kernels.sim.errors import SimFault
+from toolcall.kernels.sim.program import Program
+from toolcall.kernels.sim.shared import SharedMemory
+
+MAX_STEPS = 20_000_000  # instructions a batch may run before it is a hang
+BATCH_BYTES = 192 << 20  # registers and local memory of one batch
+
+
+@dataclass
+class LaunchStats:
+    """What a launch ran: dynamic instructions (lane-instructions and warp-instructions), approximate ones by
+    opcode, global accesses (bytes requested vs 32-byte sectors touched per warp instruction), shared
+    accesses and their bank-conflict ways."""
+
+    lane_instructions: int = 0
+    steps: int = 0
+    approximate: dict[str, int] = field(default_factory=dict)
+    global_bytes: int = 0
+    global_sectors: int = 0
+    global_requests: int = 0
+    shared_requests: int = 0
+    shared_wavefronts: int = 0
+    sector_reads: dict = field(default_factory=dict)  # sector -> times read (bytes read more than once)
+
+    def add(self, other: "LaunchStats") -> None:
+        for k in ("lane_instructions", "steps", "global_bytes", "global_sectors", "global_requests",
+                  "shared_requests", "shared_wavefronts"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        for k, v in other.approximate.items():
+            self.approximate[k] = self.approximate.get(k, 0) + v
+
+
+def _register_file(prog: Program, n: int) -> list[np.ndarray]:
+    """One array of ``n`` lanes per register: rows of one block per dtype, kept on the program and reused by
+    its later batches (fresh pages cost more than the instructions; a register is written before it is read,
+    so a batch may start with the last one's values)."""
+    pool = prog.__dict__.setdefault("register_pool", {})
+    if pool.get("lanes", 0) < n:
+        pool.clear()
+        pool["lanes"] = n
+        for dt in set(prog.reg_dtypes):
+            pool[dt] = np.zeros((sum(d == dt for d in prog.reg_dtypes), n), dt)
+    regs: list[np.ndarray | None] = [None] * len(prog.reg_dtypes)
+    rows = dict.fromkeys(pool, 0)
+    for i, dt in enumerate(prog.reg_dtypes):
+        regs[i] = pool[dt][rows[dt], :n]
+        rows[dt] += 1
+    return regs
+
+
+class Batch:
+    """The state of a batch of blocks: registers, special registers, shared and local memory, call slots."""
+
+    def __init__(self, prog: Program, launch, blocks: np.ndarray):
+        self.prog, self.launch, self.memory = prog, launch, launch.memory
+        gx, gy, _ = launch.grid
+        bx, by, bz = launch.block
+        T = bx * by * bz
+        self.n_blocks, self.threads = len(blocks), T
+        self.n = n = len(blocks) * T
+        self.all = np.arange(n)
+        slot = self.all // T
+        t = self.all % T
+        self.block, self.tid = slot, t
+        self.laneid = (t % 32).astype(np.uint32)
+        warps_per_block = -(-T // 32)
+        self.warp = slot * warps_per_block + t // 32
+        self.n_warps = len(blocks) * warps_per_block
+        ids = blocks[slot]
+        const = lambda v: np.full(n, v, np.uint32)  # noqa: E731
+        self.special = {"%tid.x": (t % bx).astype(np.uint32), "%tid.y": (t // bx % by).astype(np.uint32),
+                        "%tid.z": (t // (bx * by)).astype(np.uint32), "%ntid.x": const(bx), "%ntid.y": const(by),
+                        "%ntid.z": const(bz), "%ctaid.x": (ids % gx).astype(np.uint32),
+                        "%ctaid.y": (ids // gx % gy).astype(np.uint32), "%ctaid.z": (ids // (gx * gy)).astype(np.uint32),
+                        "%nctaid.x": const(gx), "%nctaid.y": const(gy), "%nctaid.z": const(launch.grid[2]),
+                        "%laneid": self.laneid, "%warpid": (t // 32).astype(np.uint32)}
+        self.block_ids = ids
+        self.regs = _register_file(prog, n)
+        self.param_block = launch.param_block
+        self.call_args: dict[str, np.ndarray] = {}
+        self.shared = SharedMemory(self, prog.dynamic_shared + launch.shared_bytes, launch.sanitize)
+        self.local = np.zeros(n * max(prog.local_bytes, 16), np.uint8) if prog.local_bytes else None
+        self.alive_per_block = np.full(len(blocks), T)
+        self.stats = launch.stats
+        self.step = None  # the Step running (for messages)
+
+    # ---- helpers for the op closures ----
+    def lane_ids(self, ix) -> np.ndarray:
+        return self.all if isinstance(ix, slice) else ix
+
+    def where(self, lane: int) -> str:
+        s = self.special
+        return (f"{self.prog.name} at {self.step.instr.loc or '?'} (PTX line {self.step.instr.line}), block "
+                f"({s['%ctaid.x'][lane]}, {s['%ctaid.y'][lane]}, {s['%ctaid.z'][lane]}) thread {self.tid[lane]}")
+
+    def fault(self, kind: str, lanes: np.ndarray, bad: np.ndarray, what: str):
+        first = int(lanes[np.flatnonzero(bad)[0]])
+        raise SimFault(kind, f"{what} in {self.where(first)} ({int(np.count_nonzero(bad))} lane(s))",
+                       kernel=self.prog.name, line=self.step.instr.line, loc=self.step.instr.loc,
+                       block=int(self.block_ids[self.block[first]]), thread=int(self.tid[first]))
+
+    # ---- memory ----
+    def load(self, space, addr, ty, count, ix) -> np.ndarray:
+        lanes = self.lane_ids(ix)
+        addr = np.broadcast_to(np.asarray(addr, np.uint64), lanes.shape)
+        if space == "global":
+            return self._global(lanes, addr, ty, count)[0].view(ty)[self._elements(addr, ty, count, lanes, space)]
+        if space == "shared":
+            return self.shared.load(lanes, addr, ty, count)
+        buf, at = self._local(lanes, addr, ty, count)
+        return buf[at]
+
+    def store(self, space, addr, values, ix) -> None:
+        lanes = self.lane_ids(ix)
+        ty, count = values.dtype, values.shape[1]
+        addr = np.broadcast_to(np.asarray(addr, np.uint64), lanes.shape)
+        if space == "global":
+            heap, _ = self._global(lanes, addr, ty, count)
+            heap.view(ty)[self._elements(addr, ty, count, lanes, space)] = values
+        elif space == "shared":
+            self.shared.store(lanes, addr, values)
+        else:
+            buf, at = self._local(lanes, addr, ty, count)
+            buf[at] = values
+
+    def _aligned(self, lanes, addr, nbytes, space):
+        bad = (addr % np.uint64(nbytes)) != 0
+        if bad.any():
+            self.fault("misaligned", lanes, bad, f"{nbytes}-byte {space} access at {int(addr[np.flatnonzero(bad)[0]]):#x}")
+
+    def _global(self, lanes, addr, ty, count):
+        nbytes = ty.itemsize * count
+        self._aligned(lanes, addr, nbytes, "global")
+        ok = self.memory.check(addr, nbytes)
+        if not ok.all():
+            a = int(addr[np.flatnonzero(~ok)[0]])
+            self.fault("out_of_bounds", lanes, ~ok, f"{nbytes}-byte global access at {a:#x} ({self.memory.owner(a)})")
+        if self.stats is not None:
+            self._count_global(lanes, addr, nbytes)
+        return self.memory.heap, None
+
+    def _elements(self, addr, ty, count, lanes, space):
+        first = self.memory.offsets(addr) // ty.itemsize
+        return first[:, None] + np.arange(count) if count > 1 else first[:, None]
+
+    def _local(self, lanes, addr, ty, count):
+        nbytes = ty.itemsize * count
+        self._aligned(lanes, addr, nbytes, "local")
+        size = self.prog.local_bytes
+        bad = addr.astype(np.int64) + nbytes > size
+        if self.local is None or bad.any():
+            self.fault("out_of_bounds", lanes, bad if self.local is not None else np.ones(len(lanes), bool),
+                       f"{nbytes}-byte local access past the {size}-byte frame")
+        stride = max(size, 16)
+        first = (lanes.astype(np.int64) * stride + addr.astype(np.int64)) // ty.itemsize
+        return self.local.view(ty), first[:, None] + np.arange(count)
+
+    def _count_global(self, lanes, addr, nbytes):
+        st = self.stats
+        warp = self.warp[lanes]
+        sectors = addr // np.uint64(32)
+        last = (addr + np.uint64(nbytes - 1)) // np.uint64(32)
+        keys = np.unique(np.concatenate([warp.astype(np.uint64) << np.uint64(40) | sectors,
+                                         warp.astype(np.uint64) << np.uint64(40) | last]))
+        st.global_sectors += len(keys)
+        st.global_bytes += len(lanes) * nbytes
+        st.global_requests += len(np.unique(warp))
+        for s in np.unique(np.concatenate([sectors, last])).tolist():
+            st.sector_reads[s] = st.sector_reads.get(s, 0) + 1
+
+    def atomic(self, op, addr, value, ty, ix) -> np.ndarray:
+        lanes = self.lane_ids(ix)
+        addr = np.broadcast_to(np.asarray(addr, np.uint64), lanes.shape)
+        heap, _ = self._global(lanes, addr, ty, 1)
+        cells = self._elements(addr, ty, 1, lanes, "global")[:, 0]
+        values = np.broadcast_to(np.asarray(value, ty), lanes.shape)
+        old = np.zeros(len(lanes), ty)
+        view = heap.view(ty)
+        for k in self.launch.rng.permutation(len(lanes)):  # the seeded order atomics resolve in
+            c = cells[k]
+            old[k] = view[c]
+            view[c] = view[c] + values[k] if op == "add" else view[c] | values[k]
+        return old
+
+    def set_conditional(self, handles, values) -> None:
+        for h, v in zip(handles.tolist(), values.tolist()):
+            self.launch.conditionals[int(h)] = int(v)
+
+    # ---- warps ----
+    def warp_sync(self, ix, mask, what: str) -> None:
+        lanes = self.lane_ids(ix)
+        mask = np.broadcast_to(np.asarray(mask, np.uint32), lanes.shape).astype(np.uint64)
+        bits = np.uint64(1) << self.laneid[lanes].astype(np.uint64)
+        executing = np.zeros(self.n_warps, np.uint64)
+        np.bitwise_or.at(executing, self.warp[lanes], bits)
+        missing = mask & ~executing[self.warp[lanes]]
+        outside = (mask & bits) == 0
+        bad = (missing != 0) | outside
+        if bad.any():
+            k = np.flatnonzero(bad)[0]
+            self.fault("sync", lanes, bad, f"{what} with member mask {int(mask[k]):#010x} executed by lanes "
+                                           f"{int(executing[self.warp[lanes[k]]]):#010x} of the warp")
+        if what == "bar.warp.sync":
+            self.shared.warp_barrier(np.unique(self.warp[lanes]))
+
+    def check_shfl_sources(self, ix, source, mask, what) -> None:
+        lanes = self.lane_ids(ix)
+        executing = np.zeros(self.n, bool)
+        executing[lanes] = True
+        bad = ~executing[source]
+        if bad.any():
+            self.fault("sync", lanes, bad, f"{what} reads lane {int(self.laneid[source[np.flatnonzero(bad)[0]]])}, "
+                                           "which does not execute it")
+
+    def warp_lanes(self, ix, what: str) -> np.ndarray:
+        lanes = self.lane_ids(ix)
+        whole = len(lanes) % 32 == 0 and np.array_equal(
+            self.laneid[lanes].reshape(-1, 32), np.broadcast_to(np.arange(32, dtype=np.uint32), (len(lanes) // 32, 32)))
+        if not whole:
+            self.fault("sync", lanes, np.ones(len(lanes), bool), f"{what} executed by part of a warp")
+        return lanes.reshape(-1, 32)
+
+    def barrier(self, lanes: np.ndarray) -> None:
+        arrived = np.bincount(self.block[lanes], minlength=self.n_blocks)
+        bad_blocks = (arrived > 0) & (arrived != self.alive_per_block)
+        if bad_blocks.any():
+            b = int(np.flatnonzero(bad_blocks)[0])
+            self.fault("sync", lanes, self.block[lanes] == b,
+                       f"bar.sync reached by {arrived[b]} of the block's {self.alive_per_block[b]} live threads")
+        self.shared.block_barrier(np.flatnonzero(arrived))

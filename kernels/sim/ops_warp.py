@@ -1,0 +1,104 @@
+"""Control flow and warp- / block-level opcodes: bra, ret / exit, bar.sync, bar.red.popc, bar.warp.sync,
+shfl.sync (bfly, idx, up, down), vote.sync.ballot, and mma.sync (ops_mma.py).
+
+The machine moves program counters for ``bra`` / ``ret`` and synchronises ``bar``; these closures compute
+the values. Every warp-synchronous instruction checks, through the batch, that all lanes its member mask
+names execute it together (synccheck).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from toolcall.kernels.sim.errors import SimUnsupported
+from toolcall.kernels.sim.ops import CONTROL
+from toolcall.kernels.sim.ops_mma import build_mma
+
+U32 = np.dtype(np.uint32)
+
+
+def build_bra(ins, P):
+    if ins.op not in ("bra", "bra.uni") or ins.operands[0][1] not in P.fn.labels:
+        raise SimUnsupported(f"{ins.op} {ins.operands}: unknown form or label")
+    return "bra", None
+
+
+def build_ret(ins, P):
+    return "ret", None
+
+
+def build_bar(ins, P):
+    if ins.op in ("bar.sync", "barrier.sync", "bar.cta.sync", "barrier.sync.aligned"):
+        if len(ins.operands) != 1 or ins.operands[0] != ("imm", "0"):
+            raise SimUnsupported(f"{ins.op} {ins.operands}: only barrier 0 of the whole block is supported")
+        return "bar", None
+    if ins.op == "bar.red.popc.u32":
+        if ins.operands[1] != ("imm", "0"):
+            raise SimUnsupported(f"{ins.op}: only barrier 0")
+        put, pred = P.writer(ins.operands[0], U32), P.reader(ins.operands[2], np.dtype(bool))
+
+        def popc(S, ix):
+            lanes = S.lane_ids(ix)
+            counts = np.bincount(S.block[lanes], weights=pred(S, ix), minlength=S.n_blocks).astype(U32)
+            put(S, ix, counts[S.block[lanes]])
+        return "bar", popc
+    if ins.op == "bar.warp.sync":
+        mask = P.reader(ins.operands[0], U32)
+        return "op", lambda S, ix: S.warp_sync(ix, mask(S, ix), "bar.warp.sync")
+    raise SimUnsupported(f"{ins.op} is not in the executor's instruction table")
+
+
+def build_shfl(ins, P):
+    parts = ins.op.split(".")
+    if parts[:2] != ["shfl", "sync"] or parts[-1] != "b32" or parts[2] not in ("bfly", "idx", "up", "down"):
+        raise SimUnsupported(f"{ins.op} is not in the executor's instruction table")
+    mode = parts[2]
+    dst = ins.operands[0]
+    d, p = (dst[1][0], dst[1][1]) if dst[0] == "vec" else (dst, ("sink",))
+    put, put_p = P.writer(d, U32), P.writer(p, np.dtype(bool))
+    a, b, c, mask = (P.reader(op, U32) for op in ins.operands[1:5])
+
+    def shfl(S, ix):
+        lanes = S.lane_ids(ix)
+        m = np.broadcast_to(mask(S, ix), lanes.shape)
+        S.warp_sync(ix, m, ins.op)
+        lane = S.laneid[lanes].astype(np.int64)
+        bval = np.asarray(b(S, ix)).astype(np.int64) & 31
+        cval = np.asarray(c(S, ix)).astype(np.int64)
+        segmask, clamp = (cval >> 8) & 31, cval & 31
+        max_lane = (lane & segmask) | (clamp & ~segmask)
+        min_lane = lane & segmask
+        j = {"bfly": lambda: lane ^ bval, "idx": lambda: min_lane | (bval & ~segmask),
+             "up": lambda: lane - bval, "down": lambda: lane + bval}[mode]()
+        ok = (j >= max_lane) if mode == "up" else (j <= max_lane)
+        j = np.where(ok, j, lane)
+        source = lanes - lane + j  # the source lane's index in the batch (same warp)
+        S.check_shfl_sources(ix, source, m, ins.op)
+        values = np.zeros(S.n, U32)
+        values[lanes] = np.broadcast_to(a(S, ix), lanes.shape)
+        put(S, ix, values[source])
+        put_p(S, ix, ok)
+    return "op", shfl
+
+
+def build_vote(ins, P):
+    if ins.op != "vote.sync.ballot.b32":
+        raise SimUnsupported(f"{ins.op} is not in the executor's instruction table")
+    put = P.writer(ins.operands[0], U32)
+    pred, mask = P.reader(ins.operands[1], np.dtype(bool)), P.reader(ins.operands[2], U32)
+
+    def ballot(S, ix):
+        lanes = S.lane_ids(ix)
+        S.warp_sync(ix, np.broadcast_to(mask(S, ix), lanes.shape), ins.op)
+        bits = np.where(pred(S, ix), np.uint64(1) << S.laneid[lanes].astype(np.uint64), np.uint64(0))
+        per_warp = np.zeros(S.n_warps, np.uint64)
+        np.add.at(per_warp, S.warp[lanes], bits)
+        put(S, ix, per_warp[S.warp[lanes]].astype(U32))
+    return "op", ballot
+
+
+def _mma(ins, P):
+    return "op", build_mma(ins, P)
+
+
+CONTROL.update({"bra": build_bra, "ret": build_ret, "exit": build_ret, "bar": build_bar, "barrier": build_bar,
+                "shfl": build_shfl, "vote": build_vote, "mma": _mma})
