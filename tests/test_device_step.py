@@ -67,10 +67,11 @@ def requests(parts) -> list[Request]:
             Request(p[0], Sampling(1.5, 0.8, 5), keep_logits=True), Request(p[2], max_output_tokens=3)]
 
 
-def device_model(parts, gpu=None) -> tuple[CudaModel, EmulatedGpu]:
+def device_model(parts, gpu=None, columns: int | None = None) -> tuple[CudaModel, EmulatedGpu]:
     gpu = gpu or EmulatedGpu()
     with SafetensorsFile(parts["weights"]) as st:
-        model = CudaModel(parts["cfg"], parts["limits"], parts["grammar"], "fp8_e4m3", st, CUBINS, gpu)
+        model = CudaModel(parts["cfg"], parts["limits"], parts["grammar"], "fp8_e4m3", st, CUBINS, gpu,
+                          candidate_columns=columns)
     return model, gpu
 
 
@@ -113,6 +114,21 @@ def test_the_device_step_answers_as_the_cpu_does(parts, cpu_answers):
     assert model.kv.free_slots == lim.max_sequences and model.kv.free_pages == lim.num_pages
     model.close()
     assert not gpu.buffers
+
+
+def test_rows_after_the_first_of_a_group_keep_their_own_logits_in_wider_buffers(parts, cpu_answers):
+    """Request tools may make the step buffers wider than a group's grammar (Contract.candidate_columns): the
+    kernels write a group's rows packed at the grammar's width, and the record must read them so (the kept
+    logits, candidates and margins of every row after the first of a group)."""
+    model, _ = device_model(parts, columns=parts["grammar"].max_edges_per_node + 5)
+    reqs = requests(parts)
+    got = batcher(model, parts).generate([reqs[0], reqs[3], reqs[8]])  # the kept row third in its group
+    kept, want = got[2], cpu_answers[8]
+    assert answers([kept]) == answers([want])
+    assert all(np.array_equal(a, b) for a, b in zip(kept.step_candidates, want.step_candidates))
+    assert max(np.max(np.abs(np.where(c >= 0, a - b, 0))) for a, b, c in
+               zip(kept.step_logits, want.step_logits, kept.step_candidates)) < 1e-3
+    model.close()
 
 
 def test_the_host_picking_modes_still_answer_the_same(parts, cpu_answers):

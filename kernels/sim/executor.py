@@ -46,6 +46,13 @@ def run_launch(prog: Program, spec: LaunchSpec) -> None:
             run_batch(Batch(prog, spec, order[start:start + per_batch]))
 
 
+def _contiguous(lanes: np.ndarray):
+    """A run of consecutive lanes as a slice (numpy views instead of gathers and scatters)."""
+    if len(lanes) and int(lanes[-1]) - int(lanes[0]) + 1 == len(lanes):
+        return slice(int(lanes[0]), int(lanes[-1]) + 1)
+    return lanes
+
+
 def run_batch(S: Batch) -> None:
     prog, steps = S.prog, S.prog.steps
     exit_pc = prog.exit_pc
@@ -58,8 +65,8 @@ def run_batch(S: Batch) -> None:
             p = int(pc.min())
             if p >= exit_pc:
                 return
-            ix = np.flatnonzero(pc == p)
-            if len(ix) == alive:
+            ix = _contiguous(np.flatnonzero(pc == p))
+            if len(S.lane_ids(ix)) == alive:
                 uniform_pc, uniform_ix = p, ix
         else:
             p, ix = uniform_pc, uniform_ix
@@ -70,7 +77,7 @@ def run_batch(S: Batch) -> None:
         run = ix
         if step.guard is not None:
             g = S.regs[step.guard][ix]
-            run = S.lane_ids(ix)[~g if step.negated else g]
+            run = _contiguous(S.lane_ids(ix)[~g if step.negated else g])
         if stats is not None:
             n_run = len(S.lane_ids(run))
             stats.lane_instructions += n_run
@@ -79,7 +86,7 @@ def run_batch(S: Batch) -> None:
                 stats.approximate[step.instr.op] = stats.approximate.get(step.instr.op, 0) + n_run
         kind = step.kind
         if kind == "op":
-            if step.fn is not None and (step.guard is None or len(run)):
+            if step.fn is not None and (step.guard is None or len(S.lane_ids(run))):
                 step.fn(S, run)
             nxt = p + 1
         elif kind == "bra":

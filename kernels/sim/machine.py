@@ -102,7 +102,7 @@ class Batch:
 
     # ---- helpers for the op closures ----
     def lane_ids(self, ix) -> np.ndarray:
-        return self.all if isinstance(ix, slice) else ix
+        return self.all[ix] if isinstance(ix, slice) else ix
 
     def where(self, lane: int) -> str:
         s = self.special

@@ -43,17 +43,21 @@ def fma_f32(a, b, c, rounding: str = "rn") -> np.ndarray:
         p = np.asarray(a, F64) * np.asarray(b, F64)  # exact: 24 + 24 bits
         c64 = np.asarray(c, F64)
         s = p + c64
-        bb = s - p
-        e = (p - (s - bb)) + (c64 - bb)  # TwoSum: s + e == p + c exactly (finite s)
-        e = np.where(np.isfinite(s), e, 0.0)
         if rounding == "rn":
-            bits = s.view(np.uint64) if isinstance(s, np.ndarray) else np.asarray(s).view(np.uint64)
-            inexact_even = (e != 0) & ((bits & 1) == 0)
-            # round to odd: move s one ulp toward e where the sum was inexact and s's last bit is even
-            toward = np.where(e > 0, np.inf, -np.inf)
-            s = np.where(inexact_even, np.nextafter(s, toward), s)
             r = s.astype(F32)
+            # Rounding s to f32 rounds twice only where s lies exactly halfway between two f32 values (its low
+            # 29 mantissa bits 1 followed by zeros) or is below the f32 normal range: redo those exactly.
+            bits = np.asarray(s).view(np.uint64)
+            redo = ((bits & np.uint64(0x1FFFFFFF)) == np.uint64(0x10000000)) | \
+                ((np.abs(s) < 2.0 ** -125) & (s != 0))
+            if redo.any():
+                r, p, c64 = np.array(r, ndmin=1), *np.broadcast_arrays(p, c64)
+                redo = np.broadcast_to(redo, r.shape)
+                r[redo] = _fma_exact_rn(p.reshape(r.shape)[redo], c64.reshape(r.shape)[redo],
+                                        np.broadcast_to(s, r.shape)[redo])
         else:
+            bb = s - p
+            e = np.where(np.isfinite(s), (p - (s - bb)) + (c64 - bb), 0.0)
             r = s.astype(F32)
             r64 = r.astype(F64)
             above = (r64 - s > e) & np.isfinite(r64)  # r exceeds the exact sum (r - s is exact: Sterbenz)
@@ -61,6 +65,15 @@ def fma_f32(a, b, c, rounding: str = "rn") -> np.ndarray:
             # s overflowed f32 to +inf although the exact value is finite: round-down gives the largest finite
             r = np.where(np.isinf(r) & (r > 0) & np.isfinite(s), np.finfo(F32).max, r)
     return canonical_f32(np.asarray(r, F32))
+
+
+def _fma_exact_rn(p, c64, s):
+    """f32 of p + c rounded once: TwoSum's error e, s rounded to odd at 53 bits, then to f32 (53 >= 24 + 2)."""
+    bb = s - p
+    e = np.where(np.isfinite(s), (p - (s - bb)) + (c64 - bb), 0.0)
+    inexact_even = (e != 0) & ((np.asarray(s).view(np.uint64) & np.uint64(1)) == 0)
+    s = np.where(inexact_even, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    return np.asarray(s).astype(F32)
 
 
 def ftz_f32(x: np.ndarray) -> np.ndarray:

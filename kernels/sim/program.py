@@ -57,6 +57,10 @@ class Program:
         self.shared_offsets, self.shared_static, self.dynamic_shared = self._layout_shared(module, fn)
         self.local_offsets, self.local_bytes = self._layout("local", fn.variables)
         self.call_params = {v.name: v.size for v in fn.variables if v.space == "param"}
+        # racecheck granule: the narrowest shared access this function makes (2 or 4 bytes)
+        narrow = any(i.op.startswith(("ld.shared", "st.shared")) and TYPES[i.op.rsplit(".", 1)[1]].itemsize < 4
+                     for i in fn.instructions)
+        self.shared_granule = 2 if narrow else 4
         self.global_addresses = global_addresses
         from toolcall.kernels.sim.ops import compile_instruction  # the op table imports this module's helpers
         self.steps = []

@@ -1,6 +1,6 @@
 """A batch's shared memory: one window per block, with racecheck and initcheck shadows.
 
-Shadow state, per 2-byte granule (the narrowest shared access the kernels make): written yet (initcheck),
+Shadow state, per granule (the narrowest shared access the function makes: 2 or 4 bytes): written yet (initcheck),
 the last writer and the first reader since the last barrier with the barrier counts they ran under, and
 whether more than one thread read it. Barrier counts: per block (``bar.sync``) and per warp (``bar.warp.sync``,
 and every ``bar.sync``). Two accesses of one granule by different threads, one a write, race unless a
@@ -23,8 +23,9 @@ class SharedMemory:
         self.bytes = np.zeros(nb * self.stride, np.uint8)
         self.block_syncs = np.zeros(nb, np.int32)
         self.warp_syncs = np.zeros(batch.n_warps, np.int32)
+        self.granule = batch.prog.shared_granule
         if sanitize:
-            g = nb * self.stride // 2
+            g = nb * self.stride // self.granule
             self.written = np.zeros(g, bool)
             self.w_tid = np.full(g, NO_THREAD, np.int32)
             self.w_block_sync = np.zeros(g, np.int32)
@@ -86,7 +87,8 @@ class SharedMemory:
 
     def _check(self, lanes, flat, nbytes, write: bool) -> None:
         B = self.batch
-        g = (flat[:, None] // 2 + np.arange(max(nbytes // 2, 1))).reshape(-1)  # granules, lane-major
+        G = self.granule
+        g = (flat[:, None] // G + np.arange(max(nbytes // G, 1))).reshape(-1) if nbytes > G else flat // G
         per = g.size // len(lanes)
         tid = np.repeat(B.tid[lanes].astype(np.int32), per)
         warp_in_block = tid // 32
@@ -112,7 +114,7 @@ class SharedMemory:
             unwritten = ~self.written[g]
             if unwritten.any():
                 B.fault("uninitialized", lanes, unwritten.reshape(len(lanes), per).any(1),
-                        f"shared read of bytes never written (offset {int(g[np.flatnonzero(unwritten)[0]] * 2 % self.stride)})")
+                        f"shared read of bytes never written (offset {int(g[np.flatnonzero(unwritten)[0]] * G % self.stride)})")
             fresh = ~unsynced(self.r_tid[g], self.r_block_sync[g], self.r_warp_sync[g])
             other = ~fresh & (self.r_tid[g] != tid)
             self.r_multi[g] = np.where(fresh, False, self.r_multi[g] | other)
@@ -128,5 +130,5 @@ class SharedMemory:
             k = int(np.flatnonzero(bad)[0])
             other = int(self.w_tid[g[k]]) if what == "read" else int(max(self.w_tid[g[k]], self.r_tid[g[k]]))
             self.batch.fault("race", lanes, bad.reshape(len(lanes), per).any(1),
-                             f"shared {what} of offset {int(g[k] * 2 % self.stride)} not separated by a barrier from "
+                             f"shared {what} of offset {int(g[k] * self.granule % self.stride)} not separated by a barrier from "
                              f"thread {other}'s access")

@@ -196,6 +196,13 @@ class DeviceStep:
         ]
 
     # ---- the record ----
+    def _packed(self, name: str, g0: int, n: int, M: int) -> np.ndarray:
+        """A group's (n, M) rows of a candidate field: the kernels write them packed at the group's own width M
+        from buffer row g0 on, not at the buffer's row stride (its columns, the widest grammar's)."""
+        flat = self.io[name].reshape(-1)
+        start = g0 * self.io[name].shape[1]
+        return flat[start:start + n * M].reshape(n, M)
+
     def _record(self, rows: PickRows, groups, layout, now: float) -> StepRecord:
         io, W = self.io, self.words
         B = len(rows)
@@ -207,7 +214,8 @@ class DeviceStep:
             if (io["status"][span] == DEAD_END).any():
                 raise EngineError("internal", "a sampled row had no allowed candidate on the device",
                                   rows=[int(index[j]) for j in np.flatnonzero(io["status"][span] == DEAD_END)])
-            logits, valid = io["logits"][span, :M], io["valid"][span, :M].astype(bool)
+            logits, valid, cand = (self._packed(name, g0, n, M) for name in ("logits", "valid", "cand"))
+            valid = valid.astype(bool)
             if not np.isfinite(logits[valid]).all():  # never a silent pick
                 raise EngineError("numerics_invalid", "NaN or Inf in the logits of this step; the weights or the "
                                   "backend are broken: do not serve from this engine",
@@ -223,8 +231,7 @@ class DeviceStep:
                              if word >> bit & 1]
                 gaps[b] = float(row_gaps[j])
                 if rows.keep_logits[b]:
-                    kept_logits[b] = io["logits"][g0 + j, :M].copy()
-                    kept_cand[b] = io["cand"][g0 + j, :M].copy()
+                    kept_logits[b], kept_cand[b] = logits[j].copy(), cand[j].copy()
         if rows.steppers is None and B:  # one group, every row in order: its array is the states
             states = np.concatenate([s[None] for s in states]).astype(groups[0][0].dtype, copy=False)
         return StepRecord(states, done, tokens, closed, gaps, kept_logits, kept_cand, now)
