@@ -2,8 +2,9 @@
 
 Memory is the executor's GlobalMemory (allocations bounds-checked on every access), a module is the PTX NVRTC
 writes for the device's arch, and a launch runs on the executor at once (a stream is always idle). Options:
-``seed`` (block and atomic order; a later launch gets the next seed), ``sanitize`` (racecheck and initcheck),
-``stats`` (a LaunchStats every launch adds to).
+``seed`` (block and atomic order; a later launch gets the next seed), ``sanitize`` (racecheck and initcheck,
+and every kernel with atomics run under two block orders, its memory after each compared: the cross-block
+protocols must not depend on which block came last), ``stats`` (a LaunchStats every launch adds to).
 """
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import numpy as np
 
 from toolcall.kernels.declarations import declaration
 from toolcall.kernels.launch import DeviceArray, Kernel
-from toolcall.kernels.sim.errors import SimUnsupported
+from toolcall.kernels.sim.errors import SimFault, SimUnsupported
 from toolcall.kernels.sim.executor import LaunchSpec, run_launch
 from toolcall.kernels.sim.machine import LaunchStats
-from toolcall.kernels.sim.memory import GlobalMemory
+from toolcall.kernels.sim.memory import BASE, GlobalMemory
 from toolcall.kernels.sim.modules import ptx_module
 from toolcall.kernels.sim.program import Program
 from toolcall.kernels.targets import arch_capability
@@ -111,11 +112,26 @@ class SimGpu:
             block_params[at:at + size] = h.view(np.uint8)[:size]
         grid = (tuple(int(g) for g in grid) + (1, 1))[:3]
         block = (tuple(int(b) for b in block) + (1, 1))[:3]
-        spec = LaunchSpec(grid, block, block_params, self.memory, shared_bytes, self.seed, self.sanitize,
-                          self.stats)
+        def run(seed):
+            spec = LaunchSpec(grid, block, block_params, self.memory, shared_bytes, seed, self.sanitize, self.stats)
+            run_launch(prog, spec)
+            return spec
+
+        if self.sanitize and prog.has_atomics:
+            before = self.memory.heap.copy()
+            first = run(self.seed + 1)
+            after = self.memory.heap.copy()
+            self.memory.heap[:len(before)] = before
+            spec = run(self.seed + 2)
+            differ = np.flatnonzero(self.memory.heap[:len(after)] != after)
+            if len(differ) or first.conditionals != spec.conditionals:
+                where = self.memory.owner(int(differ[0]) + BASE) if len(differ) else "the graph condition"
+                raise SimFault("order", f"{kernel.name}: two block / atomic orders left different memory "
+                                        f"({len(differ)} bytes; first at {where})", kernel=kernel.name)
+        else:
+            spec = run(self.seed)
         if self.seed:
             self.seed += 1
-        run_launch(prog, spec)
         self.conditionals.update(spec.conditionals)
         self.launches.append(kernel.name)
 

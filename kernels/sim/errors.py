@@ -11,8 +11,9 @@ from toolcall.common.errors import CudaError
 # out_of_bounds: global/shared/local access outside its allocation; misaligned: an address not a multiple of
 # the access size; uninitialized: a shared read of bytes never written; race: two threads of a block touch one
 # shared address between the same two barriers, one writing; sync: a barrier or warp-synchronous instruction
-# reached by part of the threads its mask names; hang: a launch past its instruction budget.
-FAULT_KINDS = ("out_of_bounds", "misaligned", "uninitialized", "race", "sync", "hang")
+# reached by part of the threads its mask names; hang: a launch past its instruction budget; order: a launch
+# whose output depends on the order blocks and atomics ran in (two seeds, two results).
+FAULT_KINDS = ("out_of_bounds", "misaligned", "uninitialized", "race", "sync", "hang", "order")
 
 
 class SimUnsupported(CudaError):

@@ -31,16 +31,17 @@ class LaunchStats:
     lane_instructions: int = 0
     steps: int = 0
     approximate: dict[str, int] = field(default_factory=dict)
-    global_bytes: int = 0
-    global_sectors: int = 0
+    global_bytes: int = 0  # distinct bytes each warp instruction asked for, summed
+    global_sectors: int = 0  # 32-byte sectors those bytes lie in, summed over warp instructions
     global_requests: int = 0
     shared_requests: int = 0
-    shared_wavefronts: int = 0
+    shared_wavefronts: int = 0  # the most distinct 4-byte words one bank serves, per warp instruction
+    shared_ideal: int = 0  # the fewest wavefronts the instruction's distinct words need (32 words each)
     sector_reads: dict = field(default_factory=dict)  # sector -> times read (bytes read more than once)
 
     def add(self, other: "LaunchStats") -> None:
         for k in ("lane_instructions", "steps", "global_bytes", "global_sectors", "global_requests",
-                  "shared_requests", "shared_wavefronts"):
+                  "shared_requests", "shared_wavefronts", "shared_ideal"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
         for k, v in other.approximate.items():
             self.approximate[k] = self.approximate.get(k, 0) + v
@@ -172,16 +173,14 @@ class Batch:
         return self.local.view(ty), first[:, None] + np.arange(count)
 
     def _count_global(self, lanes, addr, nbytes):
+        """Per warp instruction: the distinct bytes its lanes ask for, and the 32-byte sectors those lie in."""
         st = self.stats
-        warp = self.warp[lanes]
-        sectors = addr // np.uint64(32)
-        last = (addr + np.uint64(nbytes - 1)) // np.uint64(32)
-        keys = np.unique(np.concatenate([warp.astype(np.uint64) << np.uint64(40) | sectors,
-                                         warp.astype(np.uint64) << np.uint64(40) | last]))
-        st.global_sectors += len(keys)
-        st.global_bytes += len(lanes) * nbytes
+        warp = self.warp[lanes].astype(np.uint64) << np.uint64(44)
+        first, last = addr // np.uint64(32), (addr + np.uint64(nbytes - 1)) // np.uint64(32)
+        st.global_sectors += len(np.unique(np.concatenate([warp | first, warp | last])))
+        st.global_bytes += len(np.unique(warp | addr)) * nbytes
         st.global_requests += len(np.unique(warp))
-        for s in np.unique(np.concatenate([sectors, last])).tolist():
+        for s in np.unique(np.concatenate([first, last])).tolist():
             st.sector_reads[s] = st.sector_reads.get(s, 0) + 1
 
     def atomic(self, op, addr, value, ty, ix) -> np.ndarray:

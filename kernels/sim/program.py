@@ -61,6 +61,7 @@ class Program:
         narrow = any(i.op.startswith(("ld.shared", "st.shared")) and TYPES[i.op.rsplit(".", 1)[1]].itemsize < 4
                      for i in fn.instructions)
         self.shared_granule = 2 if narrow else 4
+        self.has_atomics = any(i.op.startswith("atom.") for i in fn.instructions)
         self.global_addresses = global_addresses
         from toolcall.kernels.sim.ops import compile_instruction  # the op table imports this module's helpers
         self.steps = []

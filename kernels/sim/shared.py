@@ -56,17 +56,19 @@ class SharedMemory:
         return flat
 
     def _count_banks(self, lanes, flat, nbytes):
+        """Per warp instruction: wavefronts (the most distinct words one of the 32 banks serves) against the
+        fewest its distinct words need (one wavefront a 32 words); their ratio is the conflict's ways."""
         st, warp = self.batch.stats, self.batch.warp[lanes]
-        words = flat[:, None] // 4 + np.arange(max(nbytes // 4, 1))
-        keys = np.unique(np.stack([np.broadcast_to(warp[:, None], words.shape), words % 32, words], -1).reshape(-1, 3),
-                         axis=0)
-        # wavefronts of each warp instruction: the most distinct words one bank serves
-        _, per_bank = np.unique(keys[:, :2], axis=0, return_counts=True)
-        bank_warp = np.unique(keys[:, :2], axis=0)[:, 0]
+        words = (flat[:, None] // 4 + np.arange(max(nbytes // 4, 1))).reshape(-1)
+        warps = np.repeat(warp, max(nbytes // 4, 1)).astype(np.int64)
+        distinct = np.unique(np.stack([warps, words]), axis=1)  # (warp, word) pairs
+        banks, per_bank = np.unique(np.stack([distinct[0], distinct[1] % 32]), axis=1, return_counts=True)
         worst = np.zeros(self.batch.n_warps, np.int64)
-        np.maximum.at(worst, bank_warp, per_bank)
-        st.shared_requests += len(np.unique(warp))
+        np.maximum.at(worst, banks[0], per_bank)
+        words_per_warp = np.bincount(distinct[0], minlength=self.batch.n_warps)
+        st.shared_requests += int(np.count_nonzero(words_per_warp))
         st.shared_wavefronts += int(worst.sum())
+        st.shared_ideal += int((-(-words_per_warp // 32)).sum())
 
     def load(self, lanes, addr, ty, count) -> np.ndarray:
         nbytes = ty.itemsize * count

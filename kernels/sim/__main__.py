@@ -1,0 +1,5 @@
+import sys
+
+from toolcall.kernels.sim.cli import main
+
+sys.exit(main())
