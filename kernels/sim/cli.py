@@ -32,8 +32,9 @@ def launched_kernels(case) -> list[str]:
     return list(dict.fromkeys(dry.gpu.launches))
 
 
-def run_one(case, target: str, kernels_dir: Path | None) -> tuple[list[str], str | None, str | None]:
-    """(kernels launched, failure kind or None, message) of one case on one target."""
+def run_one(case, target: str, kernels_dir: Path | None, approximate: dict | None = None):
+    """(kernels launched, failure kind or None, message) of one case on one target; ``approximate`` collects
+    kernel -> the approximate instructions it ran (their bits are the executor's model)."""
     from toolcall.kernels.cases import run_case
     from toolcall.kernels.sim.device import SimGpu
     gpu = SimGpu(target, sanitize=True, kernels_dir=kernels_dir)
@@ -46,6 +47,9 @@ def run_one(case, target: str, kernels_dir: Path | None) -> tuple[list[str], str
         return gpu.launches, "unsupported", e.message
     except AssertionError as e:
         return gpu.launches, "mismatch", str(e).splitlines()[0][:300] if str(e) else "mismatch"
+    finally:
+        for kernel, ops in gpu.approximate.items():
+            (approximate if approximate is not None else {}).setdefault(kernel, set()).update(ops)
 
 
 def test(args) -> int:
@@ -59,10 +63,10 @@ def test(args) -> int:
                   file=sys.stderr)
             return 2
         cases = [c for c in cases if set(launched_kernels(c)) & set(args.kernel)]
-    ran, failures, counts = set(), [], {"race": 0, "out_of_bounds": 0, "sync": 0}
+    ran, failures, counts, approximate = set(), [], {"race": 0, "out_of_bounds": 0, "sync": 0}, {}
     for target in args.target:
         for case in cases:
-            launches, kind, message = run_one(case, target, args.kernels_dir)
+            launches, kind, message = run_one(case, target, args.kernels_dir, approximate)
             ran.update(launches)
             if kind:
                 counts[kind] = counts.get(kind, 0) + 1
@@ -77,10 +81,15 @@ def test(args) -> int:
         if not args.json:
             print(f"FAIL {name}: no case runs this kernel on the executor")
     seconds = time.monotonic() - start
+    approx = {k: sorted(v) for k, v in sorted(approximate.items())}
+    if approx and not args.json:
+        ops = sorted({op for v in approx.values() for op in v})
+        print(f"approximate ({', '.join(ops)}: the executor's model, compare with a card within a tolerance): "
+              f"{', '.join(approx)}")
     summary = dict(kernels=len(ran), cases=len(cases) * len(args.target), failed=len(failures), races=counts["race"],
                    out_of_bounds=counts["out_of_bounds"], sync=counts["sync"], seconds=round(seconds, 1))
     if args.json:
-        print(json.dumps(dict(summary, failures=failures, targets=list(args.target))))
+        print(json.dumps(dict(summary, failures=failures, targets=list(args.target), approximate=approx)))
     print("SIM " + " ".join(f"{k}={v}" for k, v in summary.items()))
     return 1 if failures else 0
 

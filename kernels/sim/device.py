@@ -60,6 +60,7 @@ class SimGpu:
         self._allocs: dict[int, DeviceArray] = {}
         self.launches = []
         self.conditionals: dict[int, int] = {}
+        self.approximate: dict[str, set[str]] = {}  # kernel -> approximate instructions it holds (see Program)
 
     # ---- memory ----
     def alloc(self, nbytes: int, label: str = "") -> DeviceArray:
@@ -134,6 +135,8 @@ class SimGpu:
             self.seed += 1
         self.conditionals.update(spec.conditionals)
         self.launches.append(kernel.name)
+        for op in prog.approximate:
+            self.approximate.setdefault(kernel.name, set()).add(op)
 
     def synchronize(self) -> None:
         pass

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from toolcall.kernels.sim.errors import SimUnsupported
-from toolcall.kernels.sim.numerics import SIGNED, TYPES, UNSIGNED
+from toolcall.kernels.sim.numerics import APPROXIMATE, SIGNED, TYPES, UNSIGNED
 from toolcall.kernels.sim.ptx_parse import Function, Instr, Module
 
 REGISTER_DTYPES = {**TYPES, "f16": np.dtype(np.uint16), "bf16": np.dtype(np.uint16)}
@@ -62,6 +62,8 @@ class Program:
                      for i in fn.instructions)
         self.shared_granule = 2 if narrow else 4
         self.has_atomics = any(i.op.startswith("atom.") for i in fn.instructions)
+        # instructions whose bits PTX does not specify (numerics.APPROXIMATE): the executor's model, not the card's
+        self.approximate = sorted({i.op for i in fn.instructions if i.op in APPROXIMATE})
         self.global_addresses = global_addresses
         from toolcall.kernels.sim.ops import compile_instruction  # the op table imports this module's helpers
         self.steps = []
