@@ -1,17 +1,29 @@
 """The grammar decode loop on the GPU: grammar_candidates -> head_gather -> grammar_advance,
-stepped from the host (cond_handle 0) and as the body of a WHILE conditional graph node whose
-condition grammar_advance clears through cudaGraphSetConditional. Both must write exactly the
-answers of the numpy references (kernels/reference.py), which follow the grammar stepper.
+stepped from the host (cond_handle 0; the cases: toolcall.kernels.cases.grammar_loop) and as the
+body of a WHILE conditional graph node whose condition grammar_advance clears through
+cudaGraphSetConditional. Both must write exactly the answers of the numpy references
+(kernels/reference.py), which follow the grammar stepper.
+
+The cases' grammars are frozen in kernels/cases/grammars.npz (kernels/ may not import the builder);
+``test_frozen_grammars_are_the_builders`` holds them to the builder's. After a builder change that
+moves them, regenerate the file:
+
+    TOOLCALL_FREEZE_GRAMMARS=1 python3 -m pytest -q tests/test_kernels_gpu_loop.py -k frozen
 """
 from __future__ import annotations
 
+import os
+from importlib import resources
+
 import numpy as np
 import pytest
+from test_kernels_gpu import params
 
 from toolcall.builder.catalog import AnswerFormat, Catalog, TokenizedCatalog, Tool
 from toolcall.builder.trie import grammar_from_paths
-from toolcall.kernels import reference as ref
-from toolcall.kernels.declarations import Launch
+from toolcall.kernels.cases import case_rng, grammar_loop, run_case
+from toolcall.kernels.cases.grammar_loop import (GRAMMAR_ARRAYS, GRAMMAR_SIZES, GRAMMAR_SOURCES, GRAMMARS_FILE, Loop,
+                                                 body_launches, download_loop, load_grammar, upload_loop)
 from toolcall.kernels.runner import DryRunGpu, KernelRunner, run_while_graph
 
 
@@ -21,121 +33,56 @@ def make_grammar(paths, max_tools, allow_empty=False):
     return grammar_from_paths(TokenizedCatalog(catalog, tuple(map(tuple, paths)), 1000, 1001))
 
 
-class Loop:
-    """One grammar decode loop's arrays: S sequence slots, B sample rows, fixed dense logits."""
-
-    def __init__(self, rng, g, max_out=24, vocab=1002):
-        self.g, self.max_out, self.vocab = g, max_out, vocab
-        self.M, self.W, S = g.max_edges_per_node, g.bitset_words, 6
-        self.seq = np.array([0, 2, -1, 3, 5], np.int32)
-        self.B = len(self.seq)
-        self.state = np.zeros((S, 1 + self.W), np.uint64)  # all at the root, no tool used
-        self.status = np.zeros(S, np.int32)
-        self.status[5] = 1
-        # each sequence's own rules: the catalog's, one with at most one tool, one needing a tool
-        self.max_tools = np.full(S, g.max_tools, np.int32)
-        self.max_tools[2] = 1
-        self.allow_empty = np.full(S, g.allow_empty, np.uint8)
-        self.allow_empty[3] = 0
-        self.out_tokens = np.zeros((S, max_out), np.int32)
-        self.out_len = np.zeros(S, np.int32)
-        self.token = np.full(self.B, 7, np.int32)
-        self.pos = np.arange(10, 10 + self.B, dtype=np.int32)
-        self.logits = rng.standard_normal((self.B, vocab)).astype(np.float32)
-        self.logits[:, 1000] -= 1.5  # SEP a little less likely, so answers hold 1-2 tools
-
-    def reference(self):
-        """(out_tokens, out_len, status) of the loop run to the end with the references."""
-        st, status = self.state.copy(), self.status.copy()
-        toks, lens = self.out_tokens.copy(), self.out_len.copy()
-        token, pos = self.token.copy(), self.pos.copy()
-        for _ in range(10 * self.max_out):
-            cand, valid = ref.grammar_candidates(self.seq, st, status, self.g, self.M, self.max_tools,
-                                                 self.allow_empty)
-            cl = ref.head_gather(self.logits, cand, valid)
-            token, pos, cond = ref.grammar_advance(cl, cand, valid, self.seq, token, pos, self.g,
-                                                   self.max_out, st, status, toks, lens)
-            if not cond:
-                return toks, lens, status, st
-        raise AssertionError("reference loop did not stop")
+def frozen_fields(name: str) -> dict[str, np.ndarray]:
+    """The builder's grammar ``name`` as grammars.npz holds it: "{name}/{field}" -> array (sizes 0-d int64)."""
+    g = make_grammar(**GRAMMAR_SOURCES[name])
+    return ({f"{name}/{k}": np.asarray(getattr(g, k)) for k in GRAMMAR_ARRAYS}
+            | {f"{name}/{k}": np.array(int(getattr(g, k)), np.int64) for k in GRAMMAR_SIZES})
 
 
-def body_launches(lp: Loop, dev_arrays: dict, cond_handle: int) -> list[Launch]:
-    """The decode-loop body: candidates -> candidate logits -> advance."""
-    a, g = dev_arrays, lp.g
-    sizes = dict(n_words=lp.W, n_nodes=g.num_nodes, max_edges=lp.M, B=lp.B)
-    grammar = dict(sample_seq=a["seq"], state=a["state"], status=a["status"], node_edge_start=a["nes"],
-                   edge_kind=a["ekind"])
-    return [
-        Launch("grammar_candidates", dict(**grammar, edge_token=a["etok"], edge_bits=a["ebits"], n_tools=g.num_tools,
-                                          max_tools=a["max_tools"], allow_empty=a["allow_empty"], **sizes,
-                                          cand=a["cand"], valid=a["valid"])),
-        Launch("head_gather", dict(logits=a["logits"], cand=a["cand"], valid=a["valid"], vocab=lp.vocab,
-                                   n_cand=lp.M, B=lp.B, out=a["cl"])),
-        Launch("grammar_advance", dict(**grammar, cand_logits=a["cl"], cand=a["cand"], valid=a["valid"], pick=None,
-                                       token_in=a["token"], pos_in=a["pos"], edge_child=a["echild"],
-                                       edge_tool=a["etool"], **sizes, max_out=lp.max_out, out_tokens=a["out_tokens"],
-                                       out_len=a["out_len"], token_out=a["token"], pos_out=a["pos"],
-                                       sync_ws=a["ws"], cond_out=a["cond"], cond_handle=cond_handle)),
-    ]
+def freeze_grammars() -> None:
+    """Writes kernels/cases/grammars.npz from the builder (run by the test below under TOOLCALL_FREEZE_GRAMMARS=1)."""
+    fields = {k: a for name in GRAMMAR_SOURCES for k, a in frozen_fields(name).items()}
+    with resources.as_file(resources.files(grammar_loop.__package__).joinpath(GRAMMARS_FILE)) as path:
+        np.savez_compressed(path, **fields)
 
 
-def upload_loop(d: KernelRunner, lp: Loop) -> dict:
-    g, up = lp.g, d.gpu.upload
-    return dict(seq=up(lp.seq), state=up(lp.state), status=up(lp.status), nes=up(g.node_edge_start),
-                max_tools=up(lp.max_tools), allow_empty=up(lp.allow_empty),
-                etok=up(g.edge_token), ekind=up(g.edge_kind), ebits=up(g.edge_bits),
-                echild=up(g.edge_child), etool=up(g.edge_tool), logits=up(lp.logits),
-                cand=up(np.zeros((lp.B, lp.M), np.int32)), valid=up(np.zeros((lp.B, lp.M), np.uint8)),
-                cl=up(np.zeros((lp.B, lp.M), np.float32)), token=up(lp.token), pos=up(lp.pos),
-                out_tokens=up(lp.out_tokens), out_len=up(lp.out_len), ws=up(np.zeros(2, np.int32)),
-                cond=up(np.full(1, 7, np.int32)))
+@pytest.mark.parametrize("name", GRAMMAR_SOURCES)
+def test_frozen_grammars_are_the_builders(name):
+    """grammars.npz holds exactly the builder's grammars (each array's dtype, shape and values; each size), so the
+    cases' data cannot drift from the builder."""
+    if os.environ.get("TOOLCALL_FREEZE_GRAMMARS") == "1":
+        freeze_grammars()
+    g = load_grammar(name)
+    for key, want in frozen_fields(name).items():
+        got = np.asarray(getattr(g, key.split("/")[1]))
+        assert got.dtype == want.dtype or want.ndim == 0, key
+        assert got.shape == want.shape and np.array_equal(got, want), key
 
 
-def download_loop(d: KernelRunner, lp: Loop, a: dict):
-    get = d.gpu.download
-    return (get(a["out_tokens"], lp.out_tokens.shape, np.int32), get(a["out_len"], lp.out_len.shape, np.int32),
-            get(a["status"], lp.status.shape, np.int32), get(a["state"], lp.state.shape, np.uint64))
-
-
-GRAMMARS = [dict(paths=[[5], [5, 6], [7, 8, 9], [7, 10]], max_tools=3),
-            dict(paths=[[i % 50, 200 + i % 3] for i in range(70)], max_tools=4, allow_empty=True)]
-
-
-def host_loop(d: KernelRunner, spec):
-    """Host-driven stepping (cond_handle 0): the same answers as the references."""
-    lp = Loop(np.random.default_rng(11), make_grammar(**spec))
-    a = upload_loop(d, lp)
-    for _ in range(10 * lp.max_out):
-        for ln in body_launches(lp, a, 0):
-            d.launch(ln)
-        d.gpu.synchronize()
-        if d.gpu.download(a["cond"], (1,), np.int32)[0] == 0:
-            break
-    for got, want, what in zip(download_loop(d, lp, a), lp.reference(), ("tokens", "len", "status", "state")):
-        d.same(got, want, f"grammar host loop {what}")
+LOOPS = params(grammar_loop.CASES)  # ids "prefix", "wide"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", GRAMMARS, ids=["prefix", "wide"])
-def test_host_stepped_loop_matches_the_references(dev, spec):
-    host_loop(dev, spec)
+@pytest.mark.parametrize("case", LOOPS)
+def test_host_stepped_loop_matches_the_references(dev, case):
+    run_case(dev, case)
 
 
-@pytest.mark.parametrize("spec", GRAMMARS, ids=["prefix", "wide"])
-def test_loop_launches_pack_their_arguments(spec):
+@pytest.mark.parametrize("case", LOOPS)
+def test_loop_launches_pack_their_arguments(case):
     """CPU: the loop body's launches name the kernels' parameters, with the right kinds."""
     dry = KernelRunner(DryRunGpu())
-    host_loop(dry, spec)
+    run_case(dry, case)
     assert dry.gpu.launches == ["grammar_candidates", "head_gather", "grammar_advance"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spec", GRAMMARS, ids=["prefix", "wide"])
-def test_while_graph_loop_stops_on_the_device(dev, spec):
+@pytest.mark.parametrize("case", LOOPS)
+def test_while_graph_loop_stops_on_the_device(dev, case):
     """cudaGraphSetConditional resolves at module load and ends the WHILE loop; the device
     loop writes the same answers as host-driven stepping / the references."""
-    lp = Loop(np.random.default_rng(11), make_grammar(**spec))
+    lp = Loop(case_rng(case.spec), load_grammar(*case.spec))
     a = upload_loop(dev, lp)
     run_while_graph(dev, lambda handle: body_launches(lp, a, handle))
     for got, want, what in zip(download_loop(dev, lp, a), lp.reference(), ("tokens", "len", "status", "state")):
