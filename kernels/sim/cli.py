@@ -42,9 +42,9 @@ def run_one(case, target: str, kernels_dir: Path | None, approximate: dict | Non
         run_case(KernelRunner(gpu), case)
         return gpu.launches, None, None
     except SimFault as e:
-        return gpu.launches, e.kind, e.message
+        return gpu.launches + [gpu.current], e.kind, e.what
     except SimUnsupported as e:
-        return gpu.launches, "unsupported", e.message
+        return gpu.launches + [gpu.current], "unsupported", e.message
     except AssertionError as e:
         return gpu.launches, "mismatch", str(e).splitlines()[0][:300] if str(e) else "mismatch"
     finally:
@@ -67,6 +67,7 @@ def test(args) -> int:
     for target in args.target:
         for case in cases:
             launches, kind, message = run_one(case, target, args.kernels_dir, approximate)
+            launches = [k for k in launches if k]
             ran.update(launches)
             if kind:
                 counts[kind] = counts.get(kind, 0) + 1

@@ -58,7 +58,8 @@ class SimGpu:
         self.name = f"simulated {arch}"
         self.memory = GlobalMemory()
         self._allocs: dict[int, DeviceArray] = {}
-        self.launches = []
+        self.launches = []  # kernels launched to completion, in order
+        self.current = None  # the kernel launched last (the one a fault names)
         self.conditionals: dict[int, int] = {}
         self.approximate: dict[str, set[str]] = {}  # kernel -> approximate instructions it holds (see Program)
 
@@ -107,6 +108,7 @@ class SimGpu:
                stream=0) -> None:
         _, holders = kernel.pack(args)
         prog: Program = kernel.function
+        self.current = kernel.name
         block_params = np.zeros(max(prog.param_bytes, 8), np.uint8)
         for (name, size), h in zip(prog.fn.params, holders):
             at = prog.param_offsets[name]

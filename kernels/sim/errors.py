@@ -29,4 +29,4 @@ class SimFault(CudaError):
     def __init__(self, kind: str, message: str, **details):
         assert kind in FAULT_KINDS, kind
         super().__init__("sim_fault", f"{kind}: {message}", kind=kind, **details)
-        self.kind = kind
+        self.kind, self.what = kind, message

@@ -64,6 +64,9 @@ def fma_f32(a, b, c, rounding: str = "rn") -> np.ndarray:
             r = np.where(above, np.nextafter(r, np.float32(-np.inf)), r)
             # s overflowed f32 to +inf although the exact value is finite: round-down gives the largest finite
             r = np.where(np.isinf(r) & (r > 0) & np.isfinite(s), np.finfo(F32).max, r)
+            # an exact zero sum is -0 toward -inf unless both addends are +0 (IEEE 754 6.3)
+            both_pos0 = (p == 0) & (c64 == 0) & ~np.signbit(p) & ~np.signbit(c64)
+            r = np.where((s == 0) & (e == 0) & ~both_pos0, np.float32(-0.0), r)
     return canonical_f32(np.asarray(r, F32))
 
 
