@@ -164,7 +164,7 @@ class Batch:
         nbytes = ty.itemsize * count
         self._aligned(lanes, addr, nbytes, "local")
         size = self.prog.local_bytes
-        bad = addr.astype(np.int64) + nbytes > size
+        bad = (addr.astype(np.int64) < 0) | (addr.astype(np.int64) + nbytes > size)
         if self.local is None or bad.any():
             self.fault("out_of_bounds", lanes, bad if self.local is not None else np.ones(len(lanes), bool),
                        f"{nbytes}-byte local access past the {size}-byte frame")

@@ -46,7 +46,7 @@ class SharedMemory:
     def _where(self, lanes, addr, nbytes, kind):
         B = self.batch
         B._aligned(lanes, addr, nbytes, "shared")
-        bad = addr.astype(np.int64) + nbytes > self.size
+        bad = (addr.astype(np.int64) < 0) | (addr.astype(np.int64) + nbytes > self.size)
         if bad.any():
             B.fault("out_of_bounds", lanes, bad, f"{nbytes}-byte shared access at offset "
                                                  f"{int(addr[np.flatnonzero(bad)[0]])} of a {self.size}-byte window")
