@@ -53,7 +53,7 @@ def _kernel_text(body: str, ins: tuple[str, ...], out: str) -> str:
 @functools.lru_cache(maxsize=None)
 def _program(body: str, ins: tuple[str, ...], out: str) -> Program:
     module = parse_module(_kernel_text(body, ins, out))
-    return Program(module.functions["k"], module, {})
+    return Program(module.functions["k"], module)
 
 
 def run(body: str, ins: list[tuple[str, list]], out: str, block: int = 256) -> list[int]:
@@ -488,5 +488,5 @@ def test_unknown_opcode_is_refused_with_its_line():
     line = next(i for i, s in enumerate(text.splitlines(), 1) if "tanh" in s)
     module = parse_module(text)
     with pytest.raises(SimUnsupported) as e:
-        Program(module.functions["k"], module, {})
+        Program(module.functions["k"], module)
     assert "tanh.approx.f32" in e.value.message and f"PTX line {line}" in e.value.message

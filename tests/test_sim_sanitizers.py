@@ -48,7 +48,7 @@ CORRECT = [
 
 def launch(body: str, grid: int, block: int, seed: int = 0) -> np.ndarray:
     module = parse_module(compile_ptx((HEADER + body + "\n}\n").encode(), "probe", "sm_90"))
-    prog = Program(module.functions["k"], module, {})
+    prog = Program(module.functions["k"], module)
     memory = GlobalMemory()
     a = memory.alloc(64 * 4, "a")
     memory.host_view(a, 256).view(np.float32)[:] = np.arange(64, dtype=np.float32)

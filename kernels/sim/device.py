@@ -18,7 +18,7 @@ from toolcall.kernels.sim.errors import SimFault, SimUnsupported
 from toolcall.kernels.sim.executor import LaunchSpec, run_launch
 from toolcall.kernels.sim.machine import LaunchStats
 from toolcall.kernels.sim.memory import BASE, GlobalMemory
-from toolcall.kernels.sim.modules import ptx_module
+from toolcall.kernels.sim.modules import program, ptx_module
 from toolcall.kernels.sim.program import Program
 from toolcall.kernels.targets import arch_capability
 
@@ -29,21 +29,17 @@ class SimModule:
     def __init__(self, gpu: "SimGpu", file: str):
         self.gpu, self.file = gpu, file
         self.ptx = ptx_module(file, gpu.arch, gpu.kernels_dir)
-        self.globals = {}
         for var in self.ptx.variables:
             if var.space in ("global", "const"):
                 address = gpu.memory.alloc(max(var.size, 1), f"{file}:{var.name}")
                 if var.init:
                     gpu.memory.host_view(address, len(var.init))[:] = np.frombuffer(var.init, np.uint8)
-                self.globals[var.name] = address
-        self.programs: dict[str, Program] = {}
+                gpu.module_globals[var.name] = address
 
     def kernel(self, name: str) -> Kernel:
         if name not in self.ptx.functions:
             raise SimUnsupported(f"{self.file}: no entry function {name!r} in its PTX", kernel=name)
-        if name not in self.programs:
-            self.programs[name] = Program(self.ptx.functions[name], self.ptx, self.globals)
-        return Kernel(self.programs[name], declaration(name))
+        return Kernel(program(self.ptx, name), declaration(name))
 
 
 class SimGpu:
@@ -61,6 +57,7 @@ class SimGpu:
         self.launches = []  # kernels launched to completion, in order
         self.current = None  # the kernel launched last (the one a fault names)
         self.conditionals: dict[int, int] = {}
+        self.module_globals: dict[str, int] = {}  # .global variables of the loaded modules -> their addresses
         self.approximate: dict[str, set[str]] = {}  # kernel -> approximate instructions it holds (see Program)
 
     # ---- memory ----
@@ -116,7 +113,8 @@ class SimGpu:
         grid = (tuple(int(g) for g in grid) + (1, 1))[:3]
         block = (tuple(int(b) for b in block) + (1, 1))[:3]
         def run(seed):
-            spec = LaunchSpec(grid, block, block_params, self.memory, shared_bytes, seed, self.sanitize, self.stats)
+            spec = LaunchSpec(grid, block, block_params, self.memory, shared_bytes, seed, self.sanitize, self.stats,
+                              self.module_globals)
             run_launch(prog, spec)
             return spec
 

@@ -29,6 +29,7 @@ class LaunchSpec:
     seed: int = 0
     sanitize: bool = True
     stats: LaunchStats | None = None
+    globals: dict[str, int] = field(default_factory=dict)  # the module's .global variables on this device
     conditionals: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self):

@@ -1,8 +1,8 @@
 """PTX modules for the executor: kernels/*.cu (or a copy of them in another folder) compiled by NVRTC to
 PTX for a target's virtual architecture, parsed once and cached by (source and headers hash, arch).
 
-Each entry function compiles to a ``Program`` on first use. A module's ``.global`` variables are placed in
-the device's memory when the module is loaded on it (machine.GlobalMemory), so a Program is per device.
+Each entry function compiles to a ``Program`` once (``program``); a module's ``.global`` variables are placed in a
+device's memory when the module is loaded on it, and a Program finds them through its launch.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from toolcall.kernels.cuda_source import KERNEL_DIR
 from toolcall.kernels.nvrtc_build import compile_ptx
+from toolcall.kernels.sim.program import Program
 from toolcall.kernels.sim.ptx_parse import Module, parse_module
 
 _cache: dict[tuple[str, str], Module] = {}
@@ -36,3 +37,15 @@ def ptx_module(file: str, arch: str, kernels_dir: Path | None = None) -> Module:
     with _lock:
         _cache[key] = module
     return module
+
+
+_programs: dict[tuple[int, str], Program] = {}
+
+
+def program(module: Module, name: str) -> Program:
+    """The compiled entry function ``name`` of ``module`` (a cached module: compiled once a process)."""
+    key = (id(module), name)
+    with _lock:
+        if key not in _programs:
+            _programs[key] = Program(module.functions[name], module)
+        return _programs[key]

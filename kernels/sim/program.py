@@ -40,7 +40,7 @@ class Program:
     """A compiled entry function: ``steps``, register slots and dtypes, the parameter block layout, and the
     shared / local variables' offsets (static shared first; dynamic shared after, 16-byte aligned)."""
 
-    def __init__(self, fn: Function, module: Module, global_addresses: dict[str, int]):
+    def __init__(self, fn: Function, module: Module):
         self.name, self.fn, self.module = fn.name, fn, module
         self.slots: dict[str, int] = {}
         self.reg_dtypes: list[np.dtype] = []
@@ -64,7 +64,7 @@ class Program:
         self.has_atomics = any(i.op.startswith("atom.") for i in fn.instructions)
         # instructions whose bits PTX does not specify (numerics.APPROXIMATE): the executor's model, not the card's
         self.approximate = sorted({i.op for i in fn.instructions if i.op in APPROXIMATE})
-        self.global_addresses = global_addresses
+        self.global_names = {v.name for v in module.variables if v.space in ("global", "const")}
         from toolcall.kernels.sim.ops import compile_instruction  # the op table imports this module's helpers
         self.steps = []
         for ins in fn.instructions:
@@ -103,13 +103,15 @@ class Program:
             raise SimUnsupported(f"expected a declared register, found {op}")
         return self.slots[op[1]]
 
-    def symbol_address(self, name: str) -> int:
+    def symbol_address(self, name: str) -> Callable:
+        """fn(S) -> the address of a shared / local variable (its offset in the window) or of a module ``.global``
+        variable (where the device placed it: the batch's ``globals``), so a Program serves every device."""
         if name in self.shared_offsets:
-            return self.shared_offsets[name]
+            return lambda S, at=self.shared_offsets[name]: at
         if name in self.local_offsets:
-            return self.local_offsets[name]
-        if name in self.global_addresses:
-            return self.global_addresses[name]
+            return lambda S, at=self.local_offsets[name]: at
+        if name in self.global_names:
+            return lambda S: S.launch.globals[name]
         raise SimUnsupported(f"unknown symbol {name!r}")
 
     def reader(self, op, ty: np.dtype) -> Callable:
@@ -132,8 +134,8 @@ class Program:
             name = op[1]
             return lambda S, ix: S.special[name][ix].astype(ty)
         if kind == "sym":
-            value = np.array(self.symbol_address(op[1])).astype(ty)
-            return lambda S, ix: value
+            where = self.symbol_address(op[1])
+            return lambda S, ix: np.array(where(S)).astype(ty)
         raise SimUnsupported(f"operand {op} cannot be read as a value")
 
     def writer(self, op, ty: np.dtype) -> Callable:
@@ -165,8 +167,8 @@ class Program:
             return lambda S, ix: get(S, ix) + offset
         if base in self.param_offsets or base in self.call_params:
             raise SimUnsupported(f"parameter {base!r} as a memory address")
-        value = np.uint64(self.symbol_address(base)) + offset
-        return lambda S, ix: value
+        where = self.symbol_address(base)
+        return lambda S, ix: np.uint64(where(S)) + offset
 
 
 def immediate(text: str, ty: np.dtype):
