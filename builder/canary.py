@@ -13,7 +13,7 @@ as the runtime reads them; its tokens equal the reference backend's). A candidat
 and the first CANARY_PROMPTS kept ones are recorded: request text, prompt ids, answer ids,
 and per step the TOP_K allowed candidates with their logits.
 
-The fixed requests come first; then the bundle's own requests (compile.py passes the probe's, one per
+The fixed requests come first; then the bundle's own requests (compile.py passes the probe's, one per sampled
 tool, made from its description). A model that reads its catalog rightly answers none to every fixed
 request a small catalog cannot serve, and the empty answer is the grammar's first candidate, so such a
 catalog's canary rests on its own requests.

@@ -1,8 +1,8 @@
 """A scaled KV cache for a bundle (``--kv-cache fp8_e4m3``): its per-head scales, calibrated on the bundle's
 own weights, and the check that the canary answers the same with it as with a bf16 cache.
 
-Calibration: the canary's candidate requests, one request per tool (its description, as the catalog probe
-asks) and the probe's no-tool requests, each rendered through the bundle's template, run greedily on the
+Calibration: the canary's candidate requests, one request per sampled tool (its description, as the catalog
+probe asks, over the probe's sample: builder/probe_sample.py) and the probe's no-tool requests, each rendered through the bundle's template, run greedily on the
 fast CPU backend with a bf16 cache (the shared prompt prefix prefilled once, as the runtime does). Per
 (layer, kv head) the largest |K| and |V| the pool then holds, over every position written (prefix, prompts,
 answers), sets scale = HEADROOM * amax / 448: values up to HEADROOM times the largest seen are stored
@@ -71,16 +71,19 @@ def scales_for(amax: np.ndarray) -> np.ndarray:
     return np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
 
 
-def calibration_texts(grammar: Grammar, descriptions: tuple[str | None, ...]) -> list[str]:
-    return (list(CANARY_REQUESTS) + [tool_request(n, d) for n, d in zip(grammar.tool_names, descriptions)]
+def calibration_texts(grammar: Grammar, descriptions: tuple[str | None, ...], tool_ids: tuple[int, ...]) -> list[str]:
+    names = grammar.tool_names
+    return (list(CANARY_REQUESTS) + [tool_request(names[t], descriptions[t]) for t in tool_ids]
             + list(NO_TOOL_REQUESTS))
 
 
 def calibrate_kv_scales(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
-                        descriptions: tuple[str | None, ...], encoder: PromptEncoder) -> tuple[KvScales, int]:
-    """(the scales, how many calibration requests ran): module docstring. BuildError("build_failed") where the
+                        descriptions: tuple[str | None, ...], encoder: PromptEncoder,
+                        tool_ids: tuple[int, ...]) -> tuple[KvScales, int]:
+    """(the scales, how many calibration requests ran): module docstring; ``descriptions`` in tool order,
+    ``tool_ids`` the tools whose requests run (the probe's sample). BuildError("build_failed") where the
     model computes NaN or Inf."""
-    prompts = [p for p in (tuple(encoder.encode(t)) for t in calibration_texts(grammar, descriptions))
+    prompts = [p for p in (tuple(encoder.encode(t)) for t in calibration_texts(grammar, descriptions, tool_ids))
                if len(p) <= limits.max_input_tokens]
     generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits)
     try:
