@@ -122,7 +122,8 @@ PAGE = click.IntRange(1, 1 << 12)
                    "target only so far).")
 @click.option("--max-request-tools", type=click.IntRange(1, 4096), default=None,
               help="Most tools one request may bring itself (names outside the catalog, with descriptions); needs a "
-                   "catalog prompt_template holding {tools}  [default: 64 with {tools}]")
+                   "catalog prompt_template holding {tools}; GPU targets take at most 511 (their draw holds 512 "
+                   "candidates a row)  [default: 64 with {tools}]")
 @click.option("--max-description-tokens", type=click.IntRange(0, 65536), default=None,
               help="Most tokens of one request-supplied tool's description  [default: 256 with {tools}]")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,

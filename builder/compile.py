@@ -20,7 +20,7 @@ from pathlib import Path
 from toolcall.builder.canary import record_canary
 from toolcall.builder.catalog import TOOLS_PLACEHOLDER, load_catalog
 from toolcall.builder.checkpoint import open_checkpoint
-from toolcall.builder.kernel_build import check_kernel_shapes, compile_kernels, contract_target
+from toolcall.builder.kernel_build import check_candidate_columns, check_kernel_shapes, compile_kernels, contract_target
 from toolcall.builder.kv_calibration import HEADROOM, KvCacheReport, calibrate_kv_scales, check_against_bf16
 from toolcall.builder.memory_plan import (
     default_context_reserve,
@@ -220,6 +220,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
                          target=options.target)
     requested, options = options, resolve_defaults(options, grammar, catalog)
     request_tools = request_tools_section(catalog, options)
+    check_candidate_columns(target, grammar.max_edges_per_node, options.max_request_tools)
     columns = candidate_columns(grammar.max_edges_per_node, request_tools)
     # Engine.encode's encoder (runtime/batching/prompt.py): the load re-encodes each canary request with it
     encoder = PromptEncoder.create(tokenizer, grammar.prompt_template)
