@@ -271,8 +271,8 @@ def test_a_tiny_top_p_draws_as_greedy_through_sample_rows():
 @pytest.mark.parametrize("top_p", [0.0, -0.0, -1e-300, -1.0, 1.0000001, 2.0, float("nan"), float("inf"),
                                    float("-inf")])
 def test_a_top_p_outside_0_1_is_refused(top_p):
-    problem = sampling.sampling_problem(0.7, top_p, 0)
-    assert problem is not None and problem.startswith("top_p") and "(0, 1]" in problem
+    field, why = sampling.sampling_problem(0.7, top_p, 0)
+    assert field == "top_p" and why.startswith("top_p") and "(0, 1]" in why
 
 
 def test_the_reference_refuses_a_row_wider_than_the_kernel_holds():

@@ -31,19 +31,21 @@ class Sampling:
 MAX_TEMPERATURE = 1e4
 
 
-def sampling_problem(temperature: float, top_p: float, seed: int) -> str | None:
-    """Why these sampling options cannot be used, or None. A temperature that is NaN, infinite or
-    subnormal is refused: logits / a subnormal temperature overflow to inf, and inf - inf is NaN.
+def sampling_problem(temperature: float, top_p: float, seed: int) -> tuple[str, str] | None:
+    """(the field, why) these sampling options cannot be used, or None. A temperature that is NaN, infinite
+    or subnormal is refused: logits / a subnormal temperature overflow to inf, and inf - inf is NaN.
     Any top_p in (0, 1] is honoured, however small: the draw narrows it to float32 (1e-300 becomes 0)
-    and always keeps the most likely candidate, so a tiny top_p draws as greedy does (``draw_rows``)."""
+    and always keeps the most likely candidate, so a tiny top_p draws as greedy does (``draw_rows``).
+    The seed keys the generator as a uint64 (runtime/batching/philox.py): [0, 2^63) is what every edge
+    (CLI, HTTP, the batcher) accepts."""
     if not (temperature == 0.0 or (math.isfinite(temperature) and sys.float_info.min <= temperature
                                    <= MAX_TEMPERATURE)):
-        return (f"temperature {temperature!r}: expected 0 (greedy) or a normal number in "
-                f"[{sys.float_info.min:.3g}, {MAX_TEMPERATURE:g}]")
+        return "temperature", (f"temperature {temperature!r}: expected 0 (greedy) or a normal number in "
+                               f"[{sys.float_info.min:.3g}, {MAX_TEMPERATURE:g}]")
     if not 0.0 < top_p <= 1.0:  # NaN fails both comparisons
-        return f"top_p {top_p!r}: expected a number in (0, 1]"
+        return "top_p", f"top_p {top_p!r}: expected a number in (0, 1]"
     if not 0 <= seed < 2**63:
-        return f"seed {seed}: expected an integer in [0, 2^63)"
+        return "seed", f"seed {seed}: expected an integer in [0, 2^63)"
     return None
 
 
