@@ -20,6 +20,7 @@ catalog's canary rests on its own requests.
 """
 from __future__ import annotations
 
+from os import PathLike
 from pathlib import Path
 from typing import Callable
 
@@ -92,16 +93,25 @@ def is_first_candidate_answer(grammar: Grammar, tokens: list[int]) -> tuple[bool
     return first, all(len(a) == 1 for a in steps)
 
 
+def written_weights(weights, cfg):
+    """The bundle's written weights on the fast CPU backend: ``weights`` loaded already (``load_cpu_weights``'
+    result, so the canary, the probe and the KV calibration of one build map and check the file once), or
+    its path (memory-mapped: the build never holds a float32 copy)."""
+    if isinstance(weights, (str, PathLike)):
+        return load_cpu_weights(weights, cfg, backend="fast")
+    return weights
+
+
 def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
                   encode: Callable[[str], tuple[int, ...]], kv_format=None, kv_scales=None,
                   own_requests: tuple[str, ...] = ()) -> Canary:
     """Runs the candidates in order on the written weights and records the first CANARY_PROMPTS
-    that qualify (module docstring). ``encode(text)``: the runtime's Engine.encode for this
+    that qualify (module docstring). ``weights_path``: the written weights, or them loaded (``written_weights``);
+    ``encode(text)``: the runtime's Engine.encode for this
     bundle's tokenizer and template; ``kv_format``/``kv_scales``: the bundle's cache (default bf16);
     ``own_requests``: candidates tried after CANARY_REQUESTS.
     BuildError("build_failed") when none qualifies."""
-    # the fast backend on the stored weights (memory-mapped): the build never holds a float32 copy
-    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits,
+    generator = cpu_batcher(cfg, written_weights(weights_path, cfg), grammar, limits,
                             kv_format=kv_format, kv_scales=kv_scales)
     kept: list[CanaryPrompt] = []
     rejected: dict[str, int] = {"too long": 0, "near tie": 0, "first candidate at every step": 0}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from toolcall.builder.canary import record_canary
+from toolcall.builder.canary import record_canary, written_weights
 from toolcall.builder.catalog import TOOLS_PLACEHOLDER, load_catalog
 from toolcall.builder.checkpoint import open_checkpoint
 from toolcall.builder.kernel_build import check_candidate_columns, check_kernel_shapes, compile_kernels, contract_target
@@ -258,27 +258,28 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         kernels = compile_kernels(target, tmp / KERNELS_DIR)
         lap("kernels")
         descriptions = tuple(t.description for t in catalog.tools)
+        weights = written_weights(tmp / WEIGHTS_FILE, cfg)  # mapped and checked once for every run below
         sample = sample_tools(catalog.names, None if probe_all else SAMPLE_SIZE)
         kv_scales = kv_report = None
         if kv_format.scaled:
             stage(f"calibrating the {kv_format.name} KV cache's scales")
-            kv_scales, calibrated = calibrate_kv_scales(tmp / WEIGHTS_FILE, cfg, grammar, limits, descriptions, encoder,
+            kv_scales, calibrated = calibrate_kv_scales(weights, cfg, grammar, limits, descriptions, encoder,
                                                         sample.tool_ids)
             kv_scales.write(tmp / KV_SCALES_FILE)
             stage_done()
             lap("kv_calibration")
         stage("recording the canary" if kernels_cached() else f"recording the canary ({COLD_CACHE_NOTE})")
-        canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, encoder.encode, kv_format, kv_scales,
+        canary = record_canary(weights, cfg, grammar, limits, encoder.encode, kv_format, kv_scales,
                                tuple(tool_request(catalog.tools[t].name, descriptions[t]) for t in sample.tool_ids))
         if kv_format.scaled:
-            change = check_against_bf16(canary, tmp / WEIGHTS_FILE, cfg, grammar, limits)
+            change = check_against_bf16(canary, weights, cfg, grammar, limits)
             kv_report = KvCacheReport(kv_format.name, HEADROOM, calibrated,
                                       (float(kv_scales.k.min()), float(kv_scales.k.max())),
                                       (float(kv_scales.v.min()), float(kv_scales.v.max())), True, change)
         stage_done()
         lap("canary")
         stage("probing the catalog")
-        probe = run_probe(tmp / WEIGHTS_FILE, cfg, grammar, limits, descriptions, encoder, sample, kv_format,
+        probe = run_probe(weights, cfg, grammar, limits, descriptions, encoder, sample, kv_format,
                           kv_scales)
         stage_done()
         lap("probe")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from toolcall.builder.canary import CANARY_REQUESTS
+from toolcall.builder.canary import CANARY_REQUESTS, written_weights
 from toolcall.builder.probe import NO_TOOL_REQUESTS, tool_request
 from toolcall.common.errors import BuildError, EngineError
 from toolcall.common.fp8 import E4M3_MAX
@@ -30,7 +30,7 @@ from toolcall.runtime.batching.prompt import PromptEncoder
 from toolcall.runtime.bundle.checks import recorded_logits
 from toolcall.runtime.bundle.contract import Canary, Limits
 from toolcall.runtime.bundle.kv_scales import KvScales
-from toolcall.runtime.cpu.backend import cpu_batcher, load_cpu_weights
+from toolcall.runtime.cpu.backend import cpu_batcher
 from toolcall.runtime.grammar.trie import Grammar
 
 HEADROOM = 2.0  # scale = HEADROOM * calibrated amax / 448
@@ -85,7 +85,7 @@ def calibrate_kv_scales(weights_path: Path, cfg, grammar: Grammar, limits: Limit
     model computes NaN or Inf."""
     prompts = [p for p in (tuple(encoder.encode(t)) for t in calibration_texts(grammar, descriptions, tool_ids))
                if len(p) <= limits.max_input_tokens]
-    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits)
+    generator = cpu_batcher(cfg, written_weights(weights_path, cfg), grammar, limits)
     try:
         generator.kv.enable_prefix_cache("kv-calibration")  # the salt only keys this pool's page hashes
         prefill_prefix(generator.model, generator.kv, encoder.prefix_ids, limits.prefill_chunk)
@@ -103,7 +103,7 @@ def calibrate_kv_scales(weights_path: Path, cfg, grammar: Grammar, limits: Limit
 def check_against_bf16(canary: Canary, weights_path: Path, cfg, grammar: Grammar, limits: Limits) -> float:
     """The largest |logit change| of the canary's recorded candidates when its prompts run on a bf16 cache;
     BuildError("kv_cache_unsafe") naming the prompt whose answer changes."""
-    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits)
+    generator = cpu_batcher(cfg, written_weights(weights_path, cfg), grammar, limits)
     results = generator.generate([Request(tuple(p.prompt_token_ids), keep_logits=True) for p in canary.prompts])
     worst = 0.0
     for prompt, res in zip(canary.prompts, results):

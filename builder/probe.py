@@ -29,13 +29,14 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolcall.builder.canary import written_weights
 from toolcall.builder.probe_sample import ProbeSample
 from toolcall.common.errors import BuildError, EngineError
 from toolcall.runtime.batching.batcher import Request, Result
 from toolcall.runtime.batching.prefix_cache import prefill_prefix
 from toolcall.runtime.batching.prompt import PromptEncoder
 from toolcall.runtime.bundle.contract import Limits
-from toolcall.runtime.cpu.backend import cpu_batcher, load_cpu_weights
+from toolcall.runtime.cpu.backend import cpu_batcher
 from toolcall.runtime.grammar.trie import Grammar
 
 # Requests that need no tool in any catalog: greetings, thanks, opinions, a statement.
@@ -105,7 +106,7 @@ def probe_warnings(tools: int, picked: int, skipped: int, same_share: float, mos
 def run_probe(weights_path: Path, cfg, grammar: Grammar, limits: Limits, descriptions: tuple[str | None, ...],
               encoder: PromptEncoder, sample: ProbeSample, kv_format=None, kv_scales=None) -> Probe:
     """Runs the probe requests of the ``sample``'s tools and the no-tool ones (one batch, greedy) on the
-    written weights. ``descriptions``: the catalog's, in tool order (None where a tool has none);
+    written weights (their path, or them loaded: canary.written_weights). ``descriptions``: the catalog's, in tool order (None where a tool has none);
     ``encoder``: the runtime's prompt encoder for this bundle's tokenizer and template;
     ``kv_format``/``kv_scales``: the bundle's cache (default bf16). BuildError("build_failed") when the
     model computes NaN or Inf or a request cannot run."""
@@ -115,7 +116,7 @@ def run_probe(weights_path: Path, cfg, grammar: Grammar, limits: Limits, descrip
     prompts = [tuple(encoder.encode(t)) for t in texts]
     fits = [len(p) <= limits.max_input_tokens for p in prompts]  # the prompt_too_long check, made here
     run = [i for i, ok in enumerate(fits) if ok]
-    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits,
+    generator = cpu_batcher(cfg, written_weights(weights_path, cfg), grammar, limits,
                             kv_format=kv_format, kv_scales=kv_scales)
     try:
         # the runtime's shared prefix: limits.num_pages holds its pinned pages (the builder sized the pool for it);
