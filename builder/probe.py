@@ -32,10 +32,12 @@ from pathlib import Path
 from toolcall.builder.canary import written_weights
 from toolcall.builder.probe_sample import ProbeSample
 from toolcall.common.errors import BuildError, EngineError
+from toolcall.common.formats import KV_BF16
 from toolcall.runtime.batching.batcher import Request, Result
 from toolcall.runtime.batching.prefix_cache import prefill_prefix
 from toolcall.runtime.batching.prompt import PromptEncoder
 from toolcall.runtime.bundle.contract import Limits
+from toolcall.runtime.bundle.layout import kv_pool_bytes
 from toolcall.runtime.cpu.backend import cpu_batcher
 from toolcall.runtime.grammar.trie import Grammar
 
@@ -52,6 +54,11 @@ MIN_RECALL = 0.5  # a warning below this recall
 # answer that names a tool is the same). A model that knows the tools gives each request its own
 # answer (share 1/tools); with 2 tools the warning needs both answers equal, with 5 tools 4 of 5.
 SAME_ANSWER_SHARE = 0.8
+# The probe runs up to PROBE_SEQUENCES requests at once (the bundle's limits may allow fewer: 8 by default),
+# their KV pages within PROBE_KV_BYTES or the bundle's own pool if larger: a row's answer never depends on its
+# batch, so this changes only the probe's time (the shipped model's 68 requests: a quarter of the steps).
+PROBE_SEQUENCES = 64
+PROBE_KV_BYTES = 256 << 20
 DESCRIBE_WHAT_TO_DO = ("use a checkpoint trained for these tools, or an instruction-tuned one with the tools listed "
                        "in the prompt ({tools} in the catalog's prompt_template, in the model's chat format)")
 
@@ -103,9 +110,22 @@ def probe_warnings(tools: int, picked: int, skipped: int, same_share: float, mos
     return tuple(found)
 
 
+def probe_limits(limits: Limits, cfg, requests: int, kv_format=None) -> Limits:
+    """The bundle's ``limits`` widened for ``requests`` probe requests (PROBE_SEQUENCES above): more sequences,
+    the pages they reserve added to the pool (its pinned prefix pages kept), as many rows a step."""
+    kv = kv_format or KV_BF16
+    per_sequence = kv_pool_bytes(cfg, limits.pages_per_sequence, limits.page_size, kv)
+    room = max(PROBE_KV_BYTES, kv_pool_bytes(cfg, limits.num_pages, limits.page_size, kv))
+    sequences = max(limits.max_sequences, min(PROBE_SEQUENCES, requests, room // per_sequence))
+    return dataclasses.replace(
+        limits, max_sequences=sequences, max_tokens_per_step=max(limits.max_tokens_per_step, sequences),
+        num_pages=limits.num_pages + (sequences - limits.max_sequences) * limits.pages_per_sequence)
+
+
 def run_probe(weights_path: Path, cfg, grammar: Grammar, limits: Limits, descriptions: tuple[str | None, ...],
               encoder: PromptEncoder, sample: ProbeSample, kv_format=None, kv_scales=None) -> Probe:
-    """Runs the probe requests of the ``sample``'s tools and the no-tool ones (one batch, greedy) on the
+    """Runs the probe requests of the ``sample``'s tools and the no-tool ones (greedy, up to PROBE_SEQUENCES at
+    once: ``probe_limits``) on the
     written weights (their path, or them loaded: canary.written_weights). ``descriptions``: the catalog's, in tool order (None where a tool has none);
     ``encoder``: the runtime's prompt encoder for this bundle's tokenizer and template;
     ``kv_format``/``kv_scales``: the bundle's cache (default bf16). BuildError("build_failed") when the
@@ -116,13 +136,14 @@ def run_probe(weights_path: Path, cfg, grammar: Grammar, limits: Limits, descrip
     prompts = [tuple(encoder.encode(t)) for t in texts]
     fits = [len(p) <= limits.max_input_tokens for p in prompts]  # the prompt_too_long check, made here
     run = [i for i, ok in enumerate(fits) if ok]
-    generator = cpu_batcher(cfg, written_weights(weights_path, cfg), grammar, limits,
-                            kv_format=kv_format, kv_scales=kv_scales)
+    wide = probe_limits(limits, cfg, len(run), kv_format)
+    generator = cpu_batcher(cfg, written_weights(weights_path, cfg), grammar, wide, kv_format=kv_format,
+                            kv_scales=kv_scales)
     try:
-        # the runtime's shared prefix: limits.num_pages holds its pinned pages (the builder sized the pool for it);
+        # the runtime's shared prefix: num_pages holds its pinned pages (the builder sized the pool for it);
         # the salt only keys this pool's page hashes
         generator.kv.enable_prefix_cache("catalog-probe")
-        prefill_prefix(generator.model, generator.kv, encoder.prefix_ids, limits.prefill_chunk)
+        prefill_prefix(generator.model, generator.kv, encoder.prefix_ids, wide.prefill_chunk)
         results = generator.generate([Request(prompts[i]) for i in run])  # queued: as many at once as the pool holds
     except EngineError as e:
         if e.code != "numerics_invalid":

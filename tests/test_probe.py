@@ -192,3 +192,33 @@ def test_a_catalog_over_the_sample_size_records_its_sample_and_probe_all_probes_
     assert built["all"]["bundle_id"] != built["a"]["bundle_id"]  # the report records another probe
     shown = cli("inspect", tmp_path / "a")
     assert f"over {SAMPLE_SIZE} tools (a seeded sample of {tools})" in shown.stdout
+
+
+def test_the_probe_answers_the_same_however_many_requests_run_at_once(shipped_bundle, monkeypatch):
+    """The probe widens the bundle's limits (probe_limits: up to PROBE_SEQUENCES requests at once, within
+    PROBE_KV_BYTES of KV pages) only for time: every figure equals the probe run at the bundle's own 8."""
+    import tokenizers
+
+    from toolcall.builder import probe
+    from toolcall.builder.catalog import load_catalog
+    from toolcall.runtime.batching.prompt import PromptEncoder
+    from toolcall.runtime.bundle.files import GRAMMAR_FILE, TOKENIZER_FILE, WEIGHTS_FILE, read_contract
+    from toolcall.runtime.grammar.trie import Grammar
+
+    contract = read_contract(shipped_bundle)
+    grammar = Grammar.read(shipped_bundle / GRAMMAR_FILE)
+    catalog = load_catalog("builder/data/tools-64.json")
+    encoder = PromptEncoder.create(tokenizers.Tokenizer.from_file(str(shipped_bundle / TOKENIZER_FILE)),
+                                   grammar.prompt_template)
+    args = (shipped_bundle / WEIGHTS_FILE, contract.model, grammar, contract.limits,
+            tuple(t.description for t in catalog.tools), encoder, sample_tools(catalog.names))
+    limits = contract.limits
+    assert probe.probe_limits(limits, contract.model, 68).max_sequences == 64 > limits.max_sequences
+    wide = probe.run_probe(*args)
+    monkeypatch.setattr(probe, "PROBE_SEQUENCES", limits.max_sequences)
+    assert probe.probe_limits(limits, contract.model, 68) == limits
+    assert probe.run_probe(*args) == wide and wide.to_dict() == report_probe(shipped_bundle)
+    # a model whose sequences need more KV bytes than PROBE_KV_BYTES holds keeps the bundle's own limits
+    from toolcall.builder.synth import SynthOptions, model_config_for
+    q06 = model_config_for(SynthOptions(shape="qwen3-0.6b"), 151_000)
+    assert probe.probe_limits(limits, q06, 68).max_sequences == limits.max_sequences
