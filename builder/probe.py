@@ -56,7 +56,7 @@ MIN_RECALL = 0.5  # a warning below this recall
 SAME_ANSWER_SHARE = 0.8
 # The probe runs up to PROBE_SEQUENCES requests at once (the bundle's limits may allow fewer: 8 by default),
 # their KV pages within PROBE_KV_BYTES or the bundle's own pool if larger: a row's answer never depends on its
-# batch, so this changes only the probe's time (the shipped model's 68 requests: a quarter of the steps).
+# batch, so this changes only the probe's time (tests/test_probe.py checks the figures equal).
 PROBE_SEQUENCES = 64
 PROBE_KV_BYTES = 256 << 20
 DESCRIBE_WHAT_TO_DO = ("use a checkpoint trained for these tools, or an instruction-tuned one with the tools listed "
@@ -125,11 +125,10 @@ def probe_limits(limits: Limits, cfg, requests: int, kv_format=None) -> Limits:
 def run_probe(weights_path: Path, cfg, grammar: Grammar, limits: Limits, descriptions: tuple[str | None, ...],
               encoder: PromptEncoder, sample: ProbeSample, kv_format=None, kv_scales=None) -> Probe:
     """Runs the probe requests of the ``sample``'s tools and the no-tool ones (greedy, up to PROBE_SEQUENCES at
-    once: ``probe_limits``) on the
-    written weights (their path, or them loaded: canary.written_weights). ``descriptions``: the catalog's, in tool order (None where a tool has none);
-    ``encoder``: the runtime's prompt encoder for this bundle's tokenizer and template;
-    ``kv_format``/``kv_scales``: the bundle's cache (default bf16). BuildError("build_failed") when the
-    model computes NaN or Inf or a request cannot run."""
+    once: ``probe_limits``) on the written weights (their path, or them loaded: canary.written_weights).
+    ``descriptions``: the catalog's, in tool order (None where a tool has none); ``encoder``: the runtime's
+    prompt encoder for this bundle's tokenizer and template; ``kv_format``/``kv_scales``: the bundle's cache
+    (default bf16). BuildError("build_failed") when the model computes NaN or Inf or a request cannot run."""
     all_names = grammar.tool_names
     names = [all_names[t] for t in sample.tool_ids]  # the probed tools; index i below is sample.tool_ids[i]
     texts = [tool_request(all_names[t], descriptions[t]) for t in sample.tool_ids] + list(NO_TOOL_REQUESTS)
