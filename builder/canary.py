@@ -13,13 +13,14 @@ as the runtime reads them; its tokens equal the reference backend's). A candidat
 and the first CANARY_PROMPTS kept ones are recorded: request text, prompt ids, answer ids,
 and per step the TOP_K allowed candidates with their logits.
 
-The fixed requests come first; then the bundle's own requests (compile.py passes the probe's, one per
+The fixed requests come first; then the bundle's own requests (compile.py passes the probe's, one per sampled
 tool, made from its description). A model that reads its catalog rightly answers none to every fixed
 request a small catalog cannot serve, and the empty answer is the grammar's first candidate, so such a
 catalog's canary rests on its own requests.
 """
 from __future__ import annotations
 
+from os import PathLike
 from pathlib import Path
 from typing import Callable
 
@@ -61,9 +62,8 @@ MIN_CANARY_MARGIN = 1e-3  # logits; far above float32 disagreement (~1e-5) betwe
 LOGIT_TOLERANCE = 0.02
 
 
-def _allowed_steps(grammar: Grammar, tokens: list[int]):
+def _allowed_steps(stepper: GrammarStepper, tokens: list[int]):
     """Per answer step: the allowed candidate token ids (edge order) before that token is taken."""
-    stepper = GrammarStepper(grammar)
     state = stepper.initial_state()
     out = []
     for token in tokens:
@@ -73,11 +73,13 @@ def _allowed_steps(grammar: Grammar, tokens: list[int]):
     return out
 
 
-def canary_prompt(request: str, prompt: tuple[int, ...], result: Result, grammar: Grammar) -> CanaryPrompt:
-    """The record of one run: top-k allowed candidates per step, best first (ties: lower id first)."""
+def canary_prompt(request: str, prompt: tuple[int, ...], result: Result, grammar: Grammar,
+                  stepper: GrammarStepper | None = None) -> CanaryPrompt:
+    """The record of one run: top-k allowed candidates per step, best first (ties: lower id first). ``stepper``:
+    the grammar's, made once by the caller (a 16,384-tool grammar's takes ~0.05 s), or None."""
     steps = []
     for logits, cand, allowed in zip(result.step_logits, result.step_candidates,
-                                     _allowed_steps(grammar, result.token_ids)):
+                                     _allowed_steps(stepper or GrammarStepper(grammar), result.token_ids)):
         by_token = dict(zip(cand.tolist(), logits.tolist()))
         ranked = sorted(allowed.tolist(), key=lambda t: (-by_token[t], t))[:TOP_K]
         steps.append(CanaryStep(tuple(int(t) for t in ranked), tuple(float(by_token[t]) for t in ranked)))
@@ -85,24 +87,35 @@ def canary_prompt(request: str, prompt: tuple[int, ...], result: Result, grammar
     return CanaryPrompt(request, tuple(prompt), tuple(result.token_ids), margin, tuple(steps))
 
 
-def is_first_candidate_answer(grammar: Grammar, tokens: list[int]) -> tuple[bool, bool]:
+def is_first_candidate_answer(grammar: Grammar, tokens: list[int],
+                              stepper: GrammarStepper | None = None) -> tuple[bool, bool]:
     """(every step took the first allowed candidate, every step had exactly one allowed candidate)."""
-    steps = _allowed_steps(grammar, tokens)
+    steps = _allowed_steps(stepper or GrammarStepper(grammar), tokens)
     first = all(len(a) and int(a[0]) == t for a, t in zip(steps, tokens))
     return first, all(len(a) == 1 for a in steps)
+
+
+def written_weights(weights, cfg):
+    """The bundle's written weights on the fast CPU backend: ``weights`` loaded already (``load_cpu_weights``'
+    result, so the canary, the probe and the KV calibration of one build map and check the file once), or
+    its path (memory-mapped: the build never holds a float32 copy)."""
+    if isinstance(weights, (str, PathLike)):
+        return load_cpu_weights(weights, cfg, backend="fast")
+    return weights
 
 
 def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
                   encode: Callable[[str], tuple[int, ...]], kv_format=None, kv_scales=None,
                   own_requests: tuple[str, ...] = ()) -> Canary:
     """Runs the candidates in order on the written weights and records the first CANARY_PROMPTS
-    that qualify (module docstring). ``encode(text)``: the runtime's Engine.encode for this
+    that qualify (module docstring). ``weights_path``: the written weights, or them loaded (``written_weights``);
+    ``encode(text)``: the runtime's Engine.encode for this
     bundle's tokenizer and template; ``kv_format``/``kv_scales``: the bundle's cache (default bf16);
     ``own_requests``: candidates tried after CANARY_REQUESTS.
     BuildError("build_failed") when none qualifies."""
-    # the fast backend on the stored weights (memory-mapped): the build never holds a float32 copy
-    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits,
+    generator = cpu_batcher(cfg, written_weights(weights_path, cfg), grammar, limits,
                             kv_format=kv_format, kv_scales=kv_scales)
+    stepper = GrammarStepper(grammar)  # once: each candidate's answer is walked through it
     kept: list[CanaryPrompt] = []
     rejected: dict[str, int] = {"too long": 0, "near tie": 0, "first candidate at every step": 0}
     best_margin = 0.0
@@ -122,7 +135,7 @@ def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
                              "and the weights", reason=e.code, **e.details) from None
         if not isinstance(result, Result):
             raise BuildError("build_failed", f"the canary prompt could not run: {result}", reason=str(result))
-        first, forced = is_first_candidate_answer(grammar, result.token_ids)
+        first, forced = is_first_candidate_answer(grammar, result.token_ids, stepper)
         if np.isfinite(result.min_margin):
             best_margin = max(best_margin, result.min_margin)
         if result.min_margin < MIN_CANARY_MARGIN:
@@ -130,7 +143,7 @@ def record_canary(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
         elif first and not forced:
             rejected["first candidate at every step"] += 1
         else:
-            kept.append(canary_prompt(request, prompt, result, grammar))
+            kept.append(canary_prompt(request, prompt, result, grammar, stepper))
             if len(kept) == CANARY_PROMPTS:
                 break
     if not kept:

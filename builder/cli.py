@@ -7,6 +7,7 @@ import time
 
 import click
 
+from toolcall.builder.probe_sample import SAMPLE_SIZE
 from toolcall.builder.quantize import weight_format
 from toolcall.common.errors import EngineError
 from toolcall.common.formats import KV_BF16, KV_FORMATS, WEIGHT_FORMATS
@@ -121,7 +122,8 @@ PAGE = click.IntRange(1, 1 << 12)
                    "target only so far).")
 @click.option("--max-request-tools", type=click.IntRange(1, 4096), default=None,
               help="Most tools one request may bring itself (names outside the catalog, with descriptions); needs a "
-                   "catalog prompt_template holding {tools}  [default: 64 with {tools}]")
+                   "catalog prompt_template holding {tools}; GPU targets take at most 511 (their draw holds 512 "
+                   "candidates a row)  [default: 64 with {tools}]")
 @click.option("--max-description-tokens", type=click.IntRange(0, 65536), default=None,
               help="Most tokens of one request-supplied tool's description  [default: 256 with {tools}]")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -131,15 +133,20 @@ PAGE = click.IntRange(1, 1 << 12)
               help="Refuse (probe_failed, no bundle written) when the catalog probe's recall, the share of tools "
                    "the model picks for a request made from their own description, is below this (0-1)  "
                    "[default: warn only]")
+@click.option("--probe-all", is_flag=True,
+              help=f"Probe every tool of the catalog (one request each: time grows with the catalog)  [default: "
+                   f"every tool up to {SAMPLE_SIZE}, else a seeded sample of {SAMPLE_SIZE}]")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (for programs).")
 def compile_cmd(checkpoint, catalog, precision, target, max_sequences, max_input_tokens, max_output_tokens,
                 page_size, max_tokens_per_step, prefill_chunk, memory_budget, context_reserve, kv_cache,
-                max_request_tools, max_description_tokens, out_dir, force, min_probe_recall, as_json):
+                max_request_tools, max_description_tokens, out_dir, force, min_probe_recall, probe_all, as_json):
     """Compile CHECKPOINT (a Hugging Face folder) and a tool catalog into a bundle with its contract.json.
 
-    After the canary the catalog probe asks the model one request per tool (its description) and a
-    few that need no tool; each finding (a recall under 0.5, answers nearly all the same) is printed
-    on stderr as a line starting "warning:" and recorded in build-report.json's "probe".
+    After the canary the catalog probe asks the model one request per tool (its description) for a
+    catalog of up to 256 tools, else for a seeded sample of 256 (--probe-all: every tool), and a few
+    that need no tool; the sample and the recall over it are recorded in build-report.json's "probe",
+    and each finding (a recall under 0.5, answers nearly all the same) is printed on stderr as a line
+    starting "warning:".
     """
     from pathlib import Path
 
@@ -159,7 +166,7 @@ def compile_cmd(checkpoint, catalog, precision, target, max_sequences, max_input
         out = Path(out_dir) if out_dir else Path("artifacts") / f"{Path(checkpoint).name}-{precision}-{target.lower()}"
         result = compile_bundle(checkpoint, catalog, options, out, force=force,
                                 progress=None if as_json else progress_printer("quantize"),
-                                min_probe_recall=min_probe_recall)
+                                min_probe_recall=min_probe_recall, probe_all=probe_all)
     except EngineError as e:
         fail(e, as_json)
     c = result.contract

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from toolcall.builder.canary import record_canary
+from toolcall.builder.canary import record_canary, written_weights
 from toolcall.builder.catalog import TOOLS_PLACEHOLDER, load_catalog
 from toolcall.builder.checkpoint import open_checkpoint
-from toolcall.builder.kernel_build import check_kernel_shapes, compile_kernels, contract_target
+from toolcall.builder.kernel_build import check_candidate_columns, check_kernel_shapes, compile_kernels, contract_target
 from toolcall.builder.kv_calibration import HEADROOM, KvCacheReport, calibrate_kv_scales, check_against_bf16
 from toolcall.builder.memory_plan import (
     default_context_reserve,
@@ -31,6 +31,7 @@ from toolcall.builder.memory_plan import (
     size_pool_for_budget,
 )
 from toolcall.builder.probe import Probe, probe_refusal, run_probe, tool_request
+from toolcall.builder.probe_sample import SAMPLE_SIZE, sample_tools
 from toolcall.builder.quantize import quantize_checkpoint
 from toolcall.builder.trie import build_grammar
 from toolcall.common.errors import BuildError, CatalogError
@@ -184,10 +185,12 @@ def prompt_section(encoder: PromptEncoder, options: BuildOptions) -> PromptSecti
 
 
 def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: BuildOptions, out_dir: str | Path,
-                   force: bool = False, progress=None, min_probe_recall: float | None = None) -> CompileResult:
+                   force: bool = False, progress=None, min_probe_recall: float | None = None,
+                   probe_all: bool = False) -> CompileResult:
     """Builds the bundle into ``out_dir``; BuildError/CheckpointError/CatalogError on bad input;
     BuildError("probe_failed"), with no bundle written, when the catalog probe's recall is below
-    ``min_probe_recall``."""
+    ``min_probe_recall``. The probe and the canary's own requests try a seeded sample of the tools
+    (builder/probe_sample.py), every tool with ``probe_all``."""
     out = Path(out_dir)
     check_out_path(out, {"checkpoint": Path(checkpoint), "catalog": Path(catalog_path)})
     if out.exists() and not force:
@@ -217,6 +220,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
                          target=options.target)
     requested, options = options, resolve_defaults(options, grammar, catalog)
     request_tools = request_tools_section(catalog, options)
+    check_candidate_columns(target, grammar.max_edges_per_node, options.max_request_tools)
     columns = candidate_columns(grammar.max_edges_per_node, request_tools)
     # Engine.encode's encoder (runtime/batching/prompt.py): the load re-encodes each canary request with it
     encoder = PromptEncoder.create(tokenizer, grammar.prompt_template)
@@ -254,25 +258,29 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
         kernels = compile_kernels(target, tmp / KERNELS_DIR)
         lap("kernels")
         descriptions = tuple(t.description for t in catalog.tools)
+        weights = written_weights(tmp / WEIGHTS_FILE, cfg)  # mapped and checked once for every run below
+        sample = sample_tools(catalog.names, None if probe_all else SAMPLE_SIZE)
         kv_scales = kv_report = None
         if kv_format.scaled:
             stage(f"calibrating the {kv_format.name} KV cache's scales")
-            kv_scales, calibrated = calibrate_kv_scales(tmp / WEIGHTS_FILE, cfg, grammar, limits, descriptions, encoder)
+            kv_scales, calibrated = calibrate_kv_scales(weights, cfg, grammar, limits, descriptions, encoder,
+                                                        sample.tool_ids)
             kv_scales.write(tmp / KV_SCALES_FILE)
             stage_done()
             lap("kv_calibration")
         stage("recording the canary" if kernels_cached() else f"recording the canary ({COLD_CACHE_NOTE})")
-        canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, encoder.encode, kv_format, kv_scales,
-                               tuple(tool_request(t.name, t.description) for t in catalog.tools))
+        canary = record_canary(weights, cfg, grammar, limits, encoder.encode, kv_format, kv_scales,
+                               tuple(tool_request(catalog.tools[t].name, descriptions[t]) for t in sample.tool_ids))
         if kv_format.scaled:
-            change = check_against_bf16(canary, tmp / WEIGHTS_FILE, cfg, grammar, limits)
+            change = check_against_bf16(canary, weights, cfg, grammar, limits)
             kv_report = KvCacheReport(kv_format.name, HEADROOM, calibrated,
                                       (float(kv_scales.k.min()), float(kv_scales.k.max())),
                                       (float(kv_scales.v.min()), float(kv_scales.v.max())), True, change)
         stage_done()
         lap("canary")
         stage("probing the catalog")
-        probe = run_probe(tmp / WEIGHTS_FILE, cfg, grammar, limits, descriptions, encoder, kv_format, kv_scales)
+        probe = run_probe(weights, cfg, grammar, limits, descriptions, encoder, sample, kv_format,
+                          kv_scales)
         stage_done()
         lap("probe")
         if min_probe_recall is not None and probe.recall < min_probe_recall:

@@ -94,7 +94,9 @@ def _probe(probe: dict | None) -> str:
     try:
         none = (f"none rate {probe['none_rate']:.2f} of {probe['no_tool_requests']} no-tool requests"
                 if probe["empty_allowed"] else "no empty answer in this catalog")
-        text = (f"recall {probe['recall']:.2f} over {probe['tools']} tools, {probe['distinct_answers']} distinct "
+        sampled = probe.get("catalog_tools", 0) > probe.get("sampled_tools", 0)  # absent: built before sampling
+        of = f" (a seeded sample of {probe['catalog_tools']})" if sampled else ""
+        text = (f"recall {probe['recall']:.2f} over {probe['tools']} tools{of}, {probe['distinct_answers']} distinct "
                 f"answers, same answer for {probe['same_answer_share']:.2f} of tool requests, {none}; "
                 f"{_count(len(probe['warnings']), 'warning')}")
     except (KeyError, TypeError, ValueError):

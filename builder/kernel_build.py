@@ -5,6 +5,7 @@ from pathlib import Path
 
 from toolcall.builder.quantize import weight_format
 from toolcall.common.errors import BuildError
+from toolcall.kernels.declarations import DRAW_MAX_CANDIDATES
 from toolcall.kernels.geometry import shape_problems
 from toolcall.kernels.nvrtc_build import compile_all
 from toolcall.kernels.targets import resolve_target
@@ -43,3 +44,23 @@ def check_kernel_shapes(target: Target, cfg: ModelConfig, precision: str) -> Non
     if problems:
         raise BuildError("build_failed", f"the {target.name} kernels cannot run this model: {'; '.join(problems)}; "
                          "build for --target cpu, or use a model with supported sizes", problems=problems)
+
+
+def check_candidate_columns(target: Target, max_edges_per_node: int, max_request_tools: int | None) -> None:
+    """BuildError before any work when a GPU target's sampled draw (kernels/sample_draw.cu, at most
+    DRAW_MAX_CANDIDATES candidates a row) could meet a wider row: the catalog's trie has a node with more
+    edges, or a request may bring more tools (T tools: T + 1 edges at its root). The contract's candidate
+    columns then never exceed it, which loads check again (runtime/cuda/backend.py)."""
+    if target.sm_arch is None:
+        return
+    if max_edges_per_node > DRAW_MAX_CANDIDATES:
+        raise BuildError("build_failed", f"the catalog's tool trie has a node with {max_edges_per_node} allowed "
+                         f"tokens (tool names starting with that many different tokens); the {target.name} kernels "
+                         f"draw among at most {DRAW_MAX_CANDIDATES}: build for --target cpu, or give the tools "
+                         "names that share their first tokens", max_edges_per_node=max_edges_per_node,
+                         limit=DRAW_MAX_CANDIDATES)
+    if max_request_tools is not None and max_request_tools + 1 > DRAW_MAX_CANDIDATES:
+        raise BuildError("usage", f"--max-request-tools {max_request_tools} gives a request's grammar "
+                         f"{max_request_tools + 1} allowed tokens at its root; the {target.name} kernels draw among "
+                         f"at most {DRAW_MAX_CANDIDATES}: pass --max-request-tools {DRAW_MAX_CANDIDATES - 1} or less",
+                         option="max_request_tools", found=max_request_tools, limit=DRAW_MAX_CANDIDATES - 1)

@@ -1,8 +1,8 @@
 """A scaled KV cache for a bundle (``--kv-cache fp8_e4m3``): its per-head scales, calibrated on the bundle's
 own weights, and the check that the canary answers the same with it as with a bf16 cache.
 
-Calibration: the canary's candidate requests, one request per tool (its description, as the catalog probe
-asks) and the probe's no-tool requests, each rendered through the bundle's template, run greedily on the
+Calibration: the canary's candidate requests, one request per sampled tool (its description, as the catalog
+probe asks, over the probe's sample: builder/probe_sample.py) and the probe's no-tool requests, each rendered through the bundle's template, run greedily on the
 fast CPU backend with a bf16 cache (the shared prompt prefix prefilled once, as the runtime does). Per
 (layer, kv head) the largest |K| and |V| the pool then holds, over every position written (prefix, prompts,
 answers), sets scale = HEADROOM * amax / 448: values up to HEADROOM times the largest seen are stored
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from toolcall.builder.canary import CANARY_REQUESTS
+from toolcall.builder.canary import CANARY_REQUESTS, written_weights
 from toolcall.builder.probe import NO_TOOL_REQUESTS, tool_request
 from toolcall.common.errors import BuildError, EngineError
 from toolcall.common.fp8 import E4M3_MAX
@@ -30,7 +30,7 @@ from toolcall.runtime.batching.prompt import PromptEncoder
 from toolcall.runtime.bundle.checks import recorded_logits
 from toolcall.runtime.bundle.contract import Canary, Limits
 from toolcall.runtime.bundle.kv_scales import KvScales
-from toolcall.runtime.cpu.backend import cpu_batcher, load_cpu_weights
+from toolcall.runtime.cpu.backend import cpu_batcher
 from toolcall.runtime.grammar.trie import Grammar
 
 HEADROOM = 2.0  # scale = HEADROOM * calibrated amax / 448
@@ -71,18 +71,21 @@ def scales_for(amax: np.ndarray) -> np.ndarray:
     return np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
 
 
-def calibration_texts(grammar: Grammar, descriptions: tuple[str | None, ...]) -> list[str]:
-    return (list(CANARY_REQUESTS) + [tool_request(n, d) for n, d in zip(grammar.tool_names, descriptions)]
+def calibration_texts(grammar: Grammar, descriptions: tuple[str | None, ...], tool_ids: tuple[int, ...]) -> list[str]:
+    names = grammar.tool_names
+    return (list(CANARY_REQUESTS) + [tool_request(names[t], descriptions[t]) for t in tool_ids]
             + list(NO_TOOL_REQUESTS))
 
 
 def calibrate_kv_scales(weights_path: Path, cfg, grammar: Grammar, limits: Limits,
-                        descriptions: tuple[str | None, ...], encoder: PromptEncoder) -> tuple[KvScales, int]:
-    """(the scales, how many calibration requests ran): module docstring. BuildError("build_failed") where the
+                        descriptions: tuple[str | None, ...], encoder: PromptEncoder,
+                        tool_ids: tuple[int, ...]) -> tuple[KvScales, int]:
+    """(the scales, how many calibration requests ran): module docstring; ``descriptions`` in tool order,
+    ``tool_ids`` the tools whose requests run (the probe's sample). BuildError("build_failed") where the
     model computes NaN or Inf."""
-    prompts = [p for p in (tuple(encoder.encode(t)) for t in calibration_texts(grammar, descriptions))
+    prompts = [p for p in (tuple(encoder.encode(t)) for t in calibration_texts(grammar, descriptions, tool_ids))
                if len(p) <= limits.max_input_tokens]
-    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits)
+    generator = cpu_batcher(cfg, written_weights(weights_path, cfg), grammar, limits)
     try:
         generator.kv.enable_prefix_cache("kv-calibration")  # the salt only keys this pool's page hashes
         prefill_prefix(generator.model, generator.kv, encoder.prefix_ids, limits.prefill_chunk)
@@ -100,7 +103,7 @@ def calibrate_kv_scales(weights_path: Path, cfg, grammar: Grammar, limits: Limit
 def check_against_bf16(canary: Canary, weights_path: Path, cfg, grammar: Grammar, limits: Limits) -> float:
     """The largest |logit change| of the canary's recorded candidates when its prompts run on a bf16 cache;
     BuildError("kv_cache_unsafe") naming the prompt whose answer changes."""
-    generator = cpu_batcher(cfg, load_cpu_weights(weights_path, cfg, backend="fast"), grammar, limits)
+    generator = cpu_batcher(cfg, written_weights(weights_path, cfg), grammar, limits)
     results = generator.generate([Request(tuple(p.prompt_token_ids), keep_logits=True) for p in canary.prompts])
     worst = 0.0
     for prompt, res in zip(canary.prompts, results):

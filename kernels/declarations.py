@@ -32,6 +32,9 @@ from toolcall.kernels.geometry import (
 )
 
 C = SimpleNamespace(**defines())
+# Widest row sample_draw.cu draws from (its candidates live in shared memory): builds, loads and launches
+# refuse more candidate columns on a GPU (builder/kernel_build.py, runtime/cuda/backend.py, device_step.py).
+DRAW_MAX_CANDIDATES: int = C.DRAW_MAX_CANDIDATES
 
 
 def _matvec_grid(rows_per_block: int):

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from toolcall.kernels.declarations import DRAW_MAX_CANDIDATES
+
 F32 = np.float32
+F32_MAX = F32(np.finfo(F32).max)  # an inverse temperature above it (inf) counts as it
 ROUNDS = 10
 MULTIPLIERS = (np.uint64(0xD2511F53), np.uint64(0xCD9E8D57))
 KEY_STEP = np.array([0x9E3779B9, 0xBB67AE85], np.uint64)
@@ -52,25 +55,31 @@ def exp32(x: np.ndarray) -> np.ndarray:
 
 def sample_draw(logits: np.ndarray, valid: np.ndarray, inv_temperature: np.ndarray, top_p: np.ndarray,
                 seed: np.ndarray, token: np.ndarray) -> np.ndarray:
-    """int32 [B]: each row's picked column (-1: none allowed, or a greedy row: inv_temperature <= 0), as
-    sample_draw.cu's header states. logits float32 [B, width], valid [B, width] (non-zero: allowed), the rest [B]."""
+    """int32 [B]: each row's picked column, as sample_draw.cu's header states: -1 for a greedy row
+    (inv_temperature <= 0 or NaN), a row with nothing allowed, a row refused (an allowed logit NaN or infinite,
+    or a row wider than DRAW_MAX_CANDIDATES); the first kept member is always the most likely, so a top_p of 0
+    (a tiny one narrowed to float32) draws greedily. logits float32 [B, width], valid [B, width] (non-zero:
+    allowed), the rest [B]."""
     out = np.full(len(logits), -1, np.int32)
     u = uniform(seed, token)
     for b in range(len(logits)):
-        if not inv_temperature[b] > 0:
+        if not inv_temperature[b] > 0 or logits.shape[1] > DRAW_MAX_CANDIDATES:
             continue
         columns = np.flatnonzero(valid[b])
-        if len(columns) <= 1:
-            out[b] = columns[0] if len(columns) else -1
+        if len(columns) == 0 or not np.isfinite(logits[b, columns]).all():
+            continue
+        if len(columns) == 1:
+            out[b] = columns[0]
             continue
         z = logits[b, columns].astype(F32)
+        scale = min(F32(inv_temperature[b]), F32_MAX)
         with np.errstate(over="ignore"):  # (z - max) * a huge inverse temperature: -inf, which exp32 clamps
-            e = exp32((z - z.max()) * F32(inv_temperature[b]))
+            e = exp32((z - z.max()) * scale)
         total = F32(0)
         for v in e:  # in column order
             total += v
         order = np.argsort(-e, kind="stable")
-        limit, before, kept = F32(top_p[b]) * total, F32(0), 0
+        limit, before, kept = F32(top_p[b]) * total, e[order[0]], 1  # the most likely always kept
         while kept < len(e) and before < limit:
             before += e[order[kept]]
             kept += 1

@@ -1,26 +1,36 @@
 // sample_draw.cu: the temperature / top-p pick of sampled rows, operation for operation the CPU draw
 // (runtime/batching/sampling.py draw_rows), with its generator (runtime/batching/philox.py) and its exp
-// (runtime/exp32.py), so a row draws the same candidate on either backend.
+// (runtime/exp32.py), so a row draws the same candidate on either backend (numpy reference:
+// kernels/reference_draw.py).
 //
-// Per row b, over its allowed candidates i (valid[b, i] != 0, i < width) in column order:
-//   e_i = exp32((logits[b, i] - max) * inv_temperature[b]);  total = e_0 + e_1 + ... in that order;
-//   the kept prefix, most likely first (stable: equal e in column order), taken while the mass
-//   before the next member is below top_p[b] * total; before = the kept prefix's mass;
+// Per row b, over its allowed candidates i (valid[b, i] != 0, i < width) in column order, with
+// a = min(inv_temperature[b], FLT_MAX):
+//   e_i = exp32((logits[b, i] - max) * a);  total = e_0 + e_1 + ... in that order;
+//   the kept prefix, most likely first (stable: equal e in column order): the first member always,
+//   then taken while the mass before the next member is below top_p[b] * total; before = the kept
+//   prefix's mass (top_p[b] == 0, e.g. a tiny top_p narrowed to float32, keeps the first: greedy);
 //   u = top 24 bits of Philox4x32-10(counter (token[b], 0, 0, 0), key (seed lo, seed hi)) * 2^-24;
 //   out[b] = the column of the first kept member whose running mass exceeds u * before (the last
-//   kept member if rounding leaves none). One allowed candidate: that column, no draw; none: -1.
-// A row with inv_temperature[b] <= 0 is a greedy row: out[b] = -1 (grammar_advance picks its argmax).
+//   kept member if rounding leaves none). One allowed candidate: that column, no draw.
+// out[b] = -1, no draw, for: a greedy row (!(inv_temperature[b] > 0): grammar_advance picks its
+// argmax); a row with nothing allowed; a refused row: an allowed logit is NaN or infinite (never
+// used in arithmetic or as an index; the host then refuses the step, numerics_invalid), or
+// width > DRAW_MAX_CANDIDATES (the host never launches one: runtime/cuda/device_step.py refuses it,
+// and builds and loads refuse bundles whose candidate columns exceed it).
 // Every float operation is an explicit round-to-nearest intrinsic (no FMA contraction); the max and
 // the ranks are exact in any order; the sums run on one lane in column order.
 //
 // logits: float32 [B, stride] (first width used); valid: uint8 [B, stride]; inv_temperature,
 // top_p: float32 [B]; seed: uint64 [B]; token: int32 [B] (the answer token's index); out: int32 [B].
-// width <= DRAW_MAX_CANDIDATES.
+// width <= DRAW_MAX_CANDIDATES (the row's candidates live in shared memory), width <= stride.
 // Launch: grid (B), block DRAW_THREADS (one warp a row).
 #include "common.cuh"
 
 #define DRAW_THREADS 32
+// a row's candidates in shared memory (kernels/declarations.py reads it: the host's limit)
 #define DRAW_MAX_CANDIDATES 512
+// the largest float32: an inverse temperature above it (inf) counts as it
+#define DRAW_FLT_MAX 0x1.fffffep+127f
 
 // exp(x) in float32 by runtime/exp32.py's operations and constants (float32 values, as hex).
 __device__ __forceinline__ float exp32(float x) {
@@ -66,28 +76,36 @@ sample_draw(const float* logits, const u8* valid, int stride, int width, const f
     }
     const float* row = logits + (size_t)b * stride;
     const u8* ok = valid + (size_t)b * stride;
+    if (width > DRAW_MAX_CANDIDATES) {  // refused: column/e/order hold DRAW_MAX_CANDIDATES
+        if (lane == 0) out[b] = -1;
+        return;
+    }
+    const float a = fminf(inv_temperature[b], DRAW_FLT_MAX);
     int n = 0;  // allowed so far (every lane holds the same count)
     float top = NEG_INF;
+    bool finite = true;  // every allowed logit so far is finite (every lane agrees)
     for (int i0 = 0; i0 < width; i0 += 32) {  // compaction in column order: ballot, then each lane's rank
         const int i = i0 + lane;
         const bool allowed = i < width && ok[i] != 0;
         const u32 mask = __ballot_sync(FULL_MASK, allowed);
+        const bool bad = allowed && !isfinite(row[i]);
+        finite = finite && !__any_sync(FULL_MASK, bad);
         if (allowed) {
             column[n + __popc(mask & ((1u << lane) - 1u))] = (short)i;
-            top = fmaxf(top, row[i]);
+            if (!bad) top = fmaxf(top, row[i]);
         }
         n += __popc(mask);
     }
     top = warp_max(top);
     __syncwarp();
-    if (n <= 1) {
-        if (lane == 0) out[b] = n == 1 ? column[0] : -1;
+    if (n <= 1 || !finite) {
+        if (lane == 0) out[b] = n == 1 && finite ? column[0] : -1;
         return;
     }
-    for (int i = lane; i < n; i += 32) e[i] = exp32(__fmul_rn(__fsub_rn(row[column[i]], top), inv_temperature[b]));
+    for (int i = lane; i < n; i += 32) e[i] = exp32(__fmul_rn(__fsub_rn(row[column[i]], top), a));
     __syncwarp();
     for (int i = lane; i < n; i += 32) {  // stable descending rank: larger first, equal ones in column order
-        int rank = 0;
+        int rank = 0;  // e is finite here (finite logits, finite a), so the ranks are a permutation of 0..n-1
         for (int j = 0; j < n; ++j) rank += e[j] > e[i] || (e[j] == e[i] && j < i);
         order[rank] = (short)i;
     }
@@ -96,14 +114,14 @@ sample_draw(const float* logits, const u8* valid, int stride, int width, const f
     float total = 0.0f;
     for (int i = 0; i < n; ++i) total = __fadd_rn(total, e[i]);
     const float limit = __fmul_rn(top_p[b], total);
-    int kept = 0;
-    float before = 0.0f;
+    int kept = 1;  // the most likely always: 0 + e is e, so any limit > 0 keeps what it kept before
+    float before = e[order[0]];
     while (kept < n && before < limit) before = __fadd_rn(before, e[order[kept++]]);
     const u64 s = seed[b];
     const u32 x = philox_first_word((u32)token[b], 0u, (u32)s, (u32)(s >> 32));
     const float threshold = __fmul_rn(__fmul_rn((float)(x >> 8), 0x1p-24f), before);
     float running = 0.0f;
-    int pick = kept - 1;
+    int pick = kept - 1;  // >= 0: kept >= 1
     for (int i = 0; i < kept; ++i) {
         running = __fadd_rn(running, e[order[i]]);
         if (running > threshold) { pick = i; break; }

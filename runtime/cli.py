@@ -156,8 +156,12 @@ def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_ca
     texts = read_requests(requests, input_file)
     problem = sampling_problem(temperature, top_p, seed)
     if problem:  # before loading: a bad option costs nothing
-        fail(EngineError("usage", f"{problem}. See `runtime run --help`.", temperature=repr(temperature),
-                         top_p=repr(top_p), seed=seed), as_json)
+        field, why = problem
+        fail(EngineError("usage", f"--{field.replace('_', '-')}: {why}. See `runtime run --help`.", option=field,
+                         temperature=repr(temperature), top_p=repr(top_p), seed=seed), as_json)
+    if threads is not None and threads < 1:
+        fail(EngineError("usage", f"--threads: needs a whole number >= 1, got {threads}. See `runtime run --help`.",
+                         option="threads", found=threads), as_json)
     console.enable(console.wanted(as_json))
     try:
         engine = Engine.load(path, head=head, prefix_cache=not no_prefix_cache, backend=backend, threads=threads,
@@ -241,6 +245,7 @@ def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeou
     a burst goes back to the system.
     """
     try:
+        from toolcall.runtime.serve.schemas import MAX_TIMEOUT_S
         from toolcall.runtime.serve.server import main as serve_main
         from toolcall.runtime.serve.state import ServeConfig
     except ImportError as e:
@@ -251,10 +256,14 @@ def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeou
                         ("--max-body-bytes", max_body_bytes), ("--threads", threads), ("--lanes", lanes)):
         if value is not None and value < 1:
             raise click.BadParameter(f"needs a positive number, got {value}", param_hint=name)
-    if request_timeout <= 0:
-        raise click.BadParameter(f"needs seconds > 0, got {request_timeout}", param_hint="--request-timeout")
-    if not drain_grace >= 1.0:
-        raise click.BadParameter(f"needs seconds >= 1, got {drain_grace}", param_hint="--drain-grace")
+    if not 0 <= port <= 65_535:
+        raise click.BadParameter(f"needs a TCP port from 0 to 65535, got {port}", param_hint="--port")
+    if not 0 < request_timeout <= MAX_TIMEOUT_S:  # NaN fails too: a deadline is compared, never NaN
+        raise click.BadParameter(f"needs seconds > 0 and at most {MAX_TIMEOUT_S:g} (timeout_s's bound), got "
+                                 f"{request_timeout}", param_hint="--request-timeout")
+    if not 1.0 <= drain_grace <= MAX_TIMEOUT_S:
+        raise click.BadParameter(f"needs seconds from 1 to {MAX_TIMEOUT_S:g}, got {drain_grace}",
+                                 param_hint="--drain-grace")
     if any(not name.strip() for name in served_model_names):
         raise click.BadParameter("needs a non-blank name", param_hint="--served-model-name")
     _use_system_allocator()

@@ -158,3 +158,46 @@ def test_runtime_check_refuses_a_gpu_bundle_built_from_other_kernel_sources(tmp_
     assert result.exit_code == EXIT_CODES["bundle_invalid"], result.output
     error = json.loads(result.output)
     assert error["error"] == "bundle_invalid" and "kernel sample_draw takes 2 parameters" in error["message"]
+
+
+def test_rows_wider_than_the_gpu_draw_are_refused_by_builder_and_runtime(tmp_path, tiny_checkpoint):
+    """kernels/sample_draw.cu draws among at most DRAW_MAX_CANDIDATES candidates a row: a GPU build whose catalog
+    trie has a wider node, or whose --max-request-tools would give a request's grammar a wider root, is refused
+    before any work; a CPU build of the same catalog is fine; a GPU model over wider grammars is refused at load."""
+    from toolcall.builder.compile import compile_bundle
+    from toolcall.common.errors import BuildError
+    from toolcall.kernels.declarations import DRAW_MAX_CANDIDATES
+    from toolcall.runtime.bundle.contract import BuildOptions
+    tok = Tokenizer.from_file(str(Path(tiny_checkpoint) / "tokenizer.json"))
+    words = sorted({w.lstrip("Ġ") for w in tok.get_vocab() if w.lstrip("Ġ").isalpha() and len(w.lstrip("Ġ")) > 1})
+    catalog = tmp_path / "wide.json"
+    catalog.write_text(json.dumps({"tools": [{"name": f"{w}_x"} for w in words[:700]]}))
+    cfg = open_checkpoint(tiny_checkpoint).config
+    grammar = build_grammar(load_catalog(catalog), tok, cfg.eos_token_ids[0])
+    assert grammar.max_edges_per_node > DRAW_MAX_CANDIDATES  # tool names starting with that many tokens
+    options = BuildOptions(precision="fp8_e4m3", target="h200", max_sequences=2, max_input_tokens=64,
+                           max_output_tokens=None, page_size=16, max_tokens_per_step=64, prefill_chunk=32,
+                           memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
+    with pytest.raises(BuildError) as built:
+        compile_bundle(tiny_checkpoint, catalog, options, tmp_path / "gpu")
+    assert built.value.code == "build_failed" and built.value.details["limit"] == DRAW_MAX_CANDIDATES
+    assert built.value.details["max_edges_per_node"] == grammar.max_edges_per_node and not (tmp_path / "gpu").exists()
+    # a request's own tools: T tools give its root T + 1 candidates
+    tools_catalog = tmp_path / "takes-tools.json"
+    tools_catalog.write_text(json.dumps({"tools": [{"name": "get_weather"}, {"name": "send_email"}],
+                                         "prompt_template": "Tools:\n{tools}\nRequest: {request}\nAnswer:"}))
+    for max_request_tools, refused in ((DRAW_MAX_CANDIDATES - 1, False), (DRAW_MAX_CANDIDATES, True)):
+        from toolcall.builder.kernel_build import check_candidate_columns, contract_target
+        if refused:
+            with pytest.raises(BuildError) as wide:
+                compile_bundle(tiny_checkpoint, tools_catalog, dataclasses.replace(
+                    options, max_request_tools=max_request_tools), tmp_path / "gpu-tools")
+            assert wide.value.code == "usage" and wide.value.details["option"] == "max_request_tools"
+            assert f"--max-request-tools {DRAW_MAX_CANDIDATES - 1}" in wide.value.message
+        else:
+            check_candidate_columns(contract_target("h200"), 2, max_request_tools)  # passes
+    limits = Limits(page_size=16, num_pages=8, max_sequences=2, max_tokens_per_step=64, prefill_chunk=32,
+                    max_input_tokens=64, max_output_tokens=grammar.max_answer_tokens)
+    with pytest.raises(Refusal) as loaded:  # before any tensor is read or any memory is taken
+        CudaModel(cfg, limits, grammar, "fp8_e4m3", None, CUBINS, EmulatedGpu())
+    assert loaded.value.code == "bundle_invalid" and loaded.value.details["limit"] == DRAW_MAX_CANDIDATES

@@ -473,7 +473,7 @@ def test_a_catalog_of_another_kind_is_reported_without_hanging(tmp_path, tiny_ch
 @pytest.mark.parametrize("option,value", [("--temperature", "nan"), ("--temperature", "inf"),
                                           ("--temperature", "-0.5"), ("--temperature", "1e-320"),
                                           ("--top-p", "nan"), ("--top-p", "0"), ("--top-p", "1.5"),
-                                          ("--top-p", "5e-324"), ("--seed", "-1")])
+                                          ("--top-p", "-1e-300"), ("--seed", "-1")])
 def test_bad_sampling_options_are_usage_errors_before_loading(tmp_path, option, value):
     from toolcall.runtime.cli import main as runtime_cli
     missing = tmp_path / "no-bundle"  # never read: the options are refused first

@@ -187,3 +187,116 @@ def test_kernel_launches_pack_their_arguments(spec):
 def test_kernel_draws_what_the_reference_draws(dev, spec):
     case = draw_case(np.random.default_rng(spec[1]), *spec)
     dev.same(run_kernel(dev, case), ref.sample_draw(**case), "sample_draw")
+
+
+# -- the draw at its edges: the CPU draw and the kernel's reference agree bit for bit, and say what they do ---------
+
+def edge_case(name: str, rows: int = 40, width: int = 24) -> dict:
+    """A draw_case with one edge (the name): rows 0 and 1 keep draw_case's none / one candidate rows."""
+    rng = np.random.default_rng(len(name))
+    case = draw_case(rng, rows, width, 0.7, 0.7, 1.0)
+    lg, valid = case["logits"], case["valid"]
+    if name.startswith("top_p_"):  # tiny ones narrow to float32 0, a subnormal, the smallest normal
+        case["top_p"][:] = np.float32({"top_p_1e-300": 1e-300, "top_p_1e-45": 1e-45, "top_p_1e-38": 1e-38,
+                                       "top_p_1": 1.0}[name])
+    elif name == "all_equal":
+        lg[:] = 1.5
+    elif name == "one_candidate":
+        valid[:] = 0
+        valid[np.arange(rows), rng.integers(0, width, rows)] = 1
+    elif name in ("nan", "inf", "neg_inf"):
+        bad = {"nan": np.nan, "inf": np.inf, "neg_inf": -np.inf}[name]
+        valid[2:, 3] = 1
+        lg[2::2, 3] = bad  # even rows: an allowed column holds it; odd rows: a column not allowed holds it
+        valid[3::2, 3] = 0
+        lg[3::2, 3] = bad
+    elif name == "inv_temperature_inf":
+        case["inv_temperature"][:] = np.float32(np.inf)
+    return case
+
+
+EDGES = ["top_p_1e-300", "top_p_1e-45", "top_p_1e-38", "top_p_1", "all_equal", "one_candidate", "nan", "inf",
+         "neg_inf", "inv_temperature_inf"]
+
+
+def cpu_draw(case: dict) -> np.ndarray:
+    return draw_rows(case["logits"], case["valid"].astype(bool), case["inv_temperature"], case["top_p"], case["seed"],
+                     case["token"].astype(np.int64))
+
+
+def greedy_columns(case: dict) -> np.ndarray:
+    """The greedy pick of each row (first of the best allowed logits), -1 where nothing is allowed."""
+    allowed = case["valid"].astype(bool)
+    return np.where(allowed.any(axis=1), sampling.greedy(case["logits"], allowed), -1)
+
+
+@pytest.mark.parametrize("name", EDGES)
+def test_the_draw_at_its_edges_is_the_same_on_both_and_what_it_says(name):
+    case = edge_case(name)
+    cpu, want = cpu_draw(case), ref.sample_draw(**case)
+    assert cpu.tolist() == want.tolist()
+    allowed = case["valid"].astype(bool)
+    drawn = want >= 0
+    assert allowed[np.flatnonzero(drawn), want[drawn]].all()  # a pick is always an allowed column
+    if name in ("top_p_1e-300", "top_p_1e-45", "top_p_1e-38"):  # the most likely only: greedy's pick
+        assert case["top_p"][0] < 1e-37 and want.tolist() == greedy_columns(case).tolist()
+    elif name == "all_equal":  # every allowed candidate as likely: the picks spread over them
+        assert len(set(want[2:].tolist())) > 5
+    elif name == "one_candidate":
+        assert want.tolist() == np.argmax(case["valid"], axis=1).tolist()
+    elif name in ("nan", "inf", "neg_inf"):  # refused where an allowed logit is not finite, else drawn as usual
+        assert (want[2::2] == -1).all() and (want[3::2] >= 0).all()
+        finite = dict(case, logits=np.where(np.isfinite(case["logits"]), case["logits"], np.float32(0)))
+        assert want[3::2].tolist() == ref.sample_draw(**finite)[3::2].tolist()
+    elif name == "inv_temperature_inf":  # held at the largest float32: a draw among the best logits only
+        held = dict(case, inv_temperature=np.full(len(want), sampling.F32_MAX))
+        assert want.tolist() == ref.sample_draw(**held).tolist()
+        best = np.where(allowed, case["logits"], -np.inf).max(axis=1)
+        assert (case["logits"][np.flatnonzero(drawn), want[drawn]] == best[drawn]).all()
+
+
+def test_a_tiny_top_p_draws_as_greedy_through_sample_rows():
+    """1e-300 is 0 in float32: the draw keeps the most likely allowed candidate, the greedy pick."""
+    rng = np.random.default_rng(55)
+    logits = (rng.standard_normal((300, 30)) * 3).astype(np.float32)
+    allowed = rng.random((300, 30)) < 0.5
+    allowed[:, 7] = True
+    params = [Sampling(0.7, top_p, int(s)) for s, top_p in zip(rng.integers(0, 2**63, 300, dtype=np.uint64),
+                                                                 [1e-300, 5e-324, 1e-45, 1e-10] * 75)]
+    picks = sampling.sample_rows(logits, allowed, params, list(range(300)))
+    assert picks.tolist() == sampling.greedy(logits, allowed).tolist()
+    assert sampling.sampling_problem(0.7, 1e-300, 0) is None and sampling.sampling_problem(0.7, 5e-324, 0) is None
+
+
+@pytest.mark.parametrize("top_p", [0.0, -0.0, -1e-300, -1.0, 1.0000001, 2.0, float("nan"), float("inf"),
+                                   float("-inf")])
+def test_a_top_p_outside_0_1_is_refused(top_p):
+    field, why = sampling.sampling_problem(0.7, top_p, 0)
+    assert field == "top_p" and why.startswith("top_p") and "(0, 1]" in why
+
+
+def test_the_reference_refuses_a_row_wider_than_the_kernel_holds():
+    """sample_draw.cu keeps DRAW_MAX_CANDIDATES candidates a row: a wider row is refused (-1) there, and builds,
+    loads and launches refuse such widths before it (the CPU draw has no such limit)."""
+    from toolcall.kernels.declarations import DRAW_MAX_CANDIDATES
+
+    for width, refused in ((DRAW_MAX_CANDIDATES, False), (DRAW_MAX_CANDIDATES + 1, True)):
+        case = draw_case(np.random.default_rng(width), 6, width, 0.9, 1.0, 0.9)
+        want, cpu = ref.sample_draw(**case), cpu_draw(case)
+        assert (want == -1).all() == refused and (cpu[2:] >= 0).all()
+        if not refused:
+            assert want.tolist() == cpu.tolist()
+
+
+@pytest.mark.parametrize("name", EDGES)
+def test_kernel_edge_launches_pack_their_arguments(name):
+    dry = KernelRunner(DryRunGpu())
+    run_kernel(dry, edge_case(name))
+    assert dry.gpu.launches
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", EDGES)
+def test_kernel_draws_what_the_reference_draws_at_the_edges(dev, name):
+    case = edge_case(name)
+    dev.same(run_kernel(dev, case), ref.sample_draw(**case), "sample_draw")

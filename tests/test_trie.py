@@ -222,3 +222,31 @@ def test_damaged_files_are_refused(data, code):
         Grammar.from_msgpack(data, source="bundle/grammar.msgpack")
     assert info.value.code == code
     assert "bundle/grammar.msgpack" in info.value.message
+
+
+def test_bitsets_that_are_not_the_subtrees_tool_sets_are_refused():
+    """grammar.msgpack's edge_bits checked in full (trie.py _check): a name edge's bits are the OR of its child's
+    edges, a SEP/END edge holds exactly its tool, the empty END none, the root every tool; one bit off anywhere
+    is refused."""
+    import dataclasses
+
+    g = path_grammar([(20,), (20, 21), (21, 22, 23), (22,)], allow_empty=True)
+    kind, tool = g.edge_kind, g.edge_tool
+    first = lambda k: int(np.flatnonzero(kind == k)[0])  # noqa: E731
+    end, sep = first(EDGE_END), first(EDGE_SEP)
+    other = np.uint64(1 << ((int(tool[end]) + 1) % g.num_tools))  # another tool's bit (all in word 0)
+    own = np.uint64(1 << int(tool[end]))
+    edits = {"a name edge gains a tool": (int(np.flatnonzero(kind == EDGE_NAME)[-1]), lambda w: w | other),
+             "an END edge gains a tool": (end, lambda w: w | other),
+             "an END edge loses its tool": (end, lambda w: w & ~own),
+             "a SEP edge loses its tool": (sep, lambda w: np.uint64(0)),
+             "the empty END holds a tool": (first(EDGE_EMPTY_END), lambda w: w | np.uint64(1)),
+             "a root edge loses its tools": (first(EDGE_NAME), lambda w: np.uint64(0))}
+    for what, (row, edit) in edits.items():
+        bits = g.edge_bits.copy()
+        bits[row, 0] = edit(bits[row, 0])
+        assert (bits != g.edge_bits).any(), what
+        with pytest.raises(Refusal) as info:
+            dataclasses.replace(g, edge_bits=bits)
+        assert info.value.code == "bundle_invalid" and "edge_bits" in info.value.message, what
+    assert (dataclasses.replace(g, edge_bits=g.edge_bits.copy()).edge_bits == g.edge_bits).all()

@@ -97,8 +97,9 @@ class StepBatcher:
             (self.stepper if request.grammar is None else request.grammar).check_subset(request.tools)
         problem = sampling_problem(request.sampling.temperature, request.sampling.top_p, request.sampling.seed)
         if problem:
-            raise RequestError("request_invalid", f"sampling: {problem}", temperature=repr(request.sampling.temperature),
-                               top_p=repr(request.sampling.top_p), seed=request.sampling.seed)
+            raise RequestError("request_invalid", f"sampling: {problem[1]}", field=problem[0],
+                               temperature=repr(request.sampling.temperature), top_p=repr(request.sampling.top_p),
+                               seed=request.sampling.seed)
         self._check_controls(request)
 
     def _check_controls(self, request: Request) -> None:

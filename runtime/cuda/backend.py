@@ -16,7 +16,7 @@ import numpy as np
 
 from toolcall.common.errors import CudaError, Refusal
 from toolcall.common.formats import WEIGHT_FORMATS
-from toolcall.kernels.declarations import declaration
+from toolcall.kernels.declarations import DRAW_MAX_CANDIDATES, declaration
 from toolcall.kernels.geometry import FMA, KernelFamily, prefill_tiles, shape_problems
 from toolcall.kernels.launch import DeviceArray, Gpu, check, first_error
 from toolcall.kernels.runner import DryRunGpu
@@ -70,6 +70,11 @@ class CudaModel(HostStep):
         self._kernels = {}
         # the sparse head's buffer width (Contract.candidate_columns): any grammar a request may bring
         self.columns = g.max_edges_per_node if self.columns is None else self.columns
+        if self.columns > DRAW_MAX_CANDIDATES:  # builds refuse it (builder/kernel_build.py); a hand-made bundle may not
+            raise Refusal("bundle_invalid", f"the bundle's grammars have up to {self.columns} candidates a step; the "
+                          f"CUDA draw (kernels/sample_draw.cu) takes at most {DRAW_MAX_CANDIDATES}: rebuild it for "
+                          "this target (the builder refuses such a catalog or --max-request-tools) or run it on the CPU",
+                          candidate_columns=self.columns, limit=DRAW_MAX_CANDIDATES)
         self.state_words = max(g.bitset_words, self.state_words or 0)
         self.plan = workspace_plan(cfg, lim, self.columns, self.state_words)
         self.ws = DeviceArena(arena_sizes(self.plan)).allocate(self.gpu)

@@ -17,7 +17,7 @@ from collections import OrderedDict
 import numpy as np
 
 from toolcall.common.errors import EngineError
-from toolcall.kernels.declarations import Launch
+from toolcall.kernels.declarations import DRAW_MAX_CANDIDATES, Launch
 from toolcall.runtime.batching.sampling import inverse_temperature, margins
 from toolcall.runtime.batching.step import PickRows, StepPlan, StepRecord
 from toolcall.runtime.cuda.buffers import DeviceArena, offset
@@ -167,6 +167,9 @@ class DeviceStep:
         head, draw, advance."""
         m, io, cfg = self.m, self.io, self.m.cfg
         M, words = grammar.max_edges_per_node, 1 + grammar.bitset_words
+        if M > DRAW_MAX_CANDIDATES:  # the load refuses such a bundle (CudaModel); never a launch the kernel refuses
+            raise EngineError("internal", f"a grammar of {M} candidates a step reached the CUDA draw, which takes at "
+                              f"most {DRAW_MAX_CANDIDATES}", max_edges_per_node=M, limit=DRAW_MAX_CANDIDATES)
         wide = m.columns  # the buffers' columns: a group's rows are M wide from its first row on
         cand, valid = io.device("cand", g0, 4 * wide), io.device("valid", g0, wide)
         logits, pick = io.device("logits", g0, 4 * wide), io.device("pick", g0)

@@ -143,9 +143,6 @@ def trie_grammar(names: Sequence[str], paths: Sequence[tuple[int, ...]], *, sep_
     nodes = new_id[np.asarray(on_path_node, np.int64)]
     tools = np.asarray(on_path_tool, np.int64)
     np.bitwise_or.at(node_bits, (nodes, tools // 64), np.uint64(1) << (tools % 64).astype(np.uint64))
-    tool_bits = np.zeros((num_tools, words), np.uint64)
-    tool_ids = np.arange(num_tools)
-    tool_bits[tool_ids, tool_ids // 64] = np.uint64(1) << (tool_ids % 64).astype(np.uint64)
 
     with_sep = min(max_tools, num_tools) > 1
     sep, end = int(sep_token_id), int(end_token_id)
@@ -168,8 +165,13 @@ def trie_grammar(names: Sequence[str], paths: Sequence[tuple[int, ...]], *, sep_
 
     table = np.asarray(rows, np.int64).reshape(-1, 4)
     token, kind, child, tool = table.T
-    bits = np.where((kind == EDGE_NAME)[:, None], node_bits[child], tool_bits[np.maximum(tool, 0)])
-    bits[kind == EDGE_EMPTY_END] = 0
+    # A name edge holds its child's subtree, a SEP/END edge its tool's bit, the empty END none: filled in place
+    # (edges x words is ~150 MB at 16,384 tools: no second array of that size)
+    bits = np.zeros((len(table), words), np.uint64)
+    name = np.flatnonzero(kind == EDGE_NAME)
+    bits[name] = node_bits[child[name]]
+    closing = np.flatnonzero((kind == EDGE_SEP) | (kind == EDGE_END))
+    bits[closing, tool[closing] // 64] = np.uint64(1) << (tool[closing] % 64).astype(np.uint64)
 
     path_start = np.zeros(num_tools + 1, np.int64)
     path_start[1:] = np.cumsum([len(p) for p in paths])
@@ -177,7 +179,7 @@ def trie_grammar(names: Sequence[str], paths: Sequence[tuple[int, ...]], *, sep_
         node_edge_start=np.asarray(edge_start, np.uint32),
         edge_token=token.astype(np.int32), edge_child=child.astype(np.int32),
         edge_kind=kind.astype(np.uint8), edge_tool=tool.astype(np.int32),
-        edge_bits=np.ascontiguousarray(bits, np.uint64),
+        edge_bits=bits,
         tool_path_start=path_start.astype(np.uint32),
         tool_path_tokens=np.asarray([t for p in paths for t in p], np.int32),
         tool_names=tuple(names), sep_token_id=sep, end_token_id=end, max_tools=max_tools,

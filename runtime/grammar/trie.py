@@ -268,17 +268,18 @@ def _check(g: Grammar) -> None:
         fail("every inner node needs exactly one incoming name edge")
     # Bitsets: SEP/END edges hold their tool only; a name edge holds the union of its child's
     # edges; the root holds every tool. This is what makes every allowed edge lead somewhere.
-    onehot = np.zeros((e, w), np.uint64)
+    # Checked in pieces (edges x words is ~150 MB at 16,384 tools: no second array of that size).
+    bits = g.edge_bits
     rows = np.flatnonzero(closes)
-    onehot[rows, tool[rows] // 64] = np.uint64(1) << (tool[rows] % 64).astype(np.uint64)
-    union = np.zeros((n, w), np.uint64)  # OR of each node's edge bitsets (kind 3 holds none)
-    has_edges = np.flatnonzero(np.diff(starts) > 0)
-    if e:
-        union[has_edges] = np.bitwise_or.reduceat(g.edge_bits, starts[has_edges], axis=0)
+    own = bits[rows]  # (closing edges, w): their tool's bit, then nothing else
+    bit = np.uint64(1) << (tool[rows] % 64).astype(np.uint64)
+    has_own = (own[np.arange(len(rows)), tool[rows] // 64] == bit).all()
+    own[np.arange(len(rows)), tool[rows] // 64] = 0
+    union = _node_unions(bits, starts, n)  # OR of each node's edge bitsets
+    names = np.flatnonzero(kind == EDGE_NAME)
     all_tools = np.packbits(np.arange(w * 64) < t, bitorder="little").view("<u8")  # bits 0..t-1 set
-    expected_bits = np.where(closes[:, None], onehot, union[child])
-    expected_bits[kind == EDGE_EMPTY_END] = 0
-    if (g.edge_bits != expected_bits).any() or (union[ROOT] != all_tools).any():
+    if (not has_own or own.any() or bits[kind == EDGE_EMPTY_END].any() or (bits[names] != union[child[names]]).any()
+            or (union[ROOT] != all_tools).any()):
         fail("edge_bits are not the tool sets of the edges' subtrees")
     path_start = g.tool_path_start.astype(np.int64)
     if len(path_start) != t + 1 or path_start[0] != 0 or path_start[-1] != len(g.tool_path_tokens) or (
@@ -301,3 +302,15 @@ def _check(g: Grammar) -> None:
             node = int(child[i])
         if end_node[k] != node:
             fail(f"tool {k} {g.tool_names[k]!r}: no END edge where its path ends", index=k)
+
+
+def _node_unions(bits: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
+    """(n, words) OR of each node's edge bitsets ``bits`` (edges, words), the edges of node v being rows
+    starts[v] .. starts[v + 1] - 1: one pass per edge rank (the k-th edge of every node with more than k),
+    so the work is the edges' rows once, with no per-node call."""
+    union = np.zeros((n, bits.shape[1]), np.uint64)
+    counts = np.diff(starts)
+    for k in range(int(counts.max()) if n else 0):
+        nodes = np.flatnonzero(counts > k)
+        union[nodes] |= bits[starts[nodes] + k]
+    return union

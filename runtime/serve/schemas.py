@@ -16,15 +16,17 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 _OPEN = ConfigDict(extra="allow", strict=True)  # OpenAI message and tool objects carry fields read no further
 
 ToolName = Field(..., min_length=1, max_length=256)
+MAX_TIMEOUT_S = 86_400.0  # a day: the longest deadline a request (timeout_s) or the server (--request-timeout) sets
 
 
 class SamplingFields(BaseModel):
     model_config = _STRICT
-    temperature: float = Field(0.0, ge=0.0, le=10_000.0, description="0 is greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(0.0, ge=0.0, le=10_000.0, allow_inf_nan=False, description="0 is greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Any value in (0, 1]; a tiny one "
+                         "keeps only the most likely tool token (greedy).")
     seed: int = Field(0, ge=0, lt=2**63, description="Sampling seed: same seed, same answer.")
-    timeout_s: float | None = Field(None, ge=0.1, le=86_400.0, description="Deadline in seconds (default: the "
-                                    "server's); past it the request is dropped and answered 504.")
+    timeout_s: float | None = Field(None, ge=0.1, le=MAX_TIMEOUT_S, allow_inf_nan=False, description="Deadline in "
+                                    "seconds (default: the server's); past it the request is dropped and answered 504.")
 
 
 class ChatFunction(BaseModel):
@@ -119,21 +121,21 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1, description="Caps the answer's tokens (the bundle's "
                                               "limit at most); a cut answer has finish_reason \"length\".")
     max_tokens: int | None = Field(None, ge=1, description="The older name of max_completion_tokens.")
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False, description="As /v1/discover's.")
     seed: int | None = Field(None, ge=0, lt=2**63)
     n: int = Field(1, ge=1, le=1, description="One choice only.")
     stream: bool = Field(False, description="Server-sent events in OpenAI's chunk format.")
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256, description="The caller's id (recorded nowhere).")
-    timeout_s: float | None = Field(None, ge=0.1, le=86_400.0, description="As /v1/discover's.")
+    timeout_s: float | None = Field(None, ge=0.1, le=MAX_TIMEOUT_S, allow_inf_nan=False, description="As /v1/discover's.")
     # OpenAI fields with no effect on a tool-discovery answer: accepted at their neutral value only, so a
     # caller relying on another value is told, not ignored
     logprobs: Literal[False] | None = Field(None, description="Not available: false or absent.")
     top_logprobs: Literal[0] | None = Field(None, description="Not available: 0 or absent.")
     stop: list[str] | None = Field(None, max_length=0, description="Not available: the grammar ends answers.")
-    presence_penalty: float | None = Field(None, ge=0.0, le=0.0, description="Not available: 0 or absent.")
-    frequency_penalty: float | None = Field(None, ge=0.0, le=0.0, description="Not available: 0 or absent.")
+    presence_penalty: float | None = Field(None, ge=0.0, le=0.0, allow_inf_nan=False, description="Not available: 0 or absent.")
+    frequency_penalty: float | None = Field(None, ge=0.0, le=0.0, allow_inf_nan=False, description="Not available: 0 or absent.")
     logit_bias: dict[str, float] | None = Field(None, max_length=0, description="Not available: empty or absent.")
     response_format: TextFormat | None = Field(None, description="text only: answers are tool calls.")
     store: Literal[False] | None = Field(None, description="Nothing is stored: false or absent.")
