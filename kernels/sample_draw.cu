@@ -84,6 +84,8 @@ sample_draw(const float* logits, const u8* valid, int stride, int width, const f
     int n = 0;  // allowed so far (every lane holds the same count)
     float top = NEG_INF;
     bool finite = true;  // every allowed logit so far is finite (every lane agrees)
+    if (lane == 0) column[0] = -1;  // written before any read: a row with nothing allowed reads it below
+    __syncwarp();
     for (int i0 = 0; i0 < width; i0 += 32) {  // compaction in column order: ballot, then each lane's rank
         const int i = i0 + lane;
         const bool allowed = i < width && ok[i] != 0;

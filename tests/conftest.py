@@ -65,6 +65,15 @@ def dev(cuda_device):
     gpu.close()
 
 
+@pytest.fixture(scope="module")
+def sim():
+    """A KernelRunner on the PTX executor (toolcall.kernels.sim), sm_90, sanitizers on: GPU tests' kernels on the CPU."""
+    from toolcall.kernels.runner import KernelRunner
+    from toolcall.kernels.sim.device import SimGpu
+
+    return KernelRunner(SimGpu("sm_90", seed=1))
+
+
 @pytest.fixture(scope="session")
 def shipped_bundle(tmp_path_factory):
     """A CPU FP8 bundle of the project's own trained tool model (models/toolcall-qwen3-tiny) and its catalog:

@@ -23,12 +23,9 @@ from toolcall.kernels.runner import DryRunGpu, KernelRunner
 CASES = rows.CASES + draw.CASES
 
 
-def params(cases: list[KernelCase], xfail_known: bool = False) -> list:
-    """pytest parameters of a case table, by the cases' ids; ``xfail_known``: a draw case known to fail before
-    issue 55 is an xfail (its launches still pack on a dry run)."""
-    known = pytest.mark.xfail(reason="issue 55: top_p rounding to 0 keeps no candidate", strict=False)
-    return [pytest.param(c, id=c.id, marks=[known] if xfail_known and c.id in draw.KNOWN_FAILING_BEFORE_ISSUE_55
-                         else []) for c in cases]
+def params(cases: list[KernelCase]) -> list:
+    """pytest parameters of a case table, by the cases' ids."""
+    return [pytest.param(c, id=c.id) for c in cases]
 
 
 def pack_case(case: KernelCase) -> None:
@@ -40,7 +37,7 @@ def pack_case(case: KernelCase) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", params(CASES, xfail_known=True))
+@pytest.mark.parametrize("case", params(CASES))
 def test_kernel_parity(dev, case):
     run_case(dev, case)
 

@@ -31,7 +31,7 @@ def _measure(arch: str, what: str, launch) -> dict:
     start = time.monotonic()
     launch(runner)
     seconds = time.monotonic() - start
-    reread = sum(n - 1 for n in stats.sector_reads.values() if n > 1) * 32
+    reread = stats.bytes_touched_again()
     return dict(launch=what, seconds=round(seconds, 2), lane_instructions=stats.lane_instructions,
                 global_bytes=stats.global_bytes, sector_bytes=32 * stats.global_sectors,
                 sector_efficiency=round(stats.global_bytes / max(32 * stats.global_sectors, 1), 3),

@@ -37,7 +37,15 @@ class LaunchStats:
     shared_requests: int = 0
     shared_wavefronts: int = 0  # the most distinct 4-byte words one bank serves, per warp instruction
     shared_ideal: int = 0  # the fewest wavefronts the instruction's distinct words need (32 words each)
-    sector_reads: dict = field(default_factory=dict)  # sector -> times read (bytes read more than once)
+    sector_touches: list = field(default_factory=list)  # per warp instruction, the sectors it touched (arrays)
+
+    def bytes_touched_again(self) -> int:
+        """Bytes of sectors touched by more than one warp instruction (each extra touch counted): what a cache
+        must hold for the kernel to read its data from DRAM once."""
+        if not self.sector_touches:
+            return 0
+        _, counts = np.unique(np.concatenate(self.sector_touches), return_counts=True)
+        return int((counts - 1).sum()) * 32
 
     def add(self, other: "LaunchStats") -> None:
         for k in ("lane_instructions", "steps", "global_bytes", "global_sectors", "global_requests",
@@ -177,11 +185,11 @@ class Batch:
         st = self.stats
         warp = self.warp[lanes].astype(np.uint64) << np.uint64(44)
         first, last = addr // np.uint64(32), (addr + np.uint64(nbytes - 1)) // np.uint64(32)
-        st.global_sectors += len(np.unique(np.concatenate([warp | first, warp | last])))
+        per_warp = np.unique(np.concatenate([warp | first, warp | last]))  # (warp, sector) pairs
+        st.global_sectors += len(per_warp)
         st.global_bytes += len(np.unique(warp | addr)) * nbytes
         st.global_requests += len(np.unique(warp))
-        for s in np.unique(np.concatenate([first, last])).tolist():
-            st.sector_reads[s] = st.sector_reads.get(s, 0) + 1
+        st.sector_touches.append(per_warp & np.uint64((1 << 44) - 1))
 
     def atomic(self, op, addr, value, ty, ix) -> np.ndarray:
         lanes = self.lane_ids(ix)

@@ -81,6 +81,8 @@ def build_shfl(ins, P):
 
 
 def build_vote(ins, P):
+    if ins.op in ("vote.sync.any.pred", "vote.sync.all.pred", "vote.sync.uni.pred"):
+        return "op", _vote_pred(ins, P, ins.op.split(".")[2])
     if ins.op != "vote.sync.ballot.b32":
         raise SimUnsupported(f"{ins.op} is not in the executor's instruction table")
     put = P.writer(ins.operands[0], U32)
@@ -94,6 +96,24 @@ def build_vote(ins, P):
         np.add.at(per_warp, S.warp[lanes], bits)
         put(S, ix, per_warp[S.warp[lanes]].astype(U32))
     return "op", ballot
+
+
+def _vote_pred(ins, P, mode):
+    """vote.sync.{any,all,uni}.pred d, p, membermask: over the lanes of the warp that execute it."""
+    put = P.writer(ins.operands[0], np.dtype(bool))
+    pred, mask = P.reader(ins.operands[1], np.dtype(bool)), P.reader(ins.operands[2], U32)
+
+    def vote(S, ix):
+        lanes = S.lane_ids(ix)
+        S.warp_sync(ix, np.broadcast_to(mask(S, ix), lanes.shape), ins.op)
+        p = np.broadcast_to(pred(S, ix), lanes.shape)
+        trues = np.bincount(S.warp[lanes], weights=p, minlength=S.n_warps)
+        members = np.bincount(S.warp[lanes], minlength=S.n_warps)
+        w = S.warp[lanes]
+        result = {"any": trues[w] > 0, "all": trues[w] == members[w],
+                  "uni": (trues[w] == 0) | (trues[w] == members[w])}[mode]
+        put(S, ix, result)
+    return vote
 
 
 def _mma(ins, P):
