@@ -4,7 +4,7 @@
 lanes' program counters (``op``: to the next instruction; ``bra``, ``ret``, ``bar``: see machine.py). An
 opcode or modifier not in the table is a ``SimUnsupported`` naming it (never skipped). Integer arithmetic
 wraps in the type's width; float semantics are in numerics.py. Memory and warp-level opcodes live in
-ops_memory.py and ops_warp.py.
+ops_memory.py and ops_warp.py, conversions in ops_convert.py.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import numpy as np
 from toolcall.kernels.sim import numerics as nm
 from toolcall.kernels.sim.errors import SimUnsupported
 from toolcall.kernels.sim.numerics import F32, F64, SIGNED, TYPES, UNSIGNED
-from toolcall.kernels.sim.program import LOCAL_GENERIC_BASE, SHARED_GENERIC_BASE
 
 U32, U64, I64 = np.dtype(np.uint32), np.dtype(np.uint64), np.dtype(np.int64)
 BOOL = np.dtype(bool)
@@ -260,71 +259,17 @@ def build_mov(ins, P):
     return _unary(ins, P, ty, lambda a: a)
 
 
-def build_cvt(ins, P):
-    parts = ins.op.split(".")[1:]
-    rounding = [p for p in parts if p in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")]
-    sat = "sat" in parts or "satfinite" in parts
-    types = [p for p in parts if p not in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi", "sat", "satfinite",
-                                           "relu", "ftz")]
-    if len(types) != 2 or "ftz" in parts:
-        raise SimUnsupported(f"{ins.op} is not in the executor's instruction table")
-    dt, st = types
-    mode = rounding[0] if rounding else None
-    if (dt, st) == ("f16x2", "e4m3x2") and mode == "rn" and not sat:
-        return _unary(ins, P, TYPES["b16"], nm.e4m3_pair_to_f16x2, out_ty=U32)
-    if (dt, st) == ("f16x2", "e2m1x2") and mode == "rn" and not sat:
-        return _unary(ins, P, TYPES["b8"], nm.e2m1_pair_to_f16x2, out_ty=U32)
-    if dt not in TYPES or st not in TYPES:
-        raise SimUnsupported(f"{ins.op} is not in the executor's instruction table")
-    d, s = TYPES[dt], TYPES[st]
-    if dt == "f32" and st == "f32":
-        if sat and mode is None:
-            return _unary(ins, P, F32, lambda a: np.where(np.isnan(a), np.float32(0), np.clip(a, 0, 1)).astype(F32))
-        if mode in ("rni", "rzi", "rmi", "rpi") and not sat:
-            f = {"rni": np.rint, "rzi": np.trunc, "rmi": np.floor, "rpi": np.ceil}[mode]
-            return _unary(ins, P, F32, lambda a: nm.canonical_f32(f(a)))
-    if st == "bf16" and dt == "f32" and mode is None:
-        return _unary(ins, P, s, nm.bf16_bits_to_f32, out_ty=F32)
-    if st == "f16" and dt == "f32" and mode is None:
-        return _unary(ins, P, s, nm.f16_bits_to_f32, out_ty=F32)
-    if dt == "bf16" and st == "f32" and mode == "rn" and not sat:
-        return _unary(ins, P, F32, nm.to_bf16_bits, out_ty=d)
-    if dt == "f16" and st == "f32" and mode == "rn" and not sat:
-        return _unary(ins, P, F32, nm.to_f16_bits, out_ty=d)
-    if d.kind == "f" and s.kind in "iu" and mode == "rn" and not sat:
-        return _unary(ins, P, s, lambda a: np.asarray(a).astype(d), out_ty=d)
-    if (dt, st) == ("f32", "f64") and mode == "rn" and not sat:
-        return _unary(ins, P, s, lambda a: nm.canonical_f32(np.asarray(a).astype(F32)), out_ty=F32)
-    if d.kind in "iu" and st == "f32" and mode in ("rni", "rzi", "rmi", "rpi"):
-        return _unary(ins, P, F32, lambda a: nm.float_to_int(a, d, mode), out_ty=d)
-    if d.kind in "iu" and s.kind in "iu" and mode is None and not sat:
-        return _unary(ins, P, s, lambda a: np.asarray(a).astype(I64 if s.kind == "i" else U64).astype(d), out_ty=d)
-    raise SimUnsupported(f"{ins.op} is not in the executor's instruction table")
-
-
-def build_cvta(ins, P):
-    parts = ins.op.split(".")
-    offsets = {("to", "global"): 0, ("global",): 0, ("shared",): SHARED_GENERIC_BASE,
-               ("to", "shared"): -SHARED_GENERIC_BASE, ("local",): LOCAL_GENERIC_BASE,
-               ("to", "local"): -LOCAL_GENERIC_BASE}
-    key = tuple(parts[1:-1])
-    if key not in offsets or parts[-1] not in ("u64", "u32"):
-        raise SimUnsupported(f"{ins.op} is not in the executor's instruction table")
-    delta = np.uint64(offsets[key] & 0xFFFFFFFFFFFFFFFF)
-    return _unary(ins, P, U64, lambda a: a + delta)
-
-
 _BUILDERS = {
     **{b: build_arith for b in ("add", "sub", "mul", "mad", "div", "rem", "neg", "abs", "min", "max", "and", "or",
                                 "xor", "not", "shl", "shr", "popc", "brev", "bfind", "bfi", "shf", "fma", "sqrt",
                                 "ex2")},
-    "setp": build_setp, "selp": build_selp, "mov": build_mov, "cvt": build_cvt, "cvta": build_cvta,
+    "setp": build_setp, "selp": build_selp, "mov": build_mov,
 }
 
 
 def compile_instruction(ins, program):
     """(kind, fn) for one instruction; ``SimUnsupported`` naming the opcode if the table lacks it."""
-    from toolcall.kernels.sim import ops_memory, ops_warp  # noqa: F401 (they register into CONTROL)
+    from toolcall.kernels.sim import ops_convert, ops_memory, ops_warp  # noqa: F401 (they register themselves)
     base = ins.op.split(".")[0]
     if ins.op in CONTROL or base in CONTROL:
         return CONTROL.get(ins.op, CONTROL.get(base))(ins, program)
@@ -334,3 +279,4 @@ def compile_instruction(ins, program):
 
 
 CONTROL: dict = {}  # opcodes with their own (kind, fn) builders: memory, warp, barrier, control flow
+BUILDERS = _BUILDERS  # the "op"-kind opcodes by base name (ops_convert.py adds cvt and cvta)
