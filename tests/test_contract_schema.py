@@ -37,7 +37,7 @@ from toolcall.runtime.bundle.contract import (
     validate_contract_dict,
 )
 from toolcall.runtime.bundle.model_config import FAMILIES, ModelConfig, RopeScaling
-from toolcall.schemas import load_schema
+from toolcall.schemas.load import load_schema
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "schemas" / "contract.schema.json"
 QWEN3_06B = ModelConfig(family="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,

@@ -12,9 +12,12 @@ SETUPTOOLS = PROJECT["tool"]["setuptools"]
 
 
 def test_every_package_folder_is_listed():
+    """The mapped top-level folders (no __init__.py: tests/test_checkout_root.py) and every folder below them
+    holding an __init__.py."""
     mapping = SETUPTOOLS["package-dir"]
-    folders = {"toolcall." + ".".join(p.relative_to(ROOT).parent.parts) for p in ROOT.glob("*/**/__init__.py")
+    folders = {"toolcall." + ".".join(p.relative_to(ROOT).parent.parts) for p in ROOT.glob("*/*/**/__init__.py")
                if p.relative_to(ROOT).parts[0] in set(mapping.values())}
+    folders |= {f"toolcall.{folder}" for folder in mapping.values()}
     assert set(SETUPTOOLS["packages"]) == folders
     assert all(name == f"toolcall.{folder}" for name, folder in mapping.items())
 
