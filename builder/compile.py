@@ -265,7 +265,7 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
             lap("kv_calibration")
         if not kernels_cached():  # a first build on this machine: numba compiles, two processes at once
             stage(COLD_CACHE_NOTE_BUILD)
-            compile_cpu_kernels(tmp / WEIGHTS_FILE, cfg, limits, kv_format)
+            compile_cpu_kernels(tmp / WEIGHTS_FILE, tmp / GRAMMAR_FILE, cfg, limits, kv_format)
         stage("recording the canary")
         canary = record_canary(tmp / WEIGHTS_FILE, cfg, grammar, limits, encoder.encode, kv_format, kv_scales,
                                tuple(tool_request(t.name, t.description) for t in catalog.tools))

@@ -20,17 +20,22 @@ COMPILE = textwrap.dedent("""
     from toolcall.runtime.bundle.files import read_contract
     from toolcall.runtime.cpu.warm import compile_kernels
     c = read_contract(Path(sys.argv[1]))
-    compile_kernels(Path(sys.argv[1]) / "weights.safetensors", c.model, c.limits, KV_FORMATS.get(c.precision.kv_cache))
+    b = Path(sys.argv[1])
+    compile_kernels(b / "weights.safetensors", b / "grammar.msgpack", c.model, c.limits, KV_FORMATS.get(c.precision.kv_cache))
 """)
 
 RUN = textwrap.dedent("""
     import json, sys
     from toolcall.runtime.engine import Engine
     from toolcall.runtime.bundle.machine import MachineFacts
+    from toolcall.runtime.batching.sampling import Sampling, draw_rows
     from toolcall.runtime.cpu import fast_kernels as fk, fast_model as fm, linear_high as lh, stored_weights as sw
+    from toolcall.runtime.grammar.walks import allowed_edges, take_and_force
     from toolcall.runtime.jit.one_layout import AnyLayout
-    Engine.load(sys.argv[1], facts=MachineFacts(free_bytes=1 << 40))  # loads, runs the canary
-    kernels = [fk.rms_norm, fk.qk_norm_rope_kv, fk.silu_times, fk.gather_rows_bf16, lh.candidate_logits]
+    engine = Engine.load(sys.argv[1], facts=MachineFacts(free_bytes=1 << 40))  # loads, runs the canary
+    engine.run(["Book a flight to Oslo"], Sampling(temperature=0.7, seed=1))  # a sampled pick too
+    kernels = [fk.rms_norm, fk.qk_norm_rope_kv, fk.silu_times, fk.gather_rows_bf16, lh.candidate_logits,
+               allowed_edges, take_and_force, draw_rows]
     kernels += [v.calls for m in (fm, sw) for v in vars(m).values() if isinstance(v, AnyLayout)]
     print(json.dumps({k.__name__: [len(k.signatures), sum(k.stats.cache_misses.values())] for k in kernels}))
 """)
@@ -50,6 +55,6 @@ def test_a_run_after_the_warm_up_compiles_no_forward_kernel(tiny_bundle, tmp_pat
     assert used.returncode == 0, used.stderr[-3000:]
     found = json.loads(used.stdout.strip().splitlines()[-1])
     assert set(found) == {"rms_norm", "qk_norm_rope_kv", "silu_times", "gather_rows_bf16", "candidate_logits",
-                          "linear_panels", "attention"}
+                          "allowed_edges", "take_and_force", "draw_rows", "linear_panels", "attention"}
     assert all(signatures >= 1 for signatures, _ in found.values()), found  # each one ran
     assert not any(misses for _, misses in found.values()), f"compiled again after the warm-up: {found}"
