@@ -2,7 +2,8 @@
 
 numba compiles each kernel at its first call, one after another (its compiler holds a process-wide lock),
 and writes it to its on-disk cache; a first build spends most of its canary stage there. ``compile_kernels``
-splits the forward's kernels in two groups of about equal compile time (``GROUPS``): a child process
+splits a step's kernels (the forward's, the head's, the grammar walks, the sampled pick) in two groups of
+about equal compile time (``GROUPS``): a child process
 compiles the first while this one compiles the second, and both write numba's cache, from which the canary
 then loads them (on two idle cores the compiles take about half the time; on a busy machine no longer than
 one after another). Each kernel is called once on zero rows of a real model's own buffers and KV pool, so
@@ -30,8 +31,8 @@ from toolcall.runtime.bundle.machine import available_cpus
 from toolcall.runtime.bundle.model_config import ModelConfig
 from toolcall.runtime.bundle.rope import cos_sin
 from toolcall.runtime.cpu.backend import cpu_model, load_cpu_weights
-from toolcall.runtime.cpu.fast_model import NO_NORM, FastCpuModel, _attention
 from toolcall.runtime.cpu.fast_kernels import qk_norm_rope_kv, silu_times
+from toolcall.runtime.cpu.fast_model import NO_NORM, FastCpuModel, _attention
 from toolcall.runtime.cpu.kv_pool import PagedKVPool
 from toolcall.runtime.grammar.stepper import GrammarStepper
 from toolcall.runtime.grammar.trie import Grammar
