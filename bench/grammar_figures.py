@@ -12,7 +12,7 @@ import json
 import os
 import platform
 import time
-from importlib import resources
+from pathlib import Path
 
 from toolcall.builder.catalog import load_catalog
 from toolcall.builder.synth_tokenizer import END_OF_TURN, train_tokenizer
@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = train_tokenizer(seed=0)
     end_id = tokenizer.token_to_id(END_OF_TURN)
-    example = str(resources.files("builder").joinpath("data/tools-64.json"))
+    example = str(Path(__file__).resolve().parents[1] / "builder" / "data" / "tools-64.json")
     result = {
         "benchmark": "grammar_figures",
         "machine": {"platform": platform.platform(), "processor": platform.processor(),

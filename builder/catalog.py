@@ -28,7 +28,7 @@ from toolcall.runtime.grammar.tool_text import (  # noqa: F401  (re-exported: th
     render_template,
     render_tools,
 )
-from toolcall.schemas import load_schema
+from toolcall.schemas.load import load_schema
 
 # Largest catalog: 256 words of 64 bits per edge bitset. The grammar's bitset bytes grow as
 # tools x edges (both ~linear in the catalog), so 16,384 tools is ~100 MB of bitsets at ~3

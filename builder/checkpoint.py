@@ -15,7 +15,8 @@ import numpy as np
 
 from toolcall.common.errors import CheckpointError
 from toolcall.runtime.bundle.file_kind import path_kind, require_file
-from toolcall.runtime.bundle.model_config import FAMILIES, ModelConfig, RopeScaling
+from toolcall.runtime.bundle.families import FAMILY_NAMES, family as family_named
+from toolcall.runtime.bundle.model_config import ModelConfig, RopeScaling
 from toolcall.runtime.bundle.tensor_file import SafetensorsFile
 
 SOURCE_DTYPES = ("BF16", "F16", "F32")
@@ -144,10 +145,11 @@ def parse_config(folder: Path) -> ModelConfig:
     path = folder / "config.json"
     c = _read_json(path)
     f = _Fields(c, path)
-    family = c.get("model_type")
-    if not isinstance(family, str) or family not in FAMILIES:
-        raise _error(f"{path}: model_type {family!r} is not supported; expected one of {', '.join(FAMILIES)}",
-                     file=str(path), found=repr(family)[:80])
+    model_type = c.get("model_type")
+    if not isinstance(model_type, str) or model_type not in FAMILY_NAMES:
+        raise _error(f"{path}: model_type {model_type!r} is not supported; expected one of {', '.join(FAMILY_NAMES)}",
+                     file=str(path), found=repr(model_type)[:80])
+    fam = family_named(model_type)
     if f.bool("mlp_bias", False):
         raise _error(f"{path}: mlp_bias=true is not supported", file=str(path))
     rope = c.get("rope_parameters") or {}
@@ -185,25 +187,25 @@ def parse_config(folder: Path) -> ModelConfig:
     vocab = f.int("vocab_size", 2, MAX_VOCAB)
     intermediate = f.int("intermediate_size", 1, MAX_DIM)
     layers = f.int("num_hidden_layers", 1, MAX_LAYERS)
-    tied = f.bool("tie_word_embeddings", False)
+    tied = f.bool("tie_word_embeddings", fam.default_tied)
     params = parameter_count(vocab, hidden, intermediate, layers, heads * head_dim, kv_heads * head_dim, tied)
     if params > MAX_PARAMETERS:
         raise _error(f"{path}: the config describes {params:,} parameters; expected at most {MAX_PARAMETERS:,} "
                      "(refused before anything is sized from it): check the sizes", file=str(path), found=params,
                      limit=MAX_PARAMETERS)
-    theta_default = rope.get("rope_theta", 10000.0)
+    theta_default = rope.get("rope_theta", fam.default_rope_theta)
     theta = f.float("rope_theta", theta_default)
     if theta < 1.0:  # frequencies theta^(-2i/d) above 1 overflow float32 long before theta reaches 0
         raise f._bad("rope_theta", "a number >= 1 (rotary frequencies theta^(-2i/head_dim) must stay finite)",
                      theta)
     return ModelConfig(
-        family=family, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_layers=layers,
+        family=fam.name, vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_layers=layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         rms_norm_eps=f.float("rms_norm_eps", 1e-6), rope_theta=theta,
         rope_scaling=rope_scaling, max_position_embeddings=f.int("max_position_embeddings", 1, MAX_POSITIONS, 32768),
         tie_word_embeddings=tied,
-        qkv_bias=True if family == "qwen2" else f.bool("attention_bias", False),
-        qk_norm=family == "qwen3", eos_token_ids=_eos_ids(folder, c, vocab))
+        qkv_bias=fam.has_qkv_bias(f.bool("attention_bias", False)),
+        qk_norm=fam.qk_norm, eos_token_ids=_eos_ids(folder, c, vocab))
 
 
 class Checkpoint:

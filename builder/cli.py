@@ -11,6 +11,7 @@ from toolcall.builder.probe_sample import SAMPLE_SIZE
 from toolcall.builder.quantize import weight_format
 from toolcall.common.errors import EngineError
 from toolcall.common.formats import KV_BF16, KV_FORMATS, WEIGHT_FORMATS
+from toolcall.runtime.bundle.families import FAMILY_NAMES
 from toolcall.runtime.console import TypedErrorGroup, exit_code_help, fail, json_text
 
 
@@ -64,7 +65,7 @@ def main() -> None:
 @main.command()
 @click.option("--shape", type=click.Choice(["tiny", "qwen3-0.6b"]), default="tiny", show_default=True,
               help="tiny: seconds, for tests; qwen3-0.6b: the real Qwen3-0.6B shape (~1.2 GB bf16).")
-@click.option("--family", type=click.Choice(["qwen3", "qwen2", "llama"]), default="qwen3", show_default=True)
+@click.option("--family", type=click.Choice(FAMILY_NAMES), default=FAMILY_NAMES[0], show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same bytes.")
 @click.option("--shards", type=int, default=1, show_default=True, help="Split the safetensors into N files with an index.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Checkpoint folder to write.")

@@ -64,7 +64,9 @@ from toolcall.runtime.bundle.files import (
 from toolcall.runtime.bundle.kv_scales import KV_SCALES_FILE
 from toolcall.runtime.console import done as stage_done
 from toolcall.runtime.console import stage
-from toolcall.runtime.cpu.backend import COLD_CACHE_NOTE, kernels_cached
+from toolcall.runtime.cpu.backend import kernels_cached
+from toolcall.runtime.cpu.warm import NOTE as COLD_CACHE_NOTE_BUILD
+from toolcall.runtime.cpu.warm import compile_kernels as compile_cpu_kernels
 
 # Request-supplied tools (a template holding {tools}): most tools a request may bring (its grammar's root then
 # has up to 65 edges: the sparse head's buffers widen to that) and most tokens of one description.
@@ -268,7 +270,10 @@ def compile_bundle(checkpoint: str | Path, catalog_path: str | Path, options: Bu
             kv_scales.write(tmp / KV_SCALES_FILE)
             stage_done()
             lap("kv_calibration")
-        stage("recording the canary" if kernels_cached() else f"recording the canary ({COLD_CACHE_NOTE})")
+        if not kernels_cached():  # a first build on this machine: numba compiles, two processes at once
+            stage(COLD_CACHE_NOTE_BUILD)
+            compile_cpu_kernels(tmp / WEIGHTS_FILE, tmp / GRAMMAR_FILE, cfg, limits, kv_format)
+        stage("recording the canary")
         canary = record_canary(weights, cfg, grammar, limits, encoder.encode, kv_format, kv_scales,
                                tuple(tool_request(catalog.tools[t].name, descriptions[t]) for t in sample.tool_ids))
         if kv_format.scaled:

@@ -22,14 +22,14 @@ import numpy as np
 from toolcall.builder.synth_tokenizer import END_OF_TURN, SPECIAL_TOKENS, train_tokenizer
 from toolcall.common.errors import BuildError
 from toolcall.runtime.bundle.file_kind import path_kind
-from toolcall.runtime.bundle.model_config import FAMILIES, ModelConfig, RopeScaling
+from toolcall.runtime.bundle.families import FAMILY_NAMES, family
+from toolcall.runtime.bundle.model_config import ModelConfig, RopeScaling
 from toolcall.runtime.bundle.tensor_file import SafetensorsWriter
 
 SHAPES = ("tiny", "qwen3-0.6b")
 # a checkpoint's element type, by its Hugging Face config name (torch_dtype) -> (safetensors dtype, numpy dtype)
 _DTYPES = {"bfloat16": ("BF16", ml_dtypes.bfloat16), "float16": ("F16", np.float16), "float32": ("F32", np.float32)}
-_HF_ARCH = {"qwen3": ("qwen3", "Qwen3ForCausalLM"), "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-            "llama": ("llama", "LlamaForCausalLM")}
+# the rotary scaling of a family's synthetic checkpoints (runtime/bundle/families.py ``rope_scaling``)
 LLAMA3_SCALING = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                              original_max_position_embeddings=8192)
 
@@ -63,20 +63,21 @@ def model_config_for(opts: SynthOptions, tokenizer_vocab: int) -> ModelConfig:
         cfg["num_kv_heads"] = opts.num_kv_heads
     if opts.tie_word_embeddings is not None:
         cfg["tie_word_embeddings"] = opts.tie_word_embeddings
-    if opts.family == "qwen2":  # Qwen2 derives head_dim from hidden / heads
+    fam = family(opts.family)
+    if fam.head_dim_from_heads:
         cfg["head_dim"] = cfg["hidden_size"] // cfg["num_heads"]
     return ModelConfig(
-        family=opts.family, rms_norm_eps=1e-6,
-        rope_scaling=LLAMA3_SCALING if opts.family == "llama" else None,
-        qkv_bias=opts.family == "qwen2", qk_norm=opts.family == "qwen3",
+        family=fam.name, rms_norm_eps=1e-6,
+        rope_scaling={None: None, "llama3": LLAMA3_SCALING}[fam.rope_scaling],
+        qkv_bias=fam.has_qkv_bias(False), qk_norm=fam.qk_norm,
         eos_token_ids=(SPECIAL_TOKENS.index(END_OF_TURN), 0), **cfg)
 
 
 def hf_config_json(cfg: ModelConfig, dtype: str) -> dict:
     """config.json as transformers writes it for this family."""
-    model_type, arch = _HF_ARCH[cfg.family]
+    fam = family(cfg.family)
     d = {
-        "architectures": [arch], "model_type": model_type, "vocab_size": cfg.vocab_size,
+        "architectures": [fam.architecture], "model_type": fam.name, "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
         "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
@@ -85,12 +86,9 @@ def hf_config_json(cfg: ModelConfig, dtype: str) -> dict:
         "torch_dtype": dtype, "bos_token_id": 0, "eos_token_id": cfg.eos_token_ids[0],
         "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
     }
-    if cfg.family == "llama":
-        d.update(attention_bias=False, mlp_bias=False, rope_scaling={"rope_type": "llama3", **vars(cfg.rope_scaling)})
-    elif cfg.family == "qwen3":
-        d.update(attention_bias=False, use_sliding_window=False, sliding_window=None, rope_scaling=None)
-    else:
-        d.update(use_sliding_window=False, sliding_window=None, rope_scaling=None)
+    d.update(fam.hf_keys)
+    if cfg.rope_scaling is not None:
+        d["rope_scaling"] = {"rope_type": fam.rope_scaling, **vars(cfg.rope_scaling)}
     return d
 
 
@@ -123,8 +121,8 @@ def check_options(opts: SynthOptions) -> None:
                           expected=expected, found=repr(found))
     if opts.shape not in SHAPES:
         raise bad("shape", f"one of {', '.join(SHAPES)}", opts.shape)
-    if opts.family not in FAMILIES:
-        raise bad("family", f"one of {', '.join(FAMILIES)}", opts.family)
+    if opts.family not in FAMILY_NAMES:
+        raise bad("family", f"one of {', '.join(FAMILY_NAMES)}", opts.family)
     if opts.dtype not in _DTYPES:
         raise bad("dtype", f"one of {', '.join(_DTYPES)}", opts.dtype)
     if type(opts.shards) is not int or opts.shards < 1:

@@ -13,7 +13,7 @@ ROUNDS = 10
 MULTIPLIERS = (np.uint64(0xD2511F53), np.uint64(0xCD9E8D57))
 KEY_STEP = np.array([0x9E3779B9, 0xBB67AE85], np.uint64)
 MASK32 = np.uint64(0xFFFFFFFF)
-# runtime/exp32.py's constants
+# runtime/jit/exp32.py's constants
 EXP_LOW, EXP_HIGH, LOG2E = F32(-87.3), F32(88.3), F32(1.4426950408889634)
 LN2_HI, LN2_LO = F32(0.693359375), F32(-2.12194440e-4)
 TAYLOR = tuple(F32(c) for c in (1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0))
@@ -43,7 +43,7 @@ def uniform(seeds: np.ndarray, tokens: np.ndarray, choice: int = 0) -> np.ndarra
 
 
 def exp32(x: np.ndarray) -> np.ndarray:
-    """runtime/exp32.py's exp32 in numpy float32."""
+    """runtime/jit/exp32.py's exp32 in numpy float32."""
     x = np.clip(np.asarray(x, F32), EXP_LOW, EXP_HIGH)
     n = np.floor(x * LOG2E + F32(0.5))
     r = (x - n * LN2_HI) - n * LN2_LO

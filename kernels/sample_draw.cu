@@ -1,6 +1,6 @@
 // sample_draw.cu: the temperature / top-p pick of sampled rows, operation for operation the CPU draw
 // (runtime/batching/sampling.py draw_rows), with its generator (runtime/batching/philox.py) and its exp
-// (runtime/exp32.py), so a row draws the same candidate on either backend (numpy reference:
+// (runtime/jit/exp32.py), so a row draws the same candidate on either backend (numpy reference:
 // kernels/reference_draw.py).
 //
 // Per row b, over its allowed candidates i (valid[b, i] != 0, i < width) in column order, with
@@ -32,7 +32,7 @@
 // the largest float32: an inverse temperature above it (inf) counts as it
 #define DRAW_FLT_MAX 0x1.fffffep+127f
 
-// exp(x) in float32 by runtime/exp32.py's operations and constants (float32 values, as hex).
+// exp(x) in float32 by runtime/jit/exp32.py's operations and constants (float32 values, as hex).
 __device__ __forceinline__ float exp32(float x) {
     x = x < -0x1.5d3334p+6f ? -0x1.5d3334p+6f : x;  // -87.3
     x = x > 0x1.613334p+6f ? 0x1.613334p+6f : x;    // 88.3

@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import pytest
 
-# `python -m pytest` puts the checkout's root on sys.path, where kernels/ would shadow Hugging Face's
-# `kernels` (transformers imports it): importing toolcall.models takes the root off (models/__init__.py)
-import toolcall.models  # noqa: F401
 from toolcall.builder.synth import SynthOptions, synth_checkpoint
 
 

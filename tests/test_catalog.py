@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, normalizers
 
+from toolcall.builder import catalog as catalog_module
 from toolcall.builder.catalog import (
     DEFAULT_PROMPT_TEMPLATE,
     MAX_CATALOG_TOOLS,
@@ -20,7 +21,7 @@ from toolcall.builder.catalog import (
 )
 from toolcall.builder.synth_tokenizer import END_OF_TURN, train_tokenizer
 from toolcall.common.errors import BuildError, CatalogError
-from toolcall.schemas import load_schema
+from toolcall.schemas.load import load_schema
 
 
 @lru_cache(maxsize=1)
@@ -55,7 +56,7 @@ def tools(*names: str) -> list[dict]:
 
 
 def test_example_catalog_loads_with_64_described_tools():
-    path = resources.files("toolcall.builder").joinpath("data/tools-64.json")
+    path = Path(catalog_module.__file__).parent / "data" / "tools-64.json"  # the package data, installed
     catalog = load_catalog(str(path))
     assert len(catalog.tools) == 64 and len(set(catalog.names)) == 64
     assert all(t.description for t in catalog.tools)

@@ -36,8 +36,9 @@ from toolcall.runtime.bundle.contract import (
     parse_contract,
     validate_contract_dict,
 )
-from toolcall.runtime.bundle.model_config import FAMILIES, ModelConfig, RopeScaling
-from toolcall.schemas import load_schema
+from toolcall.runtime.bundle.families import FAMILY_NAMES
+from toolcall.runtime.bundle.model_config import ModelConfig, RopeScaling
+from toolcall.schemas.load import load_schema
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "schemas" / "contract.schema.json"
 QWEN3_06B = ModelConfig(family="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
@@ -167,7 +168,7 @@ def test_schema_enums_match_code():
     assert tuple(schema["$defs"]["weight_precision"]["enum"]) == WEIGHT_FORMATS.bundle_names
     precision = schema["properties"]["precision"]["properties"]
     assert tuple(precision["kv_cache"]["enum"]) == KV_FORMATS.bundle_names
-    assert tuple(schema["properties"]["model"]["properties"]["family"]["enum"]) == FAMILIES
+    assert tuple(schema["properties"]["model"]["properties"]["family"]["enum"]) == FAMILY_NAMES
     assert schema["properties"]["format"]["properties"]["name"]["const"] == FORMAT_NAME
     assert FORMAT_VERSION in SUPPORTED_FORMAT_VERSIONS
 

@@ -16,7 +16,7 @@ CASES = [  # (low, high, points, most ulps off)
 
 @pytest.fixture(scope="module")
 def exp_loop():
-    from toolcall.runtime.exp32 import exp32
+    from toolcall.runtime.jit.exp32 import exp32
 
     @numba.njit
     def loop(x, out):

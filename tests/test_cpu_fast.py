@@ -188,9 +188,11 @@ CACHE_PROBE = textwrap.dedent("""
     from toolcall.runtime.engine import Engine
     from toolcall.runtime.bundle.machine import MachineFacts
     from toolcall.runtime.cpu import attention_kernels as ak, fast_kernels as fk, linear_high as lh, linear_kernels as lk
-    from toolcall.runtime.cpu import panel_kernels as pk
+    from toolcall.runtime.cpu import fast_model as fm, panel_kernels as pk, stored_weights as sw
+    from toolcall.runtime.jit.one_layout import AnyLayout
     Engine.load(sys.argv[1], facts=MachineFacts(free_bytes=1 << 40))
     kernels = [v for m in (fk, lk, lh, ak, pk) for v in vars(m).values() if hasattr(v, "stats") and hasattr(v, "py_func")]
+    kernels += [v.calls for m in (fm, sw) for v in vars(m).values() if isinstance(v, AnyLayout)]
     print(json.dumps({k.__name__: sum(k.stats.cache_misses.values()) for k in kernels if k.signatures}))
 """)
 

@@ -31,7 +31,7 @@ FORBIDDEN = {  # package -> packages it must not import
 # runtime's rooms (a folder, or a module at its top), lowest floor first; a room imports only rooms on
 # floors below its own (cpu and cuda share a floor and never import each other)
 RUNTIME_FLOORS = (
-    {"numba_target", "console", "exp32"},
+    {"jit", "console"},
     {"grammar"},
     {"bundle"},
     {"batching"},
@@ -105,6 +105,12 @@ def test_runtime_rooms_import_only_lower_floors():
                 bad.append(f"runtime/{'/'.join(parts)}.py:{line} ({room}) imports the backend {module}: ask "
                            "runtime/backends.py instead")
     assert not bad, "\n".join(bad)
+
+
+def test_runtime_top_holds_at_most_five_modules():
+    """runtime/'s top is its entry points and registry; everything else lives in a room (a folder)."""
+    modules = sorted(p.name for p in (ROOT / "runtime").glob("*.py") if p.name != "__init__.py")
+    assert len(modules) <= 5, f"runtime/ has {len(modules)} modules at its top: {modules}"
 
 
 def test_every_project_import_goes_through_the_namespace():

@@ -129,7 +129,7 @@ def exp32_cases() -> np.ndarray:
 def test_the_reference_exp32_is_the_compiled_one():
     from numba import njit
 
-    from toolcall.runtime.exp32 import exp32
+    from toolcall.runtime.jit.exp32 import exp32
 
     @njit
     def loop(x, out):

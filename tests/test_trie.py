@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from toolcall.builder import catalog as catalog_module
 from toolcall.builder.catalog import load_catalog
 from toolcall.builder.synth_tokenizer import END_OF_TURN, train_tokenizer
 from toolcall.builder.trie import build_grammar
@@ -133,7 +134,7 @@ def test_bitset_width_is_smallest_multiple_of_64(tools, words):
 
 
 def example_grammar() -> Grammar:
-    path = resources.files("toolcall.builder").joinpath("data/tools-64.json")
+    path = Path(catalog_module.__file__).parent / "data" / "tools-64.json"  # the package data, installed
     return build_grammar(load_catalog(str(path)), tokenizer(), END)
 
 

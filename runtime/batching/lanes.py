@@ -4,10 +4,9 @@ A step is three parts (runtime/batching/batcher.py): ``plan`` (admission, the ro
 ``forward`` (the kernels; numba releases the GIL, but takes it at each parallel launch, hence the lanes'
 fused serial loop: runtime/cpu/fused_forward.py) and ``land`` (the picks, retirement; Python). With one
 group, the kernels of a step and its Python alternate, and a second core is idle during the Python or,
-with two kernel threads, waits at launches and barriers whenever the event loop holds the GIL or the core
-(docs/history/results-diary-2026.md, "GIL cost of parallel kernel launches"). Lanes split the running sequences
-into N groups, each a StepBatcher over the same KV pool and weights (its own step buffers: the backend's
-``split``), and step them in turn: lane i's forward runs on a worker thread while the engine thread lands and
+with two kernel threads, waits at launches and barriers whenever the event loop holds the GIL or the core.
+Lanes split the running sequences into N groups, each a StepBatcher over the same KV pool and weights
+(its own step buffers: the backend's ``split``), and step them in turn: lane i's forward runs on a worker thread while the engine thread lands and
 plans the other lanes. The engine thread also lays each forward out (``StepBatcher.step_call``: views, embedding rows,
 the rows' pages; Python it runs holding the GIL anyway), so a worker runs only the nogil layer loop and
 takes the GIL just to enter and return, instead of queueing for it behind the engine thread and the

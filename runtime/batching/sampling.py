@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from toolcall.runtime import numba_target  # noqa: F401  (the one compile target: runtime/numba_target.py)
+from toolcall.runtime.jit import target  # noqa: F401  (the one compile target: runtime/jit/target.py)
 from toolcall.runtime.batching.philox import uniform
-from toolcall.runtime.exp32 import exp32
+from toolcall.runtime.jit.exp32 import exp32
 
 
 @dataclass(frozen=True)

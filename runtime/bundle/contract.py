@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 from toolcall.common.errors import Refusal
 from toolcall.common.formats import KV_BF16, KV_FORMATS, WEIGHT_FORMATS, KvFormat, WeightFormat
 from toolcall.runtime.bundle.model_config import ModelConfig
-from toolcall.schemas import load_schema
+from toolcall.schemas.load import load_schema
 
 FORMAT_NAME = "toolcall-bundle"
 # 2: bundle_id covers the contract's own content; the canary records request texts, several

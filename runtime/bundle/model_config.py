@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-FAMILIES = ("qwen3", "qwen2", "llama")
+from toolcall.runtime.bundle.families import HEAD_NORM_NAMES, LINEAR_NAMES
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,8 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Decoder architecture. Families differ only in ``qkv_bias`` and ``qk_norm``."""
+    """Decoder architecture; ``family`` names a runtime/bundle/families.py entry, whose features the builder
+    wrote into ``qkv_bias`` and ``qk_norm`` (the contract records them, so the runtime reads no registry)."""
 
     family: str
     vocab_size: int
@@ -62,15 +63,9 @@ class ModelConfig:
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """Per-layer linear weights, suffix -> [out, in] (the quantized ones)."""
         h, i = self.hidden_size, self.intermediate_size
-        return {
-            "self_attn.q_proj": (self.q_dim, h),
-            "self_attn.k_proj": (self.kv_dim, h),
-            "self_attn.v_proj": (self.kv_dim, h),
-            "self_attn.o_proj": (h, self.q_dim),
-            "mlp.gate_proj": (i, h),
-            "mlp.up_proj": (i, h),
-            "mlp.down_proj": (h, i),
-        }
+        shapes = {"q": (self.q_dim, h), "k": (self.kv_dim, h), "v": (self.kv_dim, h), "o": (h, self.q_dim),
+                  "gate": (i, h), "up": (i, h), "down": (h, i)}
+        return {LINEAR_NAMES[role]: shape for role, shape in shapes.items()}
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor of a checkpoint in Hugging Face names, in a fixed order."""
@@ -80,11 +75,11 @@ class ModelConfig:
             shapes[p + "input_layernorm.weight"] = (self.hidden_size,)
             for suffix, shape in self.linear_shapes().items():
                 shapes[p + suffix + ".weight"] = shape
-                if self.qkv_bias and suffix in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+                if self.qkv_bias and suffix in (LINEAR_NAMES["q"], LINEAR_NAMES["k"], LINEAR_NAMES["v"]):
                     shapes[p + suffix + ".bias"] = (shape[0],)
             if self.qk_norm:
-                shapes[p + "self_attn.q_norm.weight"] = (self.head_dim,)
-                shapes[p + "self_attn.k_norm.weight"] = (self.head_dim,)
+                for norm in HEAD_NORM_NAMES:
+                    shapes[p + norm + ".weight"] = (self.head_dim,)
             shapes[p + "post_attention_layernorm.weight"] = (self.hidden_size,)
         shapes["model.norm.weight"] = (self.hidden_size,)
         if not self.tie_word_embeddings:

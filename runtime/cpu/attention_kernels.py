@@ -18,7 +18,7 @@ from numba.np.numpy_support import as_dtype
 from toolcall.runtime.cpu import attention_ir as air
 from toolcall.runtime.cpu import simd_ir as ir_
 from toolcall.runtime.cpu.linear_kernels import LANES, _addr, tile_1x1, tile_1x4, to_f32
-from toolcall.runtime.exp32 import exp32
+from toolcall.runtime.jit.exp32 import exp32
 
 
 @intrinsic

@@ -40,8 +40,7 @@ class CpuBackend(HostStep):
         pass
 
 
-COLD_CACHE_NOTE = ("compiling the CPU kernels for this machine first (about a minute, once: later loads and builds "
-                   "reuse them)")
+COLD_CACHE_NOTE = "compiling CPU kernels, once: ~15 s (later loads and builds reuse them)"
 
 
 def kernels_cached() -> bool:

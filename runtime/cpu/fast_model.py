@@ -25,7 +25,10 @@ from toolcall.runtime.cpu import linear_high as lh
 from toolcall.runtime.cpu.backend import CpuBackend
 from toolcall.runtime.cpu.kv_pool import PagedKVPool
 from toolcall.runtime.cpu.stored_weights import LAYOUTS, StoredLinear, StoredWeights, load_stored  # noqa: F401  (toolcall.runtime.engine imports them here)
+from toolcall.runtime.jit.one_layout import AnyLayout
 
+# q is read by its strides: the q columns of q|k|v, strided for many rows and C-contiguous for one, share one compile
+_attention = AnyLayout(ak.attention, positions=(0,))
 NO_NORM = np.empty(0, np.float32)  # qk_norm_rope_kv's "no q/k norm" (families without qk_norm)
 
 
@@ -202,7 +205,7 @@ class FastCpuModel(CpuBackend):
                 x[:t], qkv[:t] = x[rows], qkv[rows]  # compacted in place: rows ascend, so row i <- rows[i] >= i
                 v = self._views(t)
                 x, h, qkv = v["hidden"], v["normed"], v["qkv"]
-            ak.attention(v["q3"], kp, vp, kv.block_table, slots, positions, self.scale, v["attn_scores"],
+            _attention(v["q3"], kp, vp, kv.block_table, slots, positions, self.scale, v["attn_scores"],
                          v["attn_out"], k_mult, v_mult)
             x += self.linear(w["o"], v["attn_out"], h)
             self._norm(x, w["post_norm"], h)

@@ -3,8 +3,7 @@
 ``FastCpuModel.forward`` launches some 45 numba kernels a step, and numba's parallel launch takes the GIL,
 even from ``nogil`` code (100 launches from a thread beside one running Python: 1.66 s from Python, 1.06 s
 from inside one nogil function, 0.15 s with the GIL free). In a server the GIL is busy (the event loop, the
-engine thread's picks), so a lane's forward of 2.2 s of CPU took 3.4 s (bench/RESULTS.md, "GIL cost of
-parallel kernel launches"). Here the same kernels, in the same order on the same buffers (so the same bits:
+engine thread's picks), so a lane's forward of 2.2 s of CPU took 3.4 s. Here the same kernels, in the same order on the same buffers (so the same bits:
 tests/test_cpu_fused_forward.py), are called from one ``nogil`` function, ``fused_layers``; with one kernel
 thread ``fused_layers_serial`` calls them compiled without ``parallel`` (``serial``), and nothing takes the
 GIL between the call and its return. Python only lays out the views before and reads the result after.

@@ -19,8 +19,7 @@ from toolcall.runtime.cpu.kv_pool import PagedKVPool
 # BLAS threads of the process once a CpuModel exists. One: on a node shared with other work
 # (the product's case), OpenBLAS's spinning worker threads lose whole time slices to the other
 # processes; measured on this 2-core machine under load, a 0.6B decode step took 125 ms with one
-# thread and about 1,550 ms with two (docs/history/results-diary-2026.md, "CPU reference backend
-# decode step"). None leaves the process's setting alone.
+# thread and about 1,550 ms with two. None leaves the process's setting alone.
 DEFAULT_BLAS_THREADS = 1
 # Rows per matmul call. BLAS rounds a row differently with the number of rows beside it (1-2
 # rows take a gemv path, small blocks other kernels), and on some kernels with the row's place in

@@ -23,6 +23,7 @@ from toolcall.runtime.cpu import fast_kernels as fk
 from toolcall.runtime.cpu import linear_kernels as lk
 from toolcall.runtime.cpu import panel_kernels as pk
 from toolcall.runtime.cpu.dequant import _expect, _refuse
+from toolcall.runtime.jit.one_layout import AnyLayout
 
 
 @dataclass(frozen=True)
@@ -202,8 +203,12 @@ def _panels(fmt: WeightFormat):
     return lambda st, name, w: StoredLinear(fmt, pk.repack(w), panel=pk.PANEL)
 
 
+# x is read by its row stride: the gate half of gate|up (strided) and a full buffer (C-contiguous) share one compile
+_linear_panels = AnyLayout(pk.linear_panels, positions=(0,))
+
+
 def _run_panels(lin: StoredLinear, x: np.ndarray, y: np.ndarray) -> None:
-    pk.linear_panels(x, lin.weight, NO_SCALE if lin.scale is None else lin.scale, y)
+    _linear_panels(x, lin.weight, NO_SCALE if lin.scale is None else lin.scale, y)
 
 
 def _run_nvfp4(lin: StoredLinear, x: np.ndarray, y: np.ndarray) -> None:

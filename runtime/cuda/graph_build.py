@@ -38,7 +38,7 @@ class GraphBuilder:
         self.events = [check(drv.cuEventCreate(0), "cuEventCreate") for _ in range(2)]
         # Programmatic edges between consecutive kernels (sm_90+: the next kernel's launch and
         # weight loads overlap the previous one's tail). Off by default: on an H200 (2026-12-04)
-        # they saved nothing in fp8 and cost 6 % in nvfp4 (bench/RESULTS.md, "GPU first contact").
+        # they saved nothing in fp8 and cost 6 % in nvfp4.
         self.programmatic = bool(programmatic) and tuple(getattr(model.gpu, "compute_capability", (0, 0))) >= (9, 0)
         self.programmatic_error: str | None = None  # why a graph fell back to full edges
 

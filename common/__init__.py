@@ -1,1 +1,0 @@
-"""What every layer may import: the typed errors (kernels, runtime and builder alike)."""
