@@ -225,3 +225,24 @@ def test_the_fixed_position_step_replays_the_same_work(parts):
     assert len(seen) == gpu_check_timings.FIXED_REPLAYS + 3 and len(set(seen)) == 1 and seen[0][0] == 101
     assert model.kv.free_slots == parts["limits"].max_sequences
     model.close()
+
+
+def test_a_failed_step_leaves_the_split_counters_zero(parts):
+    """attention_decode's split counters are zero between launches (each launch's last block resets them): a step
+    that fails part-way (here a launch refused after the counters were left mid-count) must not leave counts that
+    every later merge of those rows would trust."""
+    model, gpu = device_model(parts)
+    counters = model.ws["attn_count"]
+    gpu.copy_in(counters, np.arange(counters.nbytes // 4, dtype=np.int32) + 1)  # an interrupted launch's counts
+    launch = gpu.launch
+
+    def refuse_the_sampling(kernel, *a, **k):
+        if kernel.name == "sample_draw":
+            raise RuntimeError("launch refused")
+        return launch(kernel, *a, **k)
+
+    gpu.launch = refuse_the_sampling
+    with pytest.raises(RuntimeError, match="launch refused"):
+        batcher(model, parts).generate([requests(parts)[1]])
+    assert not gpu.download(counters, (counters.nbytes // 4,), np.int32).any()
+    model.close()

@@ -124,9 +124,23 @@ class CudaModel(HostStep):
     def step(self, plan, kv, picker):
         """The step's record: picks on the device for the sparse head, on the host (HostStep) for the others."""
         assert kv is self.kv, "this backend steps on its own pool"
-        if picker.head != "sparse":
-            return HostStep.step(self, plan, kv, picker)
-        return self.device_step.step(plan, picker)
+        try:
+            if picker.head != "sparse":
+                return HostStep.step(self, plan, kv, picker)
+            return self.device_step.step(plan, picker)
+        except BaseException:
+            self.reset_split_counters()
+            raise
+
+    def reset_split_counters(self) -> None:
+        """Zeroes attention_decode's split counters (ws["attn_count"]: each launch's last block leaves them zero, so a
+        launch that stopped part-way leaves counts every later merge of those rows would trust). Best effort: where
+        the context itself is lost the copy fails too, and the step's own error is the one raised."""
+        try:
+            counters = self.ws["attn_count"]
+            self.gpu.copy_in(counters, np.zeros(counters.nbytes // 4, np.int32))
+        except Exception:  # noqa: BLE001 (a lost context: the step's own error follows)
+            pass
 
     # ---- CpuModel interface ----
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: CudaKVPool,

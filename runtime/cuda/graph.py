@@ -137,6 +137,9 @@ class DecodeGraph:
             else:
                 ms = self.step_host(n)
             tokens, finish = self.collect(slot)
+        except BaseException:
+            self.m.reset_split_counters()  # a loop that stopped part-way may leave counts mid-merge
+            raise
         finally:
             self.m.kv.release(slot)
         return LoopResult(tokens, finish, ms)
