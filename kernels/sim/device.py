@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from toolcall.kernels.declarations import declaration
+from toolcall.kernels.cubin import instructions
+from toolcall.kernels.declarations import declaration, declarations
 from toolcall.kernels.launch import DeviceArray, Kernel
 from toolcall.kernels.sim.errors import SimFault, SimUnsupported
 from toolcall.kernels.sim.executor import LaunchSpec, run_launch
@@ -43,9 +44,11 @@ class SimModule:
 
 
 class SimGpu:
-    """A simulated device of architecture ``arch`` (sm_80, sm_90, sm_100a, sm_120a, ...)."""
+    """A simulated device of architecture ``arch`` (sm_80, sm_90, sm_100a, sm_120a, ...). ``host_launches``: a
+    CUDA backend launches through ``launch`` (no driver calls) and builds graphs with ``graph_builder``."""
 
     context = None
+    host_launches = True
 
     def __init__(self, arch: str = "sm_90", *, seed: int = 0, sanitize: bool = True, kernels_dir=None,
                  stats: LaunchStats | None = None):
@@ -61,6 +64,11 @@ class SimGpu:
         self.approximate: dict[str, set[str]] = {}  # kernel -> approximate instructions it holds (see Program)
 
     # ---- memory ----
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of the allocations made through ``alloc`` and not freed (modules' own variables aside)."""
+        return sum(a.nbytes for a in self._allocs.values())
+
     def alloc(self, nbytes: int, label: str = "") -> DeviceArray:
         arr = DeviceArray(self.memory.alloc(nbytes, label), int(nbytes))
         self._allocs[arr.ptr] = arr
@@ -100,6 +108,18 @@ class SimGpu:
     # ---- modules and launches ----
     def load_kernel_file(self, file: str) -> SimModule:
         return SimModule(self, file)
+
+    def load(self, cubin: bytes) -> SimModule:
+        """The module of a bundle's cubin: the kernels/*.cu file whose entry points it holds, run as that file's PTX
+        for this device's arch (the executor runs PTX, not SASS)."""
+        names = sorted(instructions(cubin))
+        files = {declaration(n).file for n in names if n in declarations()}
+        if len(files) != 1:
+            raise SimUnsupported(f"a cubin with entry points {names} is no single kernels/*.cu file")
+        return SimModule(self, files.pop())
+
+    def graph_builder(self, model) -> "SimGraphs":
+        return SimGraphs(model, self)
 
     def launch(self, kernel: Kernel, grid, block, args: Mapping[str, object], shared_bytes: int = 0,
                stream=0) -> None:
@@ -144,3 +164,38 @@ class SimGpu:
     def close(self) -> None:
         for arr in list(self._allocs.values()):
             self.free(arr)
+
+
+class SimGraphs:
+    """Graphs on a SimGpu, for a CUDA backend's decode loop: an executable graph is its launch lists; a launch runs
+    the top list, then the WHILE body while the condition its kernels set (cudaGraphSetConditional; 1 at each graph
+    launch) is non-zero, as the card's conditional node does."""
+
+    HANDLE = 0x5100
+    MAX_ITERATIONS = 100_000
+
+    def __init__(self, model, gpu: SimGpu):
+        self.m, self.gpu = model, gpu
+
+    def instantiate(self, launches, body=None):
+        return list(launches), None if body is None else list(body(self.HANDLE))
+
+    def _run(self, launches) -> None:
+        for ln in launches:
+            self.gpu.launch(self.m.kernel(ln.fn), *ln.shape, ln.args)
+
+    def launch(self, exe, timeout_s: float) -> float:
+        top, body = exe
+        self._run(top)
+        self.gpu.conditionals[self.HANDLE] = 1
+        for _ in range(self.MAX_ITERATIONS):
+            if body is None or not self.gpu.conditionals[self.HANDLE]:
+                return 0.0
+            self._run(body)
+        raise SimFault("hang", f"a graph's WHILE loop ran {self.MAX_ITERATIONS} times without its condition cleared")
+
+    def destroy(self, exe) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

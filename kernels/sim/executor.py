@@ -55,18 +55,29 @@ def _contiguous(lanes: np.ndarray):
 
 
 def run_batch(S: Batch) -> None:
+    """Steps the batch until every lane has exited. Lanes at a barrier or a warp-synchronous instruction whose
+    partners have not arrived wait there (``waiting``: left out of the min-PC choice until the step at their pc
+    runs again), as on the card, where code laid out of line (a branch to the end of the function and back) makes
+    partners arrive later; partners that can never arrive (exited, or every live lane waiting) are a sync fault."""
     prog, steps = S.prog, S.prog.steps
     exit_pc = prog.exit_pc
     pc = np.zeros(S.n, np.int64)
+    waiting = np.zeros(S.n, bool)
     alive = S.n
     uniform_pc, uniform_ix = 0, slice(None)  # all live lanes at one pc (None: diverged, read `pc`)
     stats = S.stats
     for _ in range(MAX_STEPS):
         if uniform_pc is None:
-            p = int(pc.min())
+            p = int(pc[~waiting].min()) if S.any_waiting else int(pc.min())
             if p >= exit_pc:
+                if S.any_waiting and (pc[waiting] < exit_pc).any():
+                    S.deadlock(np.flatnonzero(waiting & (pc < exit_pc)), steps, pc)
                 return
-            ix = _contiguous(np.flatnonzero(pc == p))
+            ix = np.flatnonzero(pc == p)
+            if S.any_waiting:
+                waiting[ix] = False
+                S.any_waiting = bool(waiting.any())
+            ix = _contiguous(ix)
             if len(S.lane_ids(ix)) == alive:
                 uniform_pc, uniform_ix = p, ix
         else:
@@ -79,6 +90,18 @@ def run_batch(S: Batch) -> None:
         if step.guard is not None:
             g = S.regs[step.guard][ix]
             run = _contiguous(S.lane_ids(ix)[~g if step.negated else g])
+        if step.kind == "bar" or step.member_mask is not None:
+            lanes = S.lane_ids(run)
+            ready = S.barrier_ready(lanes) if step.kind == "bar" else S.warp_ready(lanes, step.member_mask(S, run))
+            if not ready.all():  # the lanes whose partners are elsewhere wait; the others run
+                if uniform_pc is not None:
+                    pc[S.lane_ids(ix)] = p
+                    uniform_pc = None
+                waiting[lanes[~ready]] = True
+                S.any_waiting = True
+                ix = run = _contiguous(lanes[ready])
+                if not ready.any():
+                    continue
         if stats is not None:
             n_run = len(S.lane_ids(run))
             stats.lane_instructions += n_run
@@ -97,8 +120,6 @@ def run_batch(S: Batch) -> None:
             elif len(taken) == 0:
                 nxt = p + 1
             else:
-                if uniform_pc is not None:
-                    pc[S.lane_ids(ix)] = p
                 pc[S.lane_ids(ix)] = p + 1
                 pc[taken] = step.target
                 uniform_pc = None
@@ -106,22 +127,19 @@ def run_batch(S: Batch) -> None:
         elif kind == "ret":
             gone = S.lane_ids(run)
             if len(gone):
-                if uniform_pc is not None:
-                    pc[S.lane_ids(ix)] = p
+                S.exit_lanes(gone)
+                pc[S.lane_ids(ix)] = p + 1
                 pc[gone] = exit_pc
                 alive -= len(gone)
-                np.subtract.at(S.alive_per_block, S.block[gone], 1)
-                rest = np.setdiff1d(S.lane_ids(ix), gone, assume_unique=True)
-                pc[rest] = p + 1
                 uniform_pc = None
                 if alive == 0:
                     return
                 continue
             nxt = p + 1
-        else:  # bar
-            S.barrier(S.lane_ids(ix))
+        else:  # bar: every live thread of the blocks in `run` is here
+            S.barrier(S.lane_ids(run))
             if step.fn is not None:
-                step.fn(S, ix)
+                step.fn(S, run)
             nxt = p + 1
         if uniform_pc is not None:
             uniform_pc = nxt

@@ -106,6 +106,13 @@ class Batch:
         self.shared = SharedMemory(self, prog.dynamic_shared + launch.shared_bytes, launch.sanitize)
         self.local = np.zeros(n * max(prog.local_bytes, 16), np.uint8) if prog.local_bytes else None
         self.alive_per_block = np.full(len(blocks), T)
+        # per warp, the lanes that exist and have not exited (bit = lane id)
+        lanes_in_warp = np.minimum(T - (np.arange(warps_per_block) * 32), 32)
+        full = ((np.uint64(1) << lanes_in_warp.astype(np.uint64)) - np.uint64(1)).astype(np.uint64)
+        self.alive_bits = np.tile(full, len(blocks))
+        self.waiting_at_barrier = np.zeros(len(blocks), np.int64)  # lanes of a block waiting at a bar.sync
+        self.any_waiting = False
+        self.barrier_step = None  # the bar.sync lanes last waited at
         self.stats = launch.stats
         self.step = None  # the Step running (for messages)
 
@@ -243,11 +250,53 @@ class Batch:
             self.fault("sync", lanes, np.ones(len(lanes), bool), f"{what} executed by part of a warp")
         return lanes.reshape(-1, 32)
 
+    # ---- waiting at barriers and warp-synchronous instructions (executor.run_batch) ----
+    def barrier_ready(self, lanes: np.ndarray) -> np.ndarray:
+        """Per lane at a bar.sync: every live thread of its block is here. The others wait (counted per block)."""
+        arrived = np.bincount(self.block[lanes], minlength=self.n_blocks)
+        ready = (arrived == self.alive_per_block)[self.block[lanes]]
+        self.waiting_at_barrier[:] = 0
+        np.add.at(self.waiting_at_barrier, self.block[lanes[~ready]], 1)
+        if not ready.all():
+            self.barrier_step = self.step
+        return ready
+
+    def warp_ready(self, lanes: np.ndarray, mask) -> np.ndarray:
+        """Per lane at a warp-synchronous instruction: every lane its member mask names is here. A lane outside its
+        own mask, or a mask naming a lane that has exited, is a sync fault (that lane can never arrive)."""
+        mask = np.broadcast_to(np.asarray(mask, np.uint32), lanes.shape).astype(np.uint64)
+        warp = self.warp[lanes]
+        bits = np.uint64(1) << self.laneid[lanes].astype(np.uint64)
+        outside = (mask & bits) == 0
+        gone = (mask & ~self.alive_bits[warp]) != 0
+        if (outside | gone).any():
+            k = int(np.flatnonzero(outside | gone)[0])
+            self.fault("sync", lanes, outside | gone, f"{self.step.instr.op} with member mask {int(mask[k]):#010x}: "
+                       + ("the lane is not in its own mask" if outside[k] else
+                          f"lanes {int(mask[k] & ~self.alive_bits[warp[k]]):#010x} have exited"))
+        here = np.zeros(self.n_warps, np.uint64)
+        np.bitwise_or.at(here, warp, bits)
+        return (mask & ~here[warp]) == 0
+
+    def exit_lanes(self, lanes: np.ndarray) -> None:
+        """Lanes that ran ``ret``: a block-mate waiting at a barrier would wait for them forever (sync fault)."""
+        blocked = self.waiting_at_barrier[self.block[lanes]] > 0
+        if self.any_waiting and blocked.any():
+            self.step = self.barrier_step  # named at the barrier, with a thread that left without it
+            self.fault("sync", lanes, blocked, "bar.sync waits for threads of the block that exit without it (a "
+                                               "barrier in code the block does not run as one)")
+        np.subtract.at(self.alive_per_block, self.block[lanes], 1)
+        np.bitwise_and.at(self.alive_bits, self.warp[lanes], ~(np.uint64(1) << self.laneid[lanes].astype(np.uint64)))
+
+    def deadlock(self, lanes: np.ndarray, steps, pc) -> None:
+        """Every live lane waits: for partners elsewhere that wait too."""
+        k = int(lanes[0])
+        self.step = steps[int(pc[k])]
+        self.fault("sync", lanes, np.ones(len(lanes), bool),
+                   f"{self.step.instr.op} waits for threads that wait elsewhere (a barrier or warp-synchronous "
+                   "instruction not reached by every thread it names)")
+
     def barrier(self, lanes: np.ndarray) -> None:
         arrived = np.bincount(self.block[lanes], minlength=self.n_blocks)
-        bad_blocks = (arrived > 0) & (arrived != self.alive_per_block)
-        if bad_blocks.any():
-            b = int(np.flatnonzero(bad_blocks)[0])
-            self.fault("sync", lanes, self.block[lanes] == b,
-                       f"bar.sync reached by {arrived[b]} of the block's {self.alive_per_block[b]} live threads")
+        self.waiting_at_barrier[arrived > 0] = 0
         self.shared.block_barrier(np.flatnonzero(arrived))

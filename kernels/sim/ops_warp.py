@@ -2,8 +2,9 @@
 shfl.sync (bfly, idx, up, down), vote.sync.ballot, and mma.sync (ops_mma.py).
 
 The machine moves program counters for ``bra`` / ``ret`` and synchronises ``bar``; these closures compute
-the values. Every warp-synchronous instruction checks, through the batch, that all lanes its member mask
-names execute it together (synccheck).
+the values. A warp-synchronous instruction's closure carries ``member_mask`` (fn(S, ix) -> the lanes it names):
+the machine runs it only once every named lane has arrived (lanes that came first wait, as on the card), and a
+named lane that can never arrive is a sync fault.
 """
 from __future__ import annotations
 
@@ -43,7 +44,10 @@ def build_bar(ins, P):
         return "bar", popc
     if ins.op == "bar.warp.sync":
         mask = P.reader(ins.operands[0], U32)
-        return "op", lambda S, ix: S.warp_sync(ix, mask(S, ix), "bar.warp.sync")
+        def warp_barrier(S, ix):
+            S.warp_sync(ix, mask(S, ix), "bar.warp.sync")
+        warp_barrier.member_mask = mask
+        return "op", warp_barrier
     raise SimUnsupported(f"{ins.op} is not in the executor's instruction table")
 
 
@@ -77,6 +81,7 @@ def build_shfl(ins, P):
         values[lanes] = np.broadcast_to(a(S, ix), lanes.shape)
         put(S, ix, values[source])
         put_p(S, ix, ok)
+    shfl.member_mask = mask
     return "op", shfl
 
 
@@ -95,6 +100,7 @@ def build_vote(ins, P):
         per_warp = np.zeros(S.n_warps, np.uint64)
         np.add.at(per_warp, S.warp[lanes], bits)
         put(S, ix, per_warp[S.warp[lanes]].astype(U32))
+    ballot.member_mask = mask
     return "op", ballot
 
 
@@ -113,11 +119,14 @@ def _vote_pred(ins, P, mode):
         result = {"any": trues[w] > 0, "all": trues[w] == members[w],
                   "uni": (trues[w] == 0) | (trues[w] == members[w])}[mode]
         put(S, ix, result)
+    vote.member_mask = mask
     return vote
 
 
 def _mma(ins, P):
-    return "op", build_mma(ins, P)
+    mma = build_mma(ins, P)
+    mma.member_mask = lambda S, ix: np.uint32(0xFFFFFFFF)  # .aligned: the whole warp, converged
+    return "op", mma
 
 
 CONTROL.update({"bra": build_bra, "ret": build_ret, "exit": build_ret, "bar": build_bar, "barrier": build_bar,

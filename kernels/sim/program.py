@@ -25,8 +25,8 @@ LOCAL_GENERIC_BASE = 0x7D00_0000_0000
 
 @dataclass
 class Step:
-    """One instruction ready to run: ``kind`` (op, bra, ret, bar, call), ``fn``, the guard's register slot
-    and negation, the branch target, and the instruction itself (for messages)."""
+    """One instruction ready to run: ``kind`` (op, bra, ret, bar), ``fn``, the guard's register slot and negation,
+    the branch target, the instruction itself (for messages) and, for a warp-synchronous one, ``member_mask``."""
 
     kind: str
     fn: Callable | None
@@ -34,6 +34,7 @@ class Step:
     negated: bool
     target: int
     instr: Instr
+    member_mask: Callable | None = None
 
 
 class Program:
@@ -75,7 +76,8 @@ class Program:
                                      kernel=self.name, line=ins.line, op=ins.op) from None
             target = fn.labels.get(ins.operands[0][1], -1) if kind == "bra" else -1
             guard = self.slots[ins.guard[0]] if ins.guard else None
-            self.steps.append(Step(kind, run, guard, bool(ins.guard and ins.guard[1]), target, ins))
+            self.steps.append(Step(kind, run, guard, bool(ins.guard and ins.guard[1]), target, ins,
+                                   getattr(run, "member_mask", None)))
         self.exit_pc = len(self.steps)
 
     @staticmethod

@@ -55,7 +55,8 @@ class CudaModel(HostStep):
         # bitset words of the widest grammar a row may bring (None: the bundle grammar's; set in _load)
         self.state_words = state_words
         self.gpu = gpu if gpu is not None else Gpu()
-        self.dry = isinstance(self.gpu, DryRunGpu)
+        # launches through gpu.launch, no driver calls: a host stand-in or the simulated device (kernels/sim)
+        self.dry = isinstance(self.gpu, DryRunGpu) or getattr(self.gpu, "host_launches", False)
         self.stream, self.kv, self.closers, self._programs = 0, None, [], {}
         self.module_errors: dict[str, str] = {}  # strict=False: modules that failed to load (diagnostics)
         try:
