@@ -14,16 +14,19 @@ from toolcall.runtime.bundle.tensor_file import SafetensorsFile
 from toolcall.runtime.cuda.backend import CudaModel
 
 
-def sim_model(parts, arch: str = "sm_90"):
+def sim_model(parts, arch: str = "sm_90", columns: int | None = None):
     cubins = {d.file: compile_kernel(d.file, arch).cubin for d in declarations().values()}
     gpu = SimGpu(arch, seed=1)
     with SafetensorsFile(parts["weights"]) as st:
-        model = CudaModel(parts["cfg"], parts["limits"], parts["grammar"], "fp8_e4m3", st, cubins, gpu)
+        model = CudaModel(parts["cfg"], parts["limits"], parts["grammar"], "fp8_e4m3", st, cubins, gpu,
+                          candidate_columns=columns)
     return model, gpu
 
 
 def test_the_device_step_on_the_simulated_device_answers_as_the_cpu_does(parts, cpu_answers):
-    model, gpu = sim_model(parts)
+    """Step buffers wider than the catalog's grammar (as request tools make them): each group's candidate rows are
+    packed at its own grammar's width by the real kernels."""
+    model, gpu = sim_model(parts, columns=parts["grammar"].max_edges_per_node + 5)
     reqs = requests(parts)
     pick = [0, 1, 2, 6]  # greedy, sampled, a tool subset, a request's own tool list
     start = time.monotonic()
