@@ -27,7 +27,7 @@ from toolcall.kernels.runner import KernelRunner  # noqa: E402
 from toolcall.kernels.sim import layer_stats as ls  # noqa: E402
 from toolcall.kernels.sim.cli import main as sim_main  # noqa: E402
 from toolcall.kernels.sim.device import SimGpu  # noqa: E402
-from toolcall.kernels.sim.machine import LaunchStats  # noqa: E402
+from toolcall.kernels.sim.stats import LaunchStats  # noqa: E402
 
 
 def layer_rate(arch: str) -> dict:

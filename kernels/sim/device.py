@@ -17,7 +17,7 @@ from toolcall.kernels.declarations import declaration, declarations
 from toolcall.kernels.launch import DeviceArray, Kernel
 from toolcall.kernels.sim.errors import SimFault, SimUnsupported
 from toolcall.kernels.sim.executor import LaunchSpec, run_launch
-from toolcall.kernels.sim.machine import LaunchStats
+from toolcall.kernels.sim.stats import LaunchStats
 from toolcall.kernels.sim.memory import BASE, GlobalMemory
 from toolcall.kernels.sim.modules import program, ptx_module
 from toolcall.kernels.sim.program import Program

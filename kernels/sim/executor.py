@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from toolcall.kernels.sim.errors import SimFault
-from toolcall.kernels.sim.machine import BATCH_BYTES, MAX_STEPS, Batch, LaunchStats
+from toolcall.kernels.sim.machine import BATCH_BYTES, MAX_STEPS, Batch
+from toolcall.kernels.sim.stats import LaunchStats
 from toolcall.kernels.sim.memory import GlobalMemory
 from toolcall.kernels.sim.numerics import APPROXIMATE
 from toolcall.kernels.sim.program import Program

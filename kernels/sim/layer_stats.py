@@ -17,7 +17,7 @@ from toolcall.kernels import geometry
 from toolcall.kernels.geometry import FMA, MMA, PLAIN, RMSNORM, SWIGLU, matvec_kernel
 from toolcall.kernels.runner import KernelRunner, Out
 from toolcall.kernels.sim.device import SimGpu
-from toolcall.kernels.sim.machine import LaunchStats
+from toolcall.kernels.sim.stats import LaunchStats
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 1024, 3072, 16, 8, 128  # Qwen3-0.6B
 LINEARS = (("qkv_proj", RMSNORM, HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_DIM), ("o_proj", PLAIN, HEADS * HEAD_DIM, HIDDEN),
