@@ -145,21 +145,19 @@ def stage_build(work: Path, names: list[str], rec) -> dict:
 def kernel_jobs(graphs: bool, cases: str | None) -> list[tuple[str, object, tuple]]:
     """(id, fn(runner, rng, *spec), spec): the parity cases and host loops, or the WHILE-graph loops;
     ``cases``: comma-separated parts, a job is kept when its id contains one."""
+    from toolcall.kernels.cases import all_cases, grammar_loop, linear
     loop = load_test_module("test_kernels_gpu_loop")
     jobs = []
     if graphs:
-        for spec, gid in zip(loop.GRAMMARS, ("prefix", "wide")):
-            jobs.append((f"loop-while-graph-{gid}",
-                         lambda d, rng, s=spec: loop.test_while_graph_loop_stops_on_the_device(d, s), ()))
+        for case in grammar_loop.CASES:
+            jobs.append((f"loop-while-graph-{case.id}",
+                         lambda d, rng, c=case: loop.test_while_graph_loop_stops_on_the_device(d, c), ()))
     else:
-        jobs = [(p.id, p.values[0], p.values[1]) for p in load_test_module("test_kernels_gpu").CASES]
-        # attention (both families' prefill); both linear families over T = 1 .. 2048 and a row alone vs
-        # beside 1 .. 255 others (the bit rule)
-        jobs += [(p.id, p.values[0], p.values[1]) for p in load_test_module("test_kernels_gpu_attention").CASES]
-        linear = load_test_module("test_kernels_gpu_linear").CASES
-        jobs += [(f"linear-{p.id}", p.values[0], p.values[1]) for p in linear]
-        for spec, gid in zip(loop.GRAMMARS, ("prefix", "wide")):
-            jobs.append((f"loop-host-{gid}", lambda d, rng, s=spec: loop.host_loop(d, s), ()))
+        # the parity cases of toolcall.kernels.cases: rows, attention (both families' prefill), both linear
+        # families over T = 1 .. 2048 and a row alone vs beside 1 .. 255 others (the bit rule), the host-stepped
+        # grammar loops, the draw
+        prefix = {**{id(c): "linear-" for c in linear.CASES}, **{id(c): "loop-host-" for c in grammar_loop.CASES}}
+        jobs = [(prefix.get(id(c), "") + c.id, c.run, c.spec) for c in all_cases()]
     if cases:
         parts = [c for c in cases.split(",") if c]
         jobs = [j for j in jobs if any(p in j[0] for p in parts)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from toolcall.common.formats import FP8_E4M3
 from toolcall.kernels import reference as ref
 from toolcall.kernels.cases import KernelCase
 from toolcall.kernels.cases.inputs import EPS, WEIGHTS, bf16
@@ -61,7 +62,7 @@ FAMILIES = tuple(KERNEL_FAMILIES.values())
 PROLOGUES = (PLAIN, RMSNORM, SWIGLU)
 CI_ROWS = {1, 2, 16, 17, 64}  # the plain fp8 layer of each family at the T; every format's at T = 16
 CASES = ([KernelCase(f"{fam.name}-{f.name}{p}-T{T}", case_rows, (fam, f, p, T),
-                     ci=(p == PLAIN and f.name == "fp8_e4m3" and T in CI_ROWS) or (T == 16 and p in (PLAIN, SWIGLU)))
+                     ci=(p == PLAIN and f is FP8_E4M3 and T in CI_ROWS) or (T == 16 and p in (PLAIN, SWIGLU)))
           for fam in FAMILIES for f in MATVEC_FORMATS for p in PROLOGUES
           for T in (ROWS + (64,) if p == PLAIN else (1, 16, 17, 512))]
          # beside 1 in CI: every linear entry point, with the alone-vs-beside bit rule
