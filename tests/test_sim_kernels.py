@@ -57,8 +57,21 @@ def test_the_cli_runs_a_kernels_cases_and_prints_its_sim_line(capsys):
     assert last.startswith("SIM kernels=") and " failed=0 " in last and " seconds=" in last
 
 
-def test_the_cli_refuses_an_unknown_kernel_or_target(capsys):
+def test_the_cli_refuses_an_unknown_kernel_target_or_kernels_folder(capsys, tmp_path):
     assert main(["test", "--kernel", "no_such_kernel"]) == 2
     assert main(["test", "--target", "sm_11"]) == 2
+    assert main(["test", "--kernels-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "no kernel named no_such_kernel" in err and "unknown target sm_11" in err
+    assert "no kernel named no_such_kernel" in err and "unknown target sm_11" in err and "lacks argmax.cu" in err
+
+
+def test_a_kernel_copy_that_does_not_compile_is_a_failure_line(capsys, tmp_path):
+    import shutil
+
+    from toolcall.kernels.cuda_source import KERNEL_DIR
+    for p in list(KERNEL_DIR.glob("*.cu")) + list(KERNEL_DIR.glob("*.cuh")):
+        shutil.copy(p, tmp_path / p.name)
+    (tmp_path / "argmax.cu").write_text((tmp_path / "argmax.cu").read_text() + "\nthis is not C++;\n")
+    assert main(["test", "--kernel", "argmax_rows", "--target", "sm_90", "--kernels-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert ": compile: argmax.cu does not compile for sm_90" in out

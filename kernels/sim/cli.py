@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from toolcall.common.errors import BuildError
+from toolcall.kernels.cuda_source import kernel_sources
 from toolcall.kernels.declarations import declarations
 from toolcall.kernels.runner import DryRunGpu, KernelRunner
 from toolcall.kernels.sim.errors import SimFault, SimUnsupported
@@ -47,6 +49,8 @@ def run_one(case, target: str, kernels_dir: Path | None, approximate: dict | Non
         return gpu.launches + [gpu.current], "unsupported", e.message
     except AssertionError as e:
         return gpu.launches, "mismatch", str(e).splitlines()[0][:300] if str(e) else "mismatch"
+    except BuildError as e:  # a changed copy of the kernels (--kernels-dir) that NVRTC refuses
+        return gpu.launches + [gpu.current], "compile", e.message.splitlines()[0]
     finally:
         for kernel, ops in gpu.approximate.items():
             (approximate if approximate is not None else {}).setdefault(kernel, set()).update(ops)
@@ -121,4 +125,10 @@ def main(argv=None) -> int:
     if bad:
         print(f"error: unknown target {', '.join(bad)} (targets: {', '.join(SM_ARCHS)})", file=sys.stderr)
         return 2
+    if args.kernels_dir is not None:
+        missing = [p.name for p in kernel_sources() if not (args.kernels_dir / p.name).is_file()]
+        if missing:
+            print(f"error: --kernels-dir {args.kernels_dir} lacks {', '.join(missing)} (it takes a copy of kernels/: "
+                  "every .cu and .cuh, changed or not)", file=sys.stderr)
+            return 2
     return test(args) if args.command == "test" else stats(args)
