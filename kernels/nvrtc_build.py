@@ -84,39 +84,11 @@ def compute_target(arch: str) -> str:
     return "compute_" + check_arch(arch)[3:]
 
 
-def compile_ptx(source: bytes, name: str, arch: str, headers: dict[str, bytes] | None = None) -> str:
-    """The PTX of CUDA C++ ``source`` (program ``name``.cu) for ``arch``'s virtual architecture, with line info
-    (the PTX executor names source lines); ``headers`` default to kernels/*.cuh. ``BuildError`` with the log."""
+def _run_nvrtc(source: bytes, name: str, arch: str, opts: list[bytes], headers: dict[str, bytes],
+               output: str) -> tuple[bytes, str]:
+    """(the program's ``output``, ``PTX`` or ``CUBIN``, and the compiler log) of ``source`` compiled as program
+    ``name``.cu with ``opts``; ``BuildError`` with the log if NVRTC refuses it."""
     nvrtc = _nvrtc()
-    headers = kernel_headers() if headers is None else headers
-    opts = [f"--gpu-architecture={compute_target(arch)}".encode(), b"-std=c++17", b"-default-device", b"-lineinfo",
-            f"-I{include_dir()}".encode()]
-    prog = _check(nvrtc, nvrtc.nvrtcCreateProgram(source, f"{name}.cu".encode(), len(headers),
-                                                  list(headers.values()), [h.encode() for h in headers]),
-                  "nvrtcCreateProgram", name)
-    try:
-        result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            size = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize", name)
-            buf = b" " * size
-            _check(nvrtc, nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog", name)
-            log = buf.rstrip(b"\x00").decode(errors="replace")
-            raise BuildError("kernel_compile_failed", f"{name}.cu does not compile for {arch}:\n{log}",
-                             kernel=name, arch=arch, log=log, result=int(result[0]))
-        size = _check(nvrtc, nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize", name)
-        ptx = b" " * size
-        _check(nvrtc, nvrtc.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX", name)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-    return bytes(ptx).rstrip(b"\x00").decode()
-
-
-def compile_source(source: bytes, name: str, arch: str) -> CompiledKernel:
-    """Compiles CUDA C++ ``source`` (program ``name``.cu) for ``arch``; ``BuildError`` with the
-    compiler log on failure."""
-    nvrtc = _nvrtc()
-    opts = compile_options(arch)
-    headers = kernel_headers()
     prog = _check(nvrtc, nvrtc.nvrtcCreateProgram(source, f"{name}.cu".encode(), len(headers),
                                                   list(headers.values()), [h.encode() for h in headers]),
                   "nvrtcCreateProgram", name)
@@ -129,11 +101,27 @@ def compile_source(source: bytes, name: str, arch: str) -> CompiledKernel:
         if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise BuildError("kernel_compile_failed", f"{name}.cu does not compile for {arch}:\n{log}",
                              kernel=name, arch=arch, log=log, result=int(result[0]))
-        size = _check(nvrtc, nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize", name)
-        cubin = b" " * size
-        _check(nvrtc, nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN", name)
+        size = _check(nvrtc, getattr(nvrtc, f"nvrtcGet{output}Size")(prog), f"nvrtcGet{output}Size", name)
+        out = b" " * size
+        _check(nvrtc, getattr(nvrtc, f"nvrtcGet{output}")(prog, out), f"nvrtcGet{output}", name)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+    return bytes(out), log
+
+
+def compile_ptx(source: bytes, name: str, arch: str, headers: dict[str, bytes] | None = None) -> str:
+    """The PTX of CUDA C++ ``source`` (program ``name``.cu) for ``arch``'s virtual architecture, with line info
+    (the PTX executor names source lines); ``headers`` default to kernels/*.cuh. ``BuildError`` with the log."""
+    opts = [f"--gpu-architecture={compute_target(arch)}".encode(), b"-std=c++17", b"-default-device", b"-lineinfo",
+            f"-I{include_dir()}".encode()]
+    ptx, _ = _run_nvrtc(source, name, arch, opts, kernel_headers() if headers is None else headers, "PTX")
+    return ptx.rstrip(b"\x00").decode()
+
+
+def compile_source(source: bytes, name: str, arch: str) -> CompiledKernel:
+    """Compiles CUDA C++ ``source`` (program ``name``.cu) for ``arch``; ``BuildError`` with the
+    compiler log on failure."""
+    cubin, log = _run_nvrtc(source, name, arch, compile_options(arch), kernel_headers(), "CUBIN")
     resources = parse_resources(log)
     for fn, count in instructions(bytes(cubin)).items():
         if fn in resources:
