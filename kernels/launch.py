@@ -99,7 +99,33 @@ class Kernel:
         return params, holders
 
 
-class Gpu:
+class DeviceMemory:
+    """What every device's copies share (Gpu here, the executor's SimGpu): ``upload`` as alloc + copy_in, and the
+    size checks of copies (ValueError naming both sizes)."""
+
+    def upload(self, host: np.ndarray) -> DeviceArray:
+        host = np.ascontiguousarray(host)
+        arr = self.alloc(host.nbytes)
+        self.copy_in(arr, host)
+        return arr
+
+    @staticmethod
+    def check_copy_in(arr: DeviceArray, nbytes: int) -> None:
+        if nbytes > arr.nbytes:
+            raise ValueError(f"copy of {nbytes} bytes into a {arr.nbytes}-byte allocation")
+
+    @staticmethod
+    def check_download(arr: DeviceArray, nbytes: int) -> None:
+        if nbytes > arr.nbytes:
+            raise ValueError(f"download of {nbytes} bytes from a {arr.nbytes}-byte allocation")
+
+    @staticmethod
+    def check_copy_device(dst: DeviceArray, src: DeviceArray, nbytes: int) -> None:
+        if nbytes > min(dst.nbytes, src.nbytes):
+            raise ValueError(f"copy of {nbytes} bytes between allocations of {src.nbytes} and {dst.nbytes} bytes")
+
+
+class Gpu(DeviceMemory):
     """One device's primary context, made current on this thread; ``close`` releases all."""
 
     def __init__(self, ordinal: int = 0):
@@ -142,31 +168,22 @@ class Gpu:
         _check(_driver().cuMemsetD8(arr.ptr, 0, max(arr.nbytes, 1)), "cuMemsetD8")
         return arr
 
-    def upload(self, host: np.ndarray) -> DeviceArray:
-        host = np.ascontiguousarray(host)
-        arr = self.alloc(host.nbytes)
-        self.copy_in(arr, host)
-        return arr
-
     def copy_in(self, arr: DeviceArray, host: np.ndarray) -> None:
         host = np.ascontiguousarray(host)
-        if host.nbytes > arr.nbytes:
-            raise ValueError(f"copy of {host.nbytes} bytes into a {arr.nbytes}-byte allocation")
+        self.check_copy_in(arr, host.nbytes)
         if host.nbytes:
             _check(_driver().cuMemcpyHtoD(arr.ptr, host, host.nbytes), "cuMemcpyHtoD")
 
     def download(self, arr: DeviceArray, shape, dtype) -> np.ndarray:
         out = np.empty(shape, dtype)
-        if out.nbytes > arr.nbytes:
-            raise ValueError(f"download of {out.nbytes} bytes from a {arr.nbytes}-byte allocation")
+        self.check_download(arr, out.nbytes)
         if out.nbytes:
             _check(_driver().cuMemcpyDtoH(out, arr.ptr, out.nbytes), "cuMemcpyDtoH")
         return out
 
     def copy_device(self, dst: DeviceArray, src: DeviceArray, nbytes: int) -> None:
         """``nbytes`` from ``src`` to ``dst``, device to device (ordered after the work already queued)."""
-        if nbytes > min(dst.nbytes, src.nbytes):
-            raise ValueError(f"copy of {nbytes} bytes between allocations of {src.nbytes} and {dst.nbytes} bytes")
+        self.check_copy_device(dst, src, nbytes)
         if nbytes:
             _check(_driver().cuMemcpyDtoD(dst.ptr, src.ptr, nbytes), "cuMemcpyDtoD")
 

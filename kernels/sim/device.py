@@ -14,7 +14,7 @@ import numpy as np
 
 from toolcall.kernels.cubin import instructions
 from toolcall.kernels.declarations import declaration, declarations
-from toolcall.kernels.launch import DeviceArray, Kernel
+from toolcall.kernels.launch import DeviceArray, DeviceMemory, Kernel
 from toolcall.kernels.sim.errors import SimFault, SimUnsupported
 from toolcall.kernels.sim.executor import LaunchSpec, run_launch
 from toolcall.kernels.sim.stats import LaunchStats
@@ -43,7 +43,7 @@ class SimModule:
         return Kernel(program(self.ptx, name), declaration(name))
 
 
-class SimGpu:
+class SimGpu(DeviceMemory):
     """A simulated device of architecture ``arch`` (sm_80, sm_90, sm_100a, sm_120a, ...). ``host_launches``: a
     CUDA backend launches through ``launch`` (no driver calls) and builds graphs with ``graph_builder``."""
 
@@ -77,28 +77,19 @@ class SimGpu:
     def zeros(self, nbytes: int) -> DeviceArray:
         return self.alloc(nbytes)
 
-    def upload(self, host: np.ndarray) -> DeviceArray:
-        host = np.ascontiguousarray(host)
-        arr = self.alloc(host.nbytes)
-        self.copy_in(arr, host)
-        return arr
-
     def copy_in(self, arr: DeviceArray, host: np.ndarray) -> None:
         raw = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
-        if raw.nbytes > arr.nbytes:
-            raise ValueError(f"copy of {raw.nbytes} bytes into a {arr.nbytes}-byte allocation")
+        self.check_copy_in(arr, raw.nbytes)
         self.memory.host_view(arr.ptr, raw.nbytes)[:] = raw
 
     def download(self, arr: DeviceArray, shape, dtype) -> np.ndarray:
         out = np.empty(shape, dtype)
-        if out.nbytes > arr.nbytes:
-            raise ValueError(f"download of {out.nbytes} bytes from a {arr.nbytes}-byte allocation")
+        self.check_download(arr, out.nbytes)
         out.reshape(-1).view(np.uint8)[:] = self.memory.host_view(arr.ptr, out.nbytes)
         return out
 
     def copy_device(self, dst: DeviceArray, src: DeviceArray, nbytes: int) -> None:
-        if nbytes > min(dst.nbytes, src.nbytes):
-            raise ValueError(f"copy of {nbytes} bytes between allocations of {src.nbytes} and {dst.nbytes} bytes")
+        self.check_copy_device(dst, src, nbytes)
         self.memory.host_view(dst.ptr, nbytes)[:] = self.memory.host_view(src.ptr, nbytes).copy()
 
     def free(self, arr: DeviceArray) -> None:
