@@ -174,8 +174,8 @@ class Program:
 
 
 def immediate(text: str, ty: np.dtype):
-    """A PTX immediate as a 0-d array of ``ty``: decimal / hex integers (wrapped to the type), 0fXXXXXXXX and
-    0dXXXXXXXXXXXXXXXX float bit patterns."""
+    """A PTX immediate as a 0-d array of ``ty``: decimal / hex integers (wrapped to the type), and float bit
+    patterns: ``0f`` then 8 hex digits (f32), ``0d`` then 16 (f64)."""
     t = text.rstrip("U")
     if t[:2] in ("0f", "0F"):
         bits = np.array(int(t[2:], 16), np.uint32)
