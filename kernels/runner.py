@@ -93,6 +93,7 @@ class DryRunGpu:
     """A host stand-in for launch.Gpu: fake addresses, launches that only pack arguments."""
 
     arch, context = "sm_90", None
+    host_launches = True  # a CUDA backend launches through ``launch`` (no driver calls), as on the SimGpu
 
     def __init__(self):
         self.next, self.launches = 1 << 30, []

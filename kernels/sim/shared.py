@@ -120,7 +120,6 @@ class SharedMemory:
             fresh = ~unsynced(self.r_tid[g], self.r_block_sync[g], self.r_warp_sync[g])
             other = ~fresh & (self.r_tid[g] != tid)
             self.r_multi[g] = np.where(fresh, False, self.r_multi[g] | other)
-            self.r_tid[g] = np.where(fresh, tid, self.r_tid[g])
             self.r_block_sync[g], self.r_warp_sync[g] = bsync, wsync
             fresh_g = g[fresh]
             if fresh_g.size:

@@ -19,7 +19,6 @@ from toolcall.common.formats import WEIGHT_FORMATS
 from toolcall.kernels.declarations import DRAW_MAX_CANDIDATES, declaration
 from toolcall.kernels.geometry import FMA, KernelFamily, prefill_tiles, shape_problems
 from toolcall.kernels.launch import DeviceArray, Gpu, check, first_error
-from toolcall.kernels.runner import DryRunGpu
 from toolcall.runtime.batching.picks import HostStep
 from toolcall.runtime.bundle.contract import Contract, Limits
 from toolcall.runtime.bundle.files import WEIGHTS_FILE
@@ -56,7 +55,7 @@ class CudaModel(HostStep):
         self.state_words = state_words
         self.gpu = gpu if gpu is not None else Gpu()
         # launches through gpu.launch, no driver calls: a host stand-in or the simulated device (kernels/sim)
-        self.dry = isinstance(self.gpu, DryRunGpu) or getattr(self.gpu, "host_launches", False)
+        self.dry = getattr(self.gpu, "host_launches", False)
         self.stream, self.kv, self.closers, self._programs = 0, None, [], {}
         self.module_errors: dict[str, str] = {}  # strict=False: modules that failed to load (diagnostics)
         try:
