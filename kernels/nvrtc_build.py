@@ -95,14 +95,14 @@ def _run_nvrtc(source: bytes, name: str, arch: str, opts: list[bytes], headers: 
     try:
         result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         size = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize", name)
-        buf = b" " * size
+        buf = bytearray(size)  # NVRTC writes into it: never an immutable bytes (b" " * 1 is the shared b" ")
         _check(nvrtc, nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog", name)
-        log = buf.rstrip(b"\x00").decode(errors="replace")
+        log = bytes(buf).rstrip(b"\x00").decode(errors="replace")
         if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise BuildError("kernel_compile_failed", f"{name}.cu does not compile for {arch}:\n{log}",
                              kernel=name, arch=arch, log=log, result=int(result[0]))
         size = _check(nvrtc, getattr(nvrtc, f"nvrtcGet{output}Size")(prog), f"nvrtcGet{output}Size", name)
-        out = b" " * size
+        out = bytearray(size)
         _check(nvrtc, getattr(nvrtc, f"nvrtcGet{output}")(prog, out), f"nvrtcGet{output}", name)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)

@@ -214,3 +214,11 @@ def test_every_cubin_states_the_declared_parameter_layout(compiled):
         assert cubin.instructions(k.cubin) == {fn: r["instructions"] for fn, r in k.resources.items()}
     assert cubin.param_layouts(b"") == {} and cubin.declared_layout(["int32", "ptr", "float32"]) == ((0, 4), (8, 8),
                                                                                                        (16, 4))
+
+
+def test_a_compile_with_an_empty_log_leaves_pythons_shared_bytes_alone():
+    """NVRTC writes its log and output into the buffers it is given: a one-byte log (just the NUL) written into
+    b" " * 1, CPython's shared b" ", turned every later b" " into b"\\x00" (safetensors headers padded with it)."""
+    from toolcall.kernels.nvrtc_build import compile_ptx
+    compile_ptx(b'extern "C" __global__ void k() {}', "k", "sm_90")
+    assert b" " * 1 == bytes([32]) and b"ab" + b" " == b"ab\x20"
