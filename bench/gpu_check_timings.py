@@ -66,10 +66,10 @@ def ttft(m, loop, canary) -> dict:
         if length > m.limits.max_input_tokens or (batch_step and length > loop.C):
             continue
         prompt = (canary * (length // len(canary) + 1))[:length]
-        exe = b.instantiate(loop.plan(-(-length // loop.C)))
+        exe = b.instantiate(loop.plan(loop.shape(length)))
         times = []
         for _ in range(6):
-            slot, _n = loop.prepare(prompt)
+            slot, _shape = loop.prepare(prompt)
             times.append(loop.launch(exe))
             m.kv.release(slot)
         b.destroy(exe)
@@ -83,9 +83,9 @@ def step_times(m, loop, canary) -> dict:
 
     from toolcall.kernels.launch import check
     res, b = {}, loop.builder
-    prefill, times = b.instantiate(loop.plan(-(-len(canary) // loop.C))), []
+    prefill, times = b.instantiate(loop.plan(loop.shape(len(canary)))), []
     for i in range(4):
-        slot, _n = loop.prepare(canary)
+        slot, _shape = loop.prepare(canary)
         times.append(loop.launch(prefill))
         if i < 3:
             m.kv.release(slot)

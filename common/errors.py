@@ -61,6 +61,7 @@ EXIT_CODES: dict[str, int] = {
     "unknown_tool": 84,  # 400: a tool outside the catalog, and the bundle takes no tools of a request
     "body_too_large": 85,  # 413: the request body is over the server's byte limit
     "not_found": 86,  # 404/405: no such endpoint or method
+    "device_failed": 87,  # 503: the replica's device faulted (a lost context): it serves nothing more and exits
     "request_tools_too_large": 88,  # 400: more tools, or a longer description, than the contract's request_tools
     # placement (builder manifest)
     "unplaceable": 100,

@@ -150,6 +150,9 @@ class Gpu(DeviceMemory):
         self.driver_version = _check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
         self._allocs: dict[int, DeviceArray] = {}
         self._modules: list = []
+        # the stream the copies are queued on, in order with its kernels (a CudaModel sets its own); 0: the
+        # legacy default stream, which orders with every blocking stream only by that stream's implicit syncs
+        self.stream = 0
 
     @property
     def arch(self) -> str:
@@ -168,24 +171,29 @@ class Gpu(DeviceMemory):
         _check(_driver().cuMemsetD8(arr.ptr, 0, max(arr.nbytes, 1)), "cuMemsetD8")
         return arr
 
+    # Copies are queued on ``stream`` after the kernels already there. From pageable host memory the async call
+    # returns once the bytes are staged (the array may be reused at once); to it, once the copy is done (the sync
+    # after it only makes that explicit).
     def copy_in(self, arr: DeviceArray, host: np.ndarray) -> None:
         host = np.ascontiguousarray(host)
         self.check_copy_in(arr, host.nbytes)
         if host.nbytes:
-            _check(_driver().cuMemcpyHtoD(arr.ptr, host, host.nbytes), "cuMemcpyHtoD")
+            _check(_driver().cuMemcpyHtoDAsync(arr.ptr, host, host.nbytes, self.stream), "cuMemcpyHtoDAsync")
 
     def download(self, arr: DeviceArray, shape, dtype) -> np.ndarray:
         out = np.empty(shape, dtype)
         self.check_download(arr, out.nbytes)
         if out.nbytes:
-            _check(_driver().cuMemcpyDtoH(out, arr.ptr, out.nbytes), "cuMemcpyDtoH")
+            driver = _driver()
+            _check(driver.cuMemcpyDtoHAsync(out, arr.ptr, out.nbytes, self.stream), "cuMemcpyDtoHAsync")
+            _check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
         return out
 
     def copy_device(self, dst: DeviceArray, src: DeviceArray, nbytes: int) -> None:
         """``nbytes`` from ``src`` to ``dst``, device to device (ordered after the work already queued)."""
         self.check_copy_device(dst, src, nbytes)
         if nbytes:
-            _check(_driver().cuMemcpyDtoD(dst.ptr, src.ptr, nbytes), "cuMemcpyDtoD")
+            _check(_driver().cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, self.stream), "cuMemcpyDtoDAsync")
 
     def free(self, arr: DeviceArray) -> None:
         if self._allocs.pop(arr.ptr, None) is not None:

@@ -77,11 +77,13 @@ class LoadOptions:
     """How to load: ``cpu_backend`` "fast" (numba, stored weights) or "reference" (numpy float32) on a CPU
     target; ``threads``: host kernel threads (None: the CPUs this process may use); ``gpu_kernels``: on a
     GPU target, the kernel family of the linear layers and prefill attention (toolcall.kernels.geometry
-    KERNEL_FAMILIES: "fma", "mma")."""
+    KERNEL_FAMILIES: "fma", "mma"); ``device``: on a GPU target, where it runs (runtime/cuda/devices.py DEVICES:
+    "native", or "sim", the simulated device)."""
 
     cpu_backend: str = "fast"
     threads: int | None = None
     gpu_kernels: str = "fma"
+    device: str = "native"
 
 
 @dataclass(frozen=True)
@@ -114,12 +116,14 @@ def _cpu_first_use_note() -> str | None:
 def _load_cuda(folder: Path, contract: Contract, grammar: Grammar, options: LoadOptions) -> Backend:
     from toolcall.kernels.geometry import KERNEL_FAMILIES
     from toolcall.runtime.cuda.backend import load_cuda_model
+    from toolcall.runtime.cuda.devices import device_for
     family = KERNEL_FAMILIES.get(options.gpu_kernels)
     if family is None:
         raise EngineError("usage", f"--gpu-kernels {options.gpu_kernels!r}: the families are "
                           f"{', '.join(KERNEL_FAMILIES)}", option="gpu_kernels", value=options.gpu_kernels)
+    gpu = device_for(options.device, contract).gpu(contract)
     try:
-        return load_cuda_model(folder, contract, grammar, family=family)  # frees what it took if it fails
+        return load_cuda_model(folder, contract, grammar, gpu=gpu, family=family)  # frees what it took if it fails
     except EngineError:
         raise
     except Exception as e:  # a binding or driver surprise: typed, never a traceback

@@ -15,6 +15,7 @@ from toolcall.runtime.backends import CPU_BACKENDS
 from toolcall.runtime.batching.batcher import Result
 from toolcall.runtime.batching.picks import HEAD_MODES
 from toolcall.runtime.batching.sampling import Sampling, sampling_problem
+from toolcall.runtime.cuda.devices import DEVICES, NATIVE
 from toolcall.runtime.console import TypedErrorGroup, exit_code_help, fail, json_text
 
 # Requests longer than this are shown shortened in plain output (a refusal never echoes a whole document).
@@ -28,12 +29,18 @@ _gpu_kernels = click.option("--gpu-kernels", type=click.Choice(tuple(KERNEL_FAMI
                             show_default=True, help="GPU bundles: the kernels of the linear layers and prefill "
                             "attention; " + "; ".join(f"{f.name}: {f.summary}" for f in KERNEL_FAMILIES.values()) + ".")
 
+_device = click.option("--device", type=click.Choice(tuple(DEVICES)), default=NATIVE, show_default=True,
+                       help="native: the bundle's own target here (the CPU, or the GPU its contract names); sim: a GPU "
+                       "bundle on the simulated device, presenting the contract's GPU (its kernels' PTX on the CPU "
+                       "executor; it checks answers, not speed, and says so on stderr).")
+
 
 EPILOG = f"""\b
 Typical use:
   runtime check artifacts/toolcall-cpu
   runtime run artifacts/toolcall-cpu "Convert 100 dollars to euros and book a taxi"
   runtime run artifacts/toolcall-cpu -i requests.txt --json
+  runtime run artifacts/toolcall-h200 --device sim "Book a taxi"   (a GPU bundle checked on this CPU)
 
 \b
 Exit codes: 0 ok; usage 2; internal 70 (a bug: please report it).
@@ -82,19 +89,22 @@ def read_requests(requests: tuple[str, ...], input_file) -> list[str]:
 
 @main.command(short_help="Can this machine host the bundle? Loads nothing.")
 @click.argument("path", type=click.Path())
+@_device
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
-def check(path, as_json):
+def check(path, device, as_json):
     """Run every check that needs no loading (contract, schema, version, hashes, target, memory)."""
     from toolcall.runtime.engine import check_bundle
 
     try:
-        contract = check_bundle(path)
+        contract = check_bundle(path, device=device)
     except EngineError as e:
         fail(e, as_json)
     summary = {"ok": True, "bundle_id": contract.engine.bundle_id, "target": contract.target.name,
-               "precision": contract.precision.weights, "memory_total_bytes": contract.memory.total_bytes}
+               "precision": contract.precision.weights, "memory_total_bytes": contract.memory.total_bytes,
+               "device": device}
+    where = "on the simulated device" if device == "sim" else "here"
     click.echo(json_text(summary) if as_json else
-               f"ok: {path} ({contract.target.name}, {contract.precision.weights}) can be hosted here")
+               f"ok: {path} ({contract.target.name}, {contract.precision.weights}) can be hosted {where}")
 
 
 NO_PREFIX_CACHE_HELP = ("Compute every prompt in full: no shared pinned prefix pages, no reuse of finished "
@@ -107,22 +117,23 @@ NO_PREFIX_CACHE_HELP = ("Compute every prompt in full: no shared pinned prefix p
 @_backend
 @_threads
 @_gpu_kernels
+@_device
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
-def load(path, no_prefix_cache, backend, threads, gpu_kernels, as_json):
+def load(path, no_prefix_cache, backend, threads, gpu_kernels, device, as_json):
     """Check, load and canary-gate a bundle; exit 0 only when it is bound and ready."""
     from toolcall.runtime.engine import Engine
 
     console.enable(console.wanted(as_json))
     try:
         engine = Engine.load(path, prefix_cache=not no_prefix_cache, backend=backend, threads=threads,
-                             gpu_kernels=gpu_kernels)
+                             gpu_kernels=gpu_kernels, device=device)
     except EngineError as e:
         fail(e, as_json)
     c = engine.contract
     summary = {"ok": True, "bundle_id": c.engine.bundle_id, "load_s": engine.load_seconds,
                "canary_tokens": len(c.canary.expected_token_ids),
                "prefix_cache": not no_prefix_cache, "prefix_tokens": c.prompt.prefix_tokens,
-               "pinned_pages": engine.generator.kv.pinned_pages}
+               "pinned_pages": engine.generator.kv.pinned_pages, "device": device}
     click.echo(json_text(summary) if as_json else
                f"bound: {path} ({c.target.name}, {c.precision.weights}); canary passed; loaded in {engine.load_seconds:.2f} s")
 
@@ -140,11 +151,12 @@ def load(path, no_prefix_cache, backend, threads, gpu_kernels, as_json):
 @_backend
 @_threads
 @_gpu_kernels
+@_device
 @click.option("--no-prefix-cache", is_flag=True, help=NO_PREFIX_CACHE_HELP)
 @click.option("--json", "as_json", is_flag=True,
               help="Tool names, token ids (prompt_token_ids, cached_prompt_tokens too) and timings as JSON.")
 def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_cache, backend, threads, gpu_kernels,
-        as_json):
+        device, as_json):
     """Answer each REQUEST with the bundle's tools, in the order the model names them.
 
     Each request is wrapped in the catalog's prompt template; requests that cannot run (too
@@ -165,7 +177,7 @@ def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_ca
     console.enable(console.wanted(as_json))
     try:
         engine = Engine.load(path, head=head, prefix_cache=not no_prefix_cache, backend=backend, threads=threads,
-                             gpu_kernels=gpu_kernels)
+                             gpu_kernels=gpu_kernels, device=device)
         start = time.perf_counter()
         results = engine.run(texts, Sampling(temperature, top_p, seed))
         wall = time.perf_counter() - start
@@ -175,7 +187,7 @@ def run(path, requests, input_file, head, temperature, top_p, seed, no_prefix_ca
         out = [{"request": shorten(r, 10 * ECHO_CHARS),
                 **(res.to_dict() if isinstance(res, Result) else res.to_json())}
                for r, res in zip(texts, results)]
-        click.echo(json_text({"results": out, "load_s": engine.load_seconds, "wall_s": wall}))
+        click.echo(json_text({"results": out, "load_s": engine.load_seconds, "wall_s": wall, "device": device}))
     else:
         c = engine.contract
         click.echo(f"bound {path} ({c.target.name}, {c.precision.weights}): loaded and canary passed "
@@ -235,8 +247,9 @@ def _use_system_allocator() -> None:
               help="After SIGTERM: seconds (at least 1) of no new arrival before the listener closes; arrivals "
                    "meanwhile are answered 503.")
 @_gpu_kernels
+@_device
 def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes, head, threads,
-          lanes, served_model_names, drain_grace, gpu_kernels):
+          lanes, served_model_names, drain_grace, gpu_kernels, device):
     """Serve the bundle over HTTP (discover, OpenAI chat completions, health, metrics) until SIGTERM.
 
     Loads and canary-gates the bundle while /health answers 503, then prints one `ready:` line.
@@ -270,4 +283,4 @@ def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeou
     config = ServeConfig(max_queue_requests, max_queue_tokens, request_timeout, max_body_bytes,
                          adaptive_threads=threads is None, lanes=lanes,
                          served_model_names=tuple(served_model_names) or (Path(path).name,), drain_grace_s=drain_grace)
-    serve_main(path, host, port, config, head=head, threads=threads, gpu_kernels=gpu_kernels)
+    serve_main(path, host, port, config, head=head, threads=threads, gpu_kernels=gpu_kernels, device=device)

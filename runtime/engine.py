@@ -19,17 +19,21 @@ from toolcall.runtime.bundle.checks import canary_mismatch, check_consistency
 from toolcall.runtime.bundle.contract import Contract
 from toolcall.runtime.bundle.files import GRAMMAR_FILE, TOKENIZER_FILE, check_files, read_contract
 from toolcall.runtime.bundle.kv_scales import KV_SCALES_FILE, KvScales
-from toolcall.runtime.bundle.machine import MachineFacts, check_target, facts_for
+from toolcall.runtime.bundle.machine import MachineFacts, check_target
+from toolcall.runtime.cuda.devices import NATIVE, device_for, say_notice
 from toolcall.runtime.grammar.tool_text import Tool
 from toolcall.runtime.grammar.trie import Grammar
 
 
-def check_bundle(path: str | Path, facts: MachineFacts | None = None) -> Contract:
-    """Every check that needs no loading, in load order; returns the contract or raises a Refusal."""
+def check_bundle(path: str | Path, facts: MachineFacts | None = None, device: str = NATIVE) -> Contract:
+    """Every check that needs no loading, in load order; returns the contract or raises a Refusal. ``device``: where
+    the bundle is to run (runtime/cuda/devices.py DEVICES: "native", or "sim" for a GPU bundle on the simulated
+    device); ``facts`` in place of the device's own (tests)."""
     contract = read_contract(path)
+    chosen = device_for(device, contract)
     check_files(path, contract)
     check_consistency(path, contract)
-    check_target(contract, facts if facts is not None else facts_for(contract))
+    check_target(contract, facts if facts is not None else chosen.facts(contract))
     return contract
 
 
@@ -60,11 +64,12 @@ class Engine:
         self.load_seconds = load_seconds
         self.model: Backend = generator.model
         self.decode_graph = None
+        self.device = NATIVE  # where it runs (runtime/cuda/devices.py DEVICES); Engine.load sets it
 
     @classmethod
     def load(cls, path: str | Path, facts: MachineFacts | None = None, head: str = "sparse",
              prefix_cache: bool = True, backend: str = "fast", threads: int | None = None,
-             gpu_kernels: str = LoadOptions.gpu_kernels) -> "Engine":
+             gpu_kernels: str = LoadOptions.gpu_kernels, device: str = NATIVE) -> "Engine":
         """Checks, loads and canary-gates the bundle at ``path``; a Refusal names the first failed check.
 
         ``prefix_cache``: the template's fixed prefix is prefilled once into pinned KV pages every
@@ -72,15 +77,17 @@ class Engine:
         prompt in full (the cross-check: same answers). ``backend`` (CPU bundles): "fast" (stored
         weights, numba; ``threads`` workers, default the CPUs this process may use) or "reference" (numpy
         float32, the source of truth). ``gpu_kernels`` (GPU bundles): the kernel family of the linear layers and
-        prefill attention, "fma" (CUDA cores) or "mma" (tensor cores)."""
+        prefill attention, "fma" (CUDA cores) or "mma" (tensor cores). ``device``: "native", or "sim" to run a GPU
+        bundle on the simulated device (runtime/cuda/devices.py), which says so once on stderr."""
         assert backend in CPU_BACKENDS, backend
         start = time.perf_counter()
         folder = Path(path)
-        contract = check_bundle(folder, facts)
+        contract = check_bundle(folder, facts, device)
         kind = target_kind(contract)
+        say_notice(device_for(device, contract), contract)
         console.stage("loading weights")
         tokenizer, grammar = read_tokenizer_and_grammar(folder)
-        options = LoadOptions(backend, threads, gpu_kernels)
+        options = LoadOptions(backend, threads, gpu_kernels, device)
         model = kind.load(folder, contract, grammar, options)  # frees what it took if it fails
         try:
             try:
@@ -107,6 +114,7 @@ class Engine:
             model.close()
             raise
         engine.load_seconds = time.perf_counter() - start
+        engine.device = device
         return engine
 
     def share_prefix(self, enabled: bool) -> None:

@@ -44,7 +44,7 @@ from toolcall.runtime.bundle.tensor_file import SafetensorsFile
 from toolcall.runtime.cpu.backend import cpu_batcher, load_cpu_weights
 from toolcall.runtime.cuda.backend import CudaModel
 from toolcall.runtime.cuda.buffers import BREAKDOWN_NAMES, workspace_plan
-from toolcall.runtime.cuda.graph import DecodeGraph
+from toolcall.runtime.cuda.graph import DecodeGraph, PromptShape
 from toolcall.runtime.cuda.graph_build import dependencies
 from toolcall.runtime.engine import Engine
 
@@ -161,7 +161,7 @@ def test_decode_step_launches(small, precision, per_layer, family):
     L = small["cfg"].num_layers
     # prefill chunks: a layer's qkv, rope + KV write, the family's attention (fma: partials, merge; mma: one
     # pass), o_proj, gate_up, down
-    plan, attention = loop.plan(3), list(family.prefill_attention)
+    plan, attention = loop.plan(PromptShape(3, loop.C)), list(family.prefill_attention)
     assert len(plan) == 3 * (1 + (5 + len(attention)) * L) + 4 and plan[-1].args["cond_handle"] == 0
     assert [ln.fn for ln in plan[1:3 + len(attention)]] == [mv(RMSNORM), "qk_norm_rope_kv", *attention]
     # every launch of every list names exactly its kernel's declared parameters

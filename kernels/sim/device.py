@@ -1,10 +1,13 @@
-"""``SimGpu``: the Gpu interface of toolcall.kernels.launch on the PTX executor, for kernels/ tests.
+"""``SimGpu``: the Gpu interface of toolcall.kernels.launch on the PTX executor, for kernels/ tests and for a CUDA
+backend (``runtime ... --device sim``, runtime/cuda/devices.py).
 
 Memory is the executor's GlobalMemory (allocations bounds-checked on every access), a module is the PTX NVRTC
 writes for the device's arch, and a launch runs on the executor at once (a stream is always idle). Options:
 ``seed`` (block and atomic order; a later launch gets the next seed), ``sanitize`` (racecheck and initcheck,
 and every kernel with atomics run under two block orders, its memory after each compared: the cross-block
-protocols must not depend on which block came last), ``stats`` (a LaunchStats every launch adds to).
+protocols must not depend on which block came last), ``stats`` (a LaunchStats every launch adds to), ``name``
+(what the device reports), ``capacity`` (bytes the allocations may hold, None: unbounded; past it an allocation
+is refused as a card refuses it) and ``faults`` (kernels/sim/faults.py: errors injected on chosen calls).
 """
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ import numpy as np
 
 from toolcall.kernels.cubin import instructions
 from toolcall.kernels.declarations import declaration, declarations
+from toolcall.common.errors import CudaError
 from toolcall.kernels.launch import DeviceArray, DeviceMemory, Kernel
 from toolcall.kernels.sim.errors import SimFault, SimUnsupported
+from toolcall.kernels.sim.faults import Fault, FaultPlan
 from toolcall.kernels.sim.executor import LaunchSpec, run_launch
 from toolcall.kernels.sim.stats import LaunchStats
 from toolcall.kernels.sim.memory import BASE, GlobalMemory
@@ -51,10 +56,13 @@ class SimGpu(DeviceMemory):
     host_launches = True
 
     def __init__(self, arch: str = "sm_90", *, seed: int = 0, sanitize: bool = True, kernels_dir=None,
-                 stats: LaunchStats | None = None):
+                 stats: LaunchStats | None = None, name: str | None = None, capacity: int | None = None,
+                 faults: tuple[Fault, ...] = ()):
         self.arch, self.seed, self.sanitize, self.kernels_dir, self.stats = arch, seed, sanitize, kernels_dir, stats
         self.compute_capability = arch_capability(arch)
-        self.name = f"simulated {arch}"
+        self.name = name or f"simulated {arch}"
+        self.capacity = capacity
+        self.faults = FaultPlan(faults)
         self.memory = GlobalMemory()
         self._allocs: dict[int, DeviceArray] = {}
         self.launches = []  # kernels launched to completion, in order
@@ -70,6 +78,12 @@ class SimGpu(DeviceMemory):
         return sum(a.nbytes for a in self._allocs.values())
 
     def alloc(self, nbytes: int, label: str = "") -> DeviceArray:
+        self.faults.call("alloc", f"{nbytes:,} bytes")
+        if self.capacity is not None and self.allocated_bytes + nbytes > self.capacity:
+            raise CudaError("cuda_error", f"cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY ({nbytes:,} bytes asked with "
+                            f"{self.allocated_bytes:,} of the simulated device's {self.capacity:,} in use)",
+                            call="cuMemAlloc", error="CUDA_ERROR_OUT_OF_MEMORY", needed=int(nbytes),
+                            in_use=self.allocated_bytes, capacity=self.capacity)
         arr = DeviceArray(self.memory.alloc(nbytes, label), int(nbytes))
         self._allocs[arr.ptr] = arr
         return arr
@@ -79,16 +93,19 @@ class SimGpu(DeviceMemory):
 
     def copy_in(self, arr: DeviceArray, host: np.ndarray) -> None:
         raw = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+        self.faults.call("copy", f"{raw.nbytes:,} bytes in")
         self.check_copy_in(arr, raw.nbytes)
         self.memory.host_view(arr.ptr, raw.nbytes)[:] = raw
 
     def download(self, arr: DeviceArray, shape, dtype) -> np.ndarray:
         out = np.empty(shape, dtype)
+        self.faults.call("copy", f"{out.nbytes:,} bytes out")
         self.check_download(arr, out.nbytes)
         out.reshape(-1).view(np.uint8)[:] = self.memory.host_view(arr.ptr, out.nbytes)
         return out
 
     def copy_device(self, dst: DeviceArray, src: DeviceArray, nbytes: int) -> None:
+        self.faults.call("copy", f"{nbytes:,} bytes on the device")
         self.check_copy_device(dst, src, nbytes)
         self.memory.host_view(dst.ptr, nbytes)[:] = self.memory.host_view(src.ptr, nbytes).copy()
 
@@ -115,6 +132,7 @@ class SimGpu(DeviceMemory):
     def launch(self, kernel: Kernel, grid, block, args: Mapping[str, object], shared_bytes: int = 0,
                stream=0) -> None:
         _, holders = kernel.pack(args)
+        self.faults.call("launch", kernel.name)
         prog: Program = kernel.function
         self.current = kernel.name
         block_params = np.zeros(max(prog.param_bytes, 8), np.uint8)

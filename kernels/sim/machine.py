@@ -182,8 +182,17 @@ class Batch:
             self.launch.conditionals[int(h)] = int(v)
 
     # ---- warps ----
+    def whole_batch(self, lanes: np.ndarray, mask) -> bool:
+        """Every lane of the batch runs the instruction, the blocks are whole warps and ``mask`` is the full one
+        (a constant): every partner is here, so there is nothing to check or wait for (the common case, fast)."""
+        return len(lanes) == self.n and self.threads % 32 == 0 and np.ndim(mask) == 0 and int(mask) == 0xFFFFFFFF
+
     def warp_sync(self, ix, mask, what: str) -> None:
         lanes = self.lane_ids(ix)
+        if self.whole_batch(lanes, mask):
+            if what == "bar.warp.sync":
+                self.shared.warp_barrier(np.arange(self.n_warps))
+            return
         mask = np.broadcast_to(np.asarray(mask, np.uint32), lanes.shape).astype(np.uint64)
         bits = np.uint64(1) << self.laneid[lanes].astype(np.uint64)
         executing = np.zeros(self.n_warps, np.uint64)
@@ -229,6 +238,8 @@ class Batch:
     def warp_ready(self, lanes: np.ndarray, mask) -> np.ndarray:
         """Per lane at a warp-synchronous instruction: every lane its member mask names is here. A lane outside its
         own mask, or a mask naming a lane that has exited, is a sync fault (that lane can never arrive)."""
+        if self.whole_batch(lanes, mask):
+            return np.ones(len(lanes), bool)
         mask = np.broadcast_to(np.asarray(mask, np.uint32), lanes.shape).astype(np.uint64)
         warp = self.warp[lanes]
         bits = np.uint64(1) << self.laneid[lanes].astype(np.uint64)

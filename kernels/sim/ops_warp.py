@@ -63,8 +63,11 @@ def build_shfl(ins, P):
 
     def shfl(S, ix):
         lanes = S.lane_ids(ix)
-        m = np.broadcast_to(mask(S, ix), lanes.shape)
-        S.warp_sync(ix, m, ins.op)
+        m = mask(S, ix)
+        whole = S.whole_batch(lanes, m)
+        if not whole:
+            m = np.broadcast_to(m, lanes.shape)
+            S.warp_sync(ix, m, ins.op)
         lane = S.laneid[lanes].astype(np.int64)
         bval = np.asarray(b(S, ix)).astype(np.int64) & 31
         cval = np.asarray(c(S, ix)).astype(np.int64)
@@ -76,9 +79,13 @@ def build_shfl(ins, P):
         ok = (j >= max_lane) if mode == "up" else (j <= max_lane)
         j = np.where(ok, j, lane)
         source = lanes - lane + j  # the source lane's index in the batch (same warp)
-        S.check_shfl_sources(ix, source, m, ins.op)
-        values = np.zeros(S.n, U32)
-        values[lanes] = np.broadcast_to(a(S, ix), lanes.shape)
+        if not whole:  # a whole batch of whole warps reads its own warp's lanes only
+            S.check_shfl_sources(ix, source, m, ins.op)
+        if whole:  # lanes are 0 .. n-1
+            values = np.broadcast_to(a(S, ix), lanes.shape)
+        else:
+            values = np.zeros(S.n, U32)
+            values[lanes] = np.broadcast_to(a(S, ix), lanes.shape)
         put(S, ix, values[source])
         put_p(S, ix, ok)
     shfl.member_mask = mask

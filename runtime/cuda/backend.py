@@ -56,7 +56,7 @@ class CudaModel(HostStep):
         self.gpu = gpu if gpu is not None else Gpu()
         # launches through gpu.launch, no driver calls: a host stand-in or the simulated device (kernels/sim)
         self.dry = getattr(self.gpu, "host_launches", False)
-        self.stream, self.kv, self.closers, self._programs = 0, None, [], {}
+        self.stream, self.kv, self.closers, self._programs, self.packs = 0, None, [], {}, 0
         self.module_errors: dict[str, str] = {}  # strict=False: modules that failed to load (diagnostics)
         try:
             self._load(tensors, cubins, strict)
@@ -86,7 +86,8 @@ class CudaModel(HostStep):
         self.memset(self.kv.storage, 0)  # never read before written; zeros keep stale NaN patterns out
         if not self.dry:
             from cuda.bindings import driver
-            self.stream = check(driver.cuStreamCreate(0), "cuStreamCreate")  # blocking: orders with sync copies
+            self.stream = check(driver.cuStreamCreate(0), "cuStreamCreate")
+            self.gpu.stream = self.stream  # the copies queue on the model's stream, in order with its kernels
         self.steps = StepLaunches(self)
         self.rows_cap = min(lim.max_tokens_per_step, lim.max_sequences)  # head rows per launch
         self.device_step = DeviceStep(self)
@@ -113,11 +114,15 @@ class CudaModel(HostStep):
             check(driver.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 
     def program(self, key, make) -> Program:
-        """The packed Program of ``key``, built by ``make()`` (a launch list) on first use."""
-        if key not in self._programs:
-            if len(self._programs) >= PROGRAM_CACHE:  # step shapes vary while serving: keep the newest
-                self._programs.pop(next(iter(self._programs)))
-            self._programs[key] = Program(self, make())
+        """The packed Program of ``key``, built by ``make()`` (a launch list) on first use; the PROGRAM_CACHE most
+        recently used are kept (``packs`` counts the builds)."""
+        if key in self._programs:
+            self._programs[key] = self._programs.pop(key)  # most recent last
+            return self._programs[key]
+        if len(self._programs) >= PROGRAM_CACHE:  # step shapes vary while serving: the least recently used out
+            self._programs.pop(next(iter(self._programs)))
+        self._programs[key] = Program(self, make())
+        self.packs += 1
         return self._programs[key]
 
     # ---- the serving step ----
@@ -268,13 +273,14 @@ class CudaModel(HostStep):
             if self.kv is not None:
                 steps.append(self.kv.free)
             if not self.dry:
-                steps.append(self._destroy_stream)
+                steps.append(lambda: self._destroy_stream(gpu))
                 steps.append(gpu.close)  # unloads the modules, releases the context
         first_error(steps)
 
-    def _destroy_stream(self) -> None:
+    def _destroy_stream(self, gpu) -> None:
         from cuda.bindings import driver
         stream, self.stream = self.stream, 0
+        gpu.stream = 0
         if stream:
             check(driver.cuStreamDestroy(stream), "cuStreamDestroy")
 

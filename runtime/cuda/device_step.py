@@ -32,13 +32,15 @@ DEAD_END = 3  # grammar_advance's status for a row with no allowed candidate
 class DeviceGrammars:
     """Device copies of grammar arrays: the bundle's (in the weights arena) and, uploaded on first use, those of
     the tool lists requests bring, by grammar identity (the host caches one Grammar a list). Each upload has its
-    own serial number, never reused: packed programs are keyed by it, so none outlives the arrays it points at."""
+    own serial number, never reused: packed programs are keyed by it, so none outlives the arrays it points at.
+    An evicted list's arrays are freed by ``release`` after the step's sync, never while its kernels may be queued."""
 
     def __init__(self, model):
         self.m, self.gpu, self.cache = model, model.gpu, OrderedDict()  # the gpu kept: close() drops model.gpu first
         arena = model.weights.arena
         self.bundle = {n: arena["grammar." + n] for n in GRAMMAR_ARRAYS}
         self.serials = 0  # 0: the bundle's grammar
+        self.retired: list[DeviceArena] = []  # evicted arrays, freed by release()
 
     def arrays(self, grammar) -> tuple[int, dict]:
         """(serial, the arrays by name) of ``grammar`` on the device."""
@@ -51,7 +53,7 @@ class DeviceGrammars:
             return serial, views
         if len(self.cache) >= REQUEST_GRAMMARS:
             _, (_, arena, _, _) = self.cache.popitem(last=False)
-            arena.free(self.gpu)
+            self.retired.append(arena)
         host = {n: np.ascontiguousarray(getattr(grammar, n)) for n in GRAMMAR_ARRAYS}
         arena = DeviceArena({n: a.nbytes for n, a in host.items()}).allocate(self.gpu)
         for n, a in host.items():
@@ -61,7 +63,13 @@ class DeviceGrammars:
         self.cache[key] = (grammar, arena, self.serials, views)  # the grammar held: its id stays its own while cached
         return self.serials, views
 
+    def release(self) -> None:
+        """Frees the evicted lists' arrays (after a sync: no queued kernel reads them)."""
+        while self.retired:
+            self.retired.pop().free(self.gpu)
+
     def free(self) -> None:
+        self.release()
         while self.cache:
             _, (_, arena, _, _) = self.cache.popitem()
             arena.free(self.gpu)
@@ -86,30 +94,34 @@ class DeviceStep:
         T = len(plan.tokens)
         groups = rows.groups(picker.stepper) if len(rows) else []
         layout = self._pack(plan, rows, groups)
+        # every group's grammar on the device before the first launch (an upload is a copy, an eviction retires)
+        arrays = [self.grammars.arrays(stepper.grammar) for stepper, _, _, _ in layout]
         n_tiles, launched, decode = self._forward_rows(plan)
         self.io.upload()
         if n_tiles is None:  # decode rows only: the decode kernel, the rows padded to their bucket
             m.program(("decode", launched), lambda: self._decode_launches(launched)).run()
         else:  # prefill chunks, after the step's leading decode rows (the decode kernel) where it has some
-            m.program(("forward", T, n_tiles, decode), lambda: self._mixed_launches(T, n_tiles, decode)).run()
+            m.program(("forward", launched, n_tiles, decode),
+                      lambda: self._mixed_launches(launched, n_tiles, decode)).run()
         total = sum(n for _, _, _, n in layout)
         if total:
             m.program(("step_norm", total), lambda: [m.steps.final_norm(total, self.io.device("out_row"))]).run()
-            for stepper, index, g0, n in layout:
-                serial, arrays = self.grammars.arrays(stepper.grammar)
+            for (stepper, index, g0, n), (serial, views) in zip(layout, arrays):
                 m.program(("step_sample", serial, g0, n),
-                          lambda s=stepper, a=g0, b=n, g=arrays: self._sample_launches(s.grammar, g, a, b)).run()
+                          lambda s=stepper, a=g0, b=n, g=views: self._sample_launches(s.grammar, g, a, b)).run()
         m.sync()
+        self.grammars.release()
         self.io.download()
         return self._record(rows, groups, layout, time.perf_counter())
 
     # ---- the plan ----
     def _forward_rows(self, plan: StepPlan) -> tuple[int | None, int, int]:
         """The forward's rows into ws["rows"] (as CudaModel.forward): (prefill tiles, rows launched, leading decode
-        rows). A step whose rows are of distinct sequences (decode rows) takes the decode kernel: no tiles (None),
-        its rows padded to their bucket (token, seq and pos -1: the kernels skip them), so its programs come from a
-        few shapes. Otherwise its leading rows that are alone in their sequence (the answering sequences' rows: the
-        batcher lays them first) take the decode kernel and the rest prefill tiles, counted from the first of them."""
+        rows). A step whose rows are of distinct sequences (decode rows) takes the decode kernel: no tiles (None).
+        Otherwise its leading rows that are alone in their sequence (the answering sequences' rows: the batcher lays
+        them first) take the decode kernel and the rest prefill tiles, counted from the first of them. Either way
+        the rows are padded to their bucket (token, seq and pos -1: the kernels skip them), and a mixed step's tiles
+        too (tile_len 0: the attention kernels skip them), so the programs come from a few shapes."""
         m, T = self.m, len(plan.tokens)
         _, first, counts = np.unique(np.asarray(plan.slots), return_index=True, return_counts=True)
         if len(counts) == T:
@@ -119,7 +131,9 @@ class DeviceStep:
         alone = np.zeros(T, bool)
         alone[first[counts == 1]] = True
         decode = int(np.argmin(alone))  # the leading run of rows alone in their sequence (one row is not)
-        return m.write_rows(plan.tokens, plan.slots, plan.positions, tiles_from=decode), T, decode
+        launched = bucket(T, m.limits.max_tokens_per_step)
+        n_tiles = m.write_rows(plan.tokens, plan.slots, plan.positions, tiles_from=decode, launched=launched)
+        return bucket(n_tiles, m.limits.max_tokens_per_step), launched, decode
 
     def _decode_launches(self, T: int) -> list[Launch]:
         return self.m.steps.forward(StepRows(T, *self.m.row_views()[:3], None))

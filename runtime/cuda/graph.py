@@ -1,7 +1,8 @@
 """The single-request greedy decode loop as one CUDA graph, and its host-stepped twin.
 
-Graph of a prompt of n prefill chunks (C = the contract's prefill_chunk rows each, the last
-padded with rows of seq -1 that every kernel skips or zeroes):
+Graph of a prompt of n prefill chunks (C = the contract's prefill_chunk rows each but the last, which
+launches the fewest rows of ``last_chunk_rows``' buckets that hold the prompt's rest: tile-sized rows
+times a power of two, at most C; its padding rows have seq -1, which every kernel skips or zeroes):
     chunk 0 -> ... -> chunk n-1 -> first sample -> WHILE(cond) { one decode step + sample }
 Every node's arguments are fixed device pointers: the request's prompt rows, its slot and
 its grammar state are copied into preallocated buffers before the launch, and the host
@@ -12,7 +13,7 @@ so the body runs at least once (a sequence already finished only recomputes its 
 
 ``mode="host"`` launches the very same launch lists step by step from the host (condition
 handle 0, reading the condition after each step): the cross-check, which must give
-identical tokens. Instantiated graphs are cached per chunk count (a few, LRU).
+identical tokens. Instantiated graphs are cached per prompt shape (chunks, last chunk's rows; a few, LRU).
 """
 from __future__ import annotations
 
@@ -28,8 +29,16 @@ from toolcall.runtime.cuda.graph_build import GraphBuilder
 from toolcall.runtime.cuda.launches import StepRows
 
 FINISH = {1: "done", 2: "length", 3: "dead_end"}  # grammar_advance status codes
-EXEC_CACHE = 4  # instantiated request graphs kept, by chunk count
+EXEC_CACHE = 4  # instantiated request graphs kept, by prompt shape
 RUN_TIMEOUT_S = 20.0  # a graph still running after this never cleared its condition
+
+
+@dataclass(frozen=True)
+class PromptShape:
+    """A prompt's prefill launches: ``chunks`` chunks, the last of them ``last_rows`` rows (padding included)."""
+
+    chunks: int
+    last_rows: int
 
 
 @dataclass
@@ -47,12 +56,11 @@ class DecodeGraph:
         lim = m.limits
         self.C, self.chunks = lim.prefill_chunk, graph_chunks(lim)
         self.R = self.chunks * self.C  # prompt rows the buffers hold
-        rpt = m.family.rows_per_tile(m.cfg.num_heads, m.cfg.num_kv_heads)
+        rpt = self.tile_rows = m.family.rows_per_tile(m.cfg.num_heads, m.cfg.num_kv_heads)
         start = np.arange(0, self.C, rpt, dtype=np.int32)
         tiles = np.zeros((2, self.C), np.int32)  # one full chunk's fixed tiles: (start, len)
         tiles[0, :len(start)], tiles[1, :len(start)] = start, np.minimum(rpt, self.C - start)
         m.gpu.copy_in(m.ws["graph_tiles"], tiles)
-        self.n_tiles = len(start)
         d = m.ws["decode_rows"]  # int32 [4]: token, pos, seq, row
         self.d = {k: offset(d, 4 * i) for i, k in enumerate(("token", "pos", "seq", "row"))}
         self.execs: dict = {}
@@ -61,12 +69,29 @@ class DecodeGraph:
         m.closers.append(self.close)
 
     # ---- launch lists ----
-    def chunk(self, i: int):
-        """Prefill chunk i: rows i*C .. i*C+C-1 of the prompt-row buffers."""
+    def shape(self, prompt_tokens: int) -> PromptShape:
+        """The launches of a prompt of ``prompt_tokens`` (1 .. max_input_tokens)."""
+        chunks = -(-prompt_tokens // self.C)
+        return PromptShape(chunks, self.last_chunk_rows(prompt_tokens - (chunks - 1) * self.C))
+
+    def last_chunk_rows(self, rows: int) -> int:
+        """Rows launched for a last chunk of ``rows`` prompt rows: tile_rows x 2^k >= rows, at most C. A power of
+        two keeps few graphs (log2 of C / tile_rows shapes a chunk count); whole tiles keep the full chunk's tile
+        table valid for its first rows."""
+        launched = self.tile_rows
+        while launched < rows:
+            launched *= 2
+        return min(launched, self.C)
+
+    def chunk(self, i: int, rows: int | None = None):
+        """Prefill chunk i: ``rows`` (default C) rows from row i*C of the prompt-row buffers."""
         p, C, R = self.m.ws["prompt_rows"], self.C, self.R
-        rows = StepRows(C, offset(p, 4 * i * C), offset(p, 4 * (R + i * C)), offset(p, 4 * (2 * R + i * C)),
-                        (self.m.ws["graph_tiles"], offset(self.m.ws["graph_tiles"], 4 * C), self.n_tiles))
-        return self.m.steps.forward(rows)
+        rows = C if rows is None else rows
+        assert 0 < rows <= C, (rows, C)
+        tiles = self.m.ws["graph_tiles"]
+        steps = StepRows(rows, offset(p, 4 * i * C), offset(p, 4 * (R + i * C)), offset(p, 4 * (2 * R + i * C)),
+                         (tiles, offset(tiles, 4 * C), -(-rows // self.tile_rows)))
+        return self.m.steps.forward(steps)
 
     def first_sample(self):
         return self.m.steps.sample(self.d, self.d["row"], 0)
@@ -76,13 +101,15 @@ class DecodeGraph:
         rows = StepRows(1, self.d["token"], self.d["seq"], self.d["pos"], None)
         return self.m.steps.forward(rows) + self.m.steps.sample(self.d, None, cond_handle)
 
-    def plan(self, n: int) -> list:
-        """The launches before the WHILE node for a prompt of ``n`` chunks."""
-        return [ln for i in range(n) for ln in self.chunk(i)] + self.first_sample()
+    def plan(self, shape: PromptShape) -> list:
+        """The launches before the WHILE node for a prompt of ``shape``."""
+        n = shape.chunks
+        return [ln for i in range(n) for ln in self.chunk(i, shape.last_rows if i == n - 1 else None)] + \
+            self.first_sample()
 
     # ---- one request ----
-    def prepare(self, prompt_ids) -> tuple[int, int]:
-        """Admits the prompt and copies its rows, slot and fresh grammar state in; (slot, chunks)."""
+    def prepare(self, prompt_ids) -> tuple[int, PromptShape]:
+        """Admits the prompt and copies its rows, slot and fresh grammar state in; (slot, its launches' shape)."""
         m, P, lim = self.m, len(prompt_ids), self.m.limits
         if not 0 < P <= lim.max_input_tokens:
             raise RequestError("prompt_too_long" if P else "request_invalid",
@@ -95,16 +122,16 @@ class DecodeGraph:
         slot = m.kv.admit(P + lim.max_output_tokens)
         try:
             m.kv.sync()
-            n = -(-P // self.C)
+            shape = self.shape(P)
             rows = np.full((3, self.R), -1, np.int32)  # tokens, seq, pos; padding: -1 (skipped / zeros)
             rows[0, :P], rows[1, :P], rows[2, :P] = ids, slot, np.arange(P)
             m.gpu.copy_in(m.ws["prompt_rows"], rows)
-            self.place_row(0, P - 1, slot, P - 1 - (n - 1) * self.C)
+            self.place_row(0, P - 1, slot, P - 1 - (shape.chunks - 1) * self.C)
             self.reset_answer(slot)
         except BaseException:
             m.kv.release(slot)
             raise
-        return slot, n
+        return slot, shape
 
     def place_row(self, token: int, position: int, slot: int, row: int = 0) -> None:
         """The decode row: ``token`` at ``position`` of ``slot``'s sequence (``row``: the prompt row the first
@@ -130,12 +157,12 @@ class DecodeGraph:
     def generate(self, prompt_ids, mode: str = "graph") -> LoopResult:
         """Greedy answer of one prompt: ``graph`` (one launch) or ``host`` (stepped, same kernels)."""
         assert mode in ("graph", "host")
-        slot, n = self.prepare(prompt_ids)
+        slot, shape = self.prepare(prompt_ids)
         try:
             if mode == "graph":
-                ms = self.launch(self.exec_for(n))
+                ms = self.launch(self.exec_for(shape))
             else:
-                ms = self.step_host(n)
+                ms = self.step_host(shape)
             tokens, finish = self.collect(slot)
         except BaseException:
             self.m.reset_split_counters()  # a loop that stopped part-way may leave counts mid-merge
@@ -144,10 +171,11 @@ class DecodeGraph:
             self.m.kv.release(slot)
         return LoopResult(tokens, finish, ms)
 
-    def step_host(self, n: int) -> float:
-        m, start = self.m, time.perf_counter()
+    def step_host(self, shape: PromptShape) -> float:
+        m, start, n = self.m, time.perf_counter(), shape.chunks
         for i in range(n):
-            m.program(("chunk", i), lambda i=i: self.chunk(i)).run()
+            rows = shape.last_rows if i == n - 1 else self.C
+            m.program(("chunk", i, rows), lambda i=i, rows=rows: self.chunk(i, rows)).run()
         m.program(("first",), self.first_sample).run()
         for _ in range(m.limits.max_output_tokens + 1):
             m.program(("body",), lambda: self.body(0)).run()
@@ -157,15 +185,15 @@ class DecodeGraph:
         return 1e3 * (time.perf_counter() - start)
 
     # ---- graphs ----
-    def exec_for(self, n: int):
-        """The instantiated graph for ``n`` chunks (built on first use, kept LRU)."""
-        if n in self.execs:
-            self.execs[n] = self.execs.pop(n)  # most recent last
-            return self.execs[n]
+    def exec_for(self, shape: PromptShape):
+        """The instantiated graph for a prompt of ``shape`` (built on first use, kept LRU)."""
+        if shape in self.execs:
+            self.execs[shape] = self.execs.pop(shape)  # most recent last
+            return self.execs[shape]
         if len(self.execs) >= EXEC_CACHE:
             self.builder.destroy(self.execs.pop(next(iter(self.execs))))
-        self.execs[n] = self.builder.instantiate(self.plan(n), self.body)
-        return self.execs[n]
+        self.execs[shape] = self.builder.instantiate(self.plan(shape), self.body)
+        return self.execs[shape]
 
     def launch(self, exe, timeout_s: float = RUN_TIMEOUT_S) -> float:
         """Launches an instantiated graph and waits (bounded) for it; device milliseconds."""

@@ -102,7 +102,7 @@ def create_app(state: ServeState) -> FastAPI:
     def card(name: str) -> dict:
         c = state.engine.contract
         return {"id": name, "object": "model", "created": 0, "owned_by": "toolcall", "bundle_id": c.engine.bundle_id,
-                "target": c.target.name, "precision": c.precision.weights,
+                "target": c.target.name, "precision": c.precision.weights, "device": state.engine.device,
                 "tools": list(state.engine.grammar.tool_names), "max_input_tokens": c.limits.max_input_tokens,
                 "max_output_tokens": c.limits.max_output_tokens,
                 "request_tools": None if c.request_tools is None else {
@@ -174,7 +174,7 @@ def create_app(state: ServeState) -> FastAPI:
 
     def health_response(ok: bool) -> Response:
         if ok:
-            return _json({"status": "ready"})
+            return _json({"status": "ready", "device": state.engine.device})
         err = state.not_admitting()
         status = "failed" if state.phase == "failed" else state.phase if state.phase != "ready" else "stale"
         return typed_response(RequestError(err.code, err.message if status != "stale" else

@@ -11,6 +11,11 @@ The waiting queue is bounded by requests and by their prompt tokens: a submit pa
 bound is refused with ``queue_full`` (the server's 429). Each ticket may carry a deadline:
 one that passes while waiting or running is aborted (pages freed) and answered
 ``deadline_exceeded``.
+
+A step that fails is answered to the requests it held and serving goes on, unless the failure is the
+device's (a CudaError: after a fault the CUDA context is lost and every later call fails too): then the
+thread stops, answers every request it holds ``device_failed`` and calls ``on_fail`` (the server marks the
+replica failed and exits non-zero, so the orchestrator restarts it on a fresh context).
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from toolcall.common.errors import EngineError, RequestError
+from toolcall.common.errors import CudaError, EngineError, RequestError
 from toolcall.runtime.batching.batcher import Result, StepBatcher
 from toolcall.runtime.batching.scheduler import Request
 
@@ -49,11 +54,13 @@ class EngineThread:
 
     def __init__(self, generator: StepBatcher, *, max_waiting_requests: int, max_waiting_tokens: int,
                  on_step: Callable[[float, list[Ticket]], None] | None = None, beat_s: float = 1.0,
-                 on_start: Callable[[], None] | None = None, on_stop: Callable[[], None] | None = None):
+                 on_start: Callable[[], None] | None = None, on_stop: Callable[[], None] | None = None,
+                 on_fail: Callable[[BaseException], None] | None = None):
         """``on_start``/``on_stop`` run on the engine thread before its first and after its last
-        step (a GPU engine makes its context current there, and frees its memory from there)."""
+        step (a GPU engine makes its context current there, and frees its memory from there);
+        ``on_fail(error)`` when the thread stops on an error (every held request already answered)."""
         self.generator = generator
-        self.on_start, self.on_stop = on_start, on_stop
+        self.on_start, self.on_stop, self.on_fail = on_start, on_stop, on_fail
         self.max_waiting_requests, self.max_waiting_tokens = max_waiting_requests, max_waiting_tokens
         self.on_step, self.beat_s = on_step, beat_s
         self._cond = threading.Condition()
@@ -150,11 +157,15 @@ class EngineThread:
                 held = self._inbox + list(self._live.values())
                 self._inbox = []
             for t in held:
-                self._finish(t, RequestError("draining", f"the engine thread stopped ({type(e).__name__}); "
-                                             "this replica serves no more requests"))
+                self._finish(t, stopped_error(e))
+            if self.on_fail is not None:
+                self.on_fail(e)
         finally:
             if self.on_stop is not None:
-                self.on_stop()
+                try:
+                    self.on_stop()
+                except Exception as e:  # noqa: BLE001 (freeing after a lost context fails too; nothing is left to do)
+                    log.error("engine teardown failed: %s: %s", type(e).__name__, e)
 
     def _loop(self) -> None:
         gen = self.generator
@@ -184,6 +195,8 @@ class EngineThread:
                 start = time.perf_counter()
                 try:
                     done = gen.step()
+                except CudaError:  # the device failed: no later step can run (_run answers what is held)
+                    raise
                 except Exception as e:  # the step failed: answer everything it held, keep serving
                     log.error("engine step failed: %s: %s", type(e).__name__, e)
                     self.failure = e
@@ -245,3 +258,14 @@ class EngineThread:
             t.on_done(t)
         except Exception as e:  # a caller's callback must not take the engine down
             log.error("result callback failed: %s: %s", type(e).__name__, e)
+
+
+def stopped_error(cause: BaseException) -> RequestError:
+    """What the requests held by a stopped engine thread are answered: ``device_failed`` after a device fault,
+    else ``draining``; both 503, the replica serves nothing more."""
+    if isinstance(cause, CudaError):
+        return RequestError("device_failed", f"the replica's device failed ({cause.code}: {cause.message}); it "
+                            "serves no more requests: retry on another replica", reason=cause.code, retry_after_s=1,
+                            **{k: v for k, v in cause.details.items() if k in ("call", "error", "kernel")})
+    return RequestError("draining", f"the engine thread stopped ({type(cause).__name__}); this replica serves no "
+                        "more requests", retry_after_s=1)

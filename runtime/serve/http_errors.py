@@ -22,7 +22,7 @@ log = logging.getLogger("toolcall.runtime.serve")
 # code -> HTTP status (codes not listed: 400 if a request's fault, else 500; see status_for)
 STATUS = {"request_invalid": 400, "unknown_tool": 400, "request_tools_too_large": 400, "usage": 400,
           "prompt_too_long": 413, "kv_pages": 413, "body_too_large": 413, "queue_full": 429, "too_many_sequences": 429,
-          "draining": 503, "deadline_exceeded": 504, "not_found": 404, "method_not_allowed": 405,
+          "draining": 503, "device_failed": 503, "deadline_exceeded": 504, "not_found": 404, "method_not_allowed": 405,
           "unsupported_media_type": 415, "request_aborted": 499}
 JSON = "application/json"
 
@@ -38,7 +38,7 @@ def error_response(code: str, message: str, status: int, headers: dict | None = 
 
 def typed_response(err: EngineError) -> Response:
     headers = None
-    if err.code in ("queue_full", "too_many_sequences", "draining"):
+    if err.code in ("queue_full", "too_many_sequences", "draining", "device_failed"):
         headers = {"Retry-After": str(err.details.get("retry_after_s", 1))}
     return error_response(err.code, err.message, status_for(err), headers, **err.details)
 

@@ -6,6 +6,7 @@ As vLLM: ``num_requests_running``, ``num_requests_waiting``, ``kv_cache_usage_pe
 ``generation_tokens_total``, ``request_success_total{finished_reason}`` (counters);
 ``time_to_first_token_seconds``, ``e2e_request_latency_seconds``, ``request_queue_time_seconds``
 (histograms). This project's own (README, "Metrics"): ``kv_pages_free``, ``kv_pages_in_use`` (gauges),
+``engine_info{device, target, precision}`` (1 once loaded; device: native, or sim for the simulated device),
 ``requests_rejected_total{reason}`` (every refusal, by its error code), ``engine_step_seconds``.
 
 Gauges and the prefix-cache counters are read from the engine thread when scraped; the other counters
@@ -49,10 +50,10 @@ READ = (
 
 
 class _EngineReadings:
-    """A collector of the READ series (0 while the engine loads)."""
+    """A collector of the READ series (0 while the engine loads) and of engine_info (once loaded)."""
 
-    def __init__(self, engine_thread, model_name):
-        self.engine_thread, self.model_name = engine_thread, model_name
+    def __init__(self, engine_thread, model_name, engine):
+        self.engine_thread, self.model_name, self.engine = engine_thread, model_name, engine
 
     def collect(self):
         thread = self.engine_thread()
@@ -61,16 +62,24 @@ class _EngineReadings:
                                                                                    labels=[LABEL])
             family.add_metric([self.model_name()], float(read(thread)) if thread is not None else 0.0)
             yield family
+        engine = self.engine()
+        if engine is not None:
+            info = GaugeMetricFamily(PREFIX + "engine_info", "The loaded engine: where it runs (device: native, or "
+                                     "sim, the simulated device), its target and precision.",
+                                     labels=[LABEL, "device", "target", "precision"])
+            c = engine.contract
+            info.add_metric([self.model_name(), engine.device, c.target.name, c.precision.weights], 1.0)
+            yield info
 
 
 class ServeMetrics:
     """One registry per server; ``engine_thread()`` returns the EngineThread or None while loading,
-    ``model_name()`` the label's value."""
+    ``model_name()`` the label's value, ``engine()`` the Engine or None while loading."""
 
-    def __init__(self, engine_thread, model_name):
+    def __init__(self, engine_thread, model_name, engine=lambda: None):
         self.registry = r = CollectorRegistry()
         self._name, p = model_name, PREFIX
-        r.register(_EngineReadings(engine_thread, model_name))
+        r.register(_EngineReadings(engine_thread, model_name, engine))
         labels = [LABEL]
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of finished requests.", labels, registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Generated tokens of finished requests.", labels,

@@ -193,6 +193,7 @@ class ModelCard(BaseModel):
     bundle_id: str
     target: str
     precision: str
+    device: str = Field(..., description="native, or sim: the GPU bundle runs on the simulated device.")
     tools: list[str]
     max_input_tokens: int
     max_output_tokens: int
@@ -207,3 +208,5 @@ class ModelList(BaseModel):
 
 class Health(BaseModel):
     status: Literal["loading", "ready", "draining", "failed", "alive"]
+    device: str | None = Field(None, description="Where the engine runs when ready: native, or sim (the simulated "
+                               "device: answers checked, not speed).")

@@ -149,21 +149,24 @@ def serve_threads(threads: int | None) -> int:
 
 
 def main(path: str, host: str, port: int, config: ServeConfig, head: str = "sparse", threads: int | None = None,
-         load=None, label: str = "", gpu_kernels: str = LoadOptions.gpu_kernels) -> None:
+         load=None, label: str = "", gpu_kernels: str = LoadOptions.gpu_kernels,
+         device: str = LoadOptions.device) -> None:
     """`runtime serve`: prints one ready line on stdout once bound, errors as one line on stderr. ``load``:
     another engine's loader in place of the bundle's (a benchmark's no-op engine), named ``label``;
-    ``gpu_kernels``: the GPU kernel family (Engine.load)."""
+    ``gpu_kernels``: the GPU kernel family, ``device``: native or sim (Engine.load)."""
     from toolcall.runtime.engine import Engine
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if load is None:
         def load():
-            return Engine.load(path, head=head, threads=serve_threads(threads), gpu_kernels=gpu_kernels)
+            return Engine.load(path, head=head, threads=serve_threads(threads), gpu_kernels=gpu_kernels,
+                               device=device)
 
     def announce(server: DrainingServer) -> None:
         e = server.state.engine
+        on = ", simulated device" if getattr(e, "device", None) == "sim" else ""
         print(f"ready: http://{host}:{server.port} serving {e.folder.name} ({e.contract.target.name}, "
-              f"{e.contract.precision.weights}{', ' + label if label else ''}); loaded in {e.load_seconds:.2f} s",
+              f"{e.contract.precision.weights}{on}{', ' + label if label else ''}); loaded in {e.load_seconds:.2f} s",
               flush=True)
 
     state = serve(load, host, port, config, announce)

@@ -17,7 +17,7 @@ from toolcall.common.errors import EngineError, RequestError
 from toolcall.runtime.batching.lanes import Lanes
 from toolcall.runtime.batching.sampling import Sampling
 from toolcall.runtime.bundle.machine import available_cpus
-from toolcall.runtime.serve.engine_thread import EngineThread, Ticket
+from toolcall.runtime.serve.engine_thread import EngineThread, Ticket, stopped_error
 from toolcall.runtime.serve.kernel_threads import KernelThreads, adaptive_kernel_threads
 from toolcall.runtime.serve.metrics import ServeMetrics
 
@@ -91,7 +91,7 @@ class ServeState:
         self.engine_thread: EngineThread | None = None
         self.phase = "loading"
         self.failure: EngineError | None = None
-        self.metrics = ServeMetrics(lambda: self.engine_thread, lambda: self.model_names[0])
+        self.metrics = ServeMetrics(lambda: self.engine_thread, lambda: self.model_names[0], lambda: self.engine)
         self.kernel_threads: KernelThreads | None = None
         self.loop_thread = threading.main_thread().native_id  # the event loop's; the app's lifespan sets it
         self._lock = threading.Lock()
@@ -129,11 +129,19 @@ class ServeState:
             engine.close()
 
         self.engine_thread = EngineThread(generator, max_waiting_requests=requests, max_waiting_tokens=tokens,
-                               on_step=self._on_step, on_start=engine.model.bind_thread,
-                               on_stop=stop).start()
+                                          on_step=self._on_step, on_start=engine.model.bind_thread, on_stop=stop,
+                                          on_fail=self._engine_failed).start()
         with self._lock:
             if self.phase == "loading":
                 self.phase = "ready"
+
+    def _engine_failed(self, error: BaseException) -> None:
+        """The engine thread stopped on ``error`` (a device fault): the replica is failed for good (/health 503, new
+        requests 503) and the server exits with the error's code (server.py)."""
+        with self._lock:
+            self.failure = error if isinstance(error, EngineError) else EngineError(
+                "internal", f"the engine thread stopped: {type(error).__name__}: {error}")
+            self.phase = "failed"
 
     def _on_step(self, seconds: float, finished: list[Ticket]) -> None:
         self.metrics.step_took(seconds)
@@ -169,6 +177,8 @@ class ServeState:
         return (self.engine.folder.name,) if self.engine is not None else ("loading",)
 
     def not_admitting(self) -> RequestError:
+        if self.phase == "failed" and self.engine is not None:  # it was serving: its engine thread stopped
+            return stopped_error(self.failure)
         what = {"loading": "is still loading the bundle", "draining": "is shutting down",
                 "failed": "failed to load its bundle"}.get(self.phase, "is not ready")
         return RequestError("draining", f"the server {what} and admits no requests; retry shortly or on "
