@@ -1,6 +1,6 @@
 """The bit-identity gates of a serving engine: a row's bits served alone against its bits in twelve company.
 
-    python3 bench/bit_gates.py BUNDLE [--json OUT.json]
+    python3 bench/bit_gates.py BUNDLE [--device sim] [--json OUT.json]
 
 A row's bits: its answer tokens and, step by step, its candidates and the float32 bits of their logits (the
 engine's keep_logits record). The row is served alone once; then each gate serves it again and compares:
@@ -14,7 +14,8 @@ engine's keep_logits record). The row is served alone once; then each gate serve
   admitted_mid_burst                      submitted while 16 others are mid-answer
   neighbours_cancelled                    in a burst of 16 whose other rows are cancelled after two steps
 The same gates run on any Engine: the CPU backends in the tests, a GPU bundle in the device check (its record's
-``serving.bit_gates_passed``). Every loop is bounded in steps.
+``serving.bit_gates_passed``), or a GPU bundle on the simulated device (``--device sim``; slow: every launch runs on the
+executor, whose speed bench/RESULTS.md states). Every loop is bounded in steps.
 """
 from __future__ import annotations
 
@@ -157,10 +158,12 @@ class Gates:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle")
+    ap.add_argument("--device", choices=("native", "sim"), default="native",
+                    help="sim: a GPU bundle on the simulated device (runtime --device sim)")
     ap.add_argument("--json", help="also write {gate: {passed, why}} and the counts here")
     args = ap.parse_args()
     from toolcall.runtime.engine import Engine
-    engine = Engine.load(args.bundle)
+    engine = Engine.load(args.bundle, device=args.device)
     try:
         gates = Gates(engine).run()
     finally:

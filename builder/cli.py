@@ -11,6 +11,7 @@ from toolcall.builder.probe_sample import SAMPLE_SIZE
 from toolcall.builder.quantize import weight_format
 from toolcall.common.errors import EngineError
 from toolcall.common.formats import KV_BF16, KV_FORMATS, WEIGHT_FORMATS
+from toolcall.kernels.geometry import FMA, KERNEL_FAMILIES
 from toolcall.runtime.bundle.families import FAMILY_NAMES
 from toolcall.runtime.console import TypedErrorGroup, exit_code_help, fail, json_text
 
@@ -68,16 +69,20 @@ def main() -> None:
 @click.option("--family", type=click.Choice(FAMILY_NAMES), default=FAMILY_NAMES[0], show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same bytes.")
 @click.option("--shards", type=int, default=1, show_default=True, help="Split the safetensors into N files with an index.")
+@click.option("--layers", type=int, default=None,
+              help="Decoder layers, fewer than the shape's for a quick run of its real kernel shapes (e.g. 1 with "
+                   "qwen3-0.6b on the simulated device)  [default: the shape's]")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Checkpoint folder to write.")
 @click.option("--force", is_flag=True, help="Replace an existing non-empty --out folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the model config as JSON.")
-def synth(shape, family, seed, shards, out_dir, force, as_json):
+def synth(shape, family, seed, shards, layers, out_dir, force, as_json):
     """Write a synthetic Hugging Face checkpoint (config, safetensors, trained BPE tokenizer)."""
     from toolcall.builder.synth import SynthOptions, synth_checkpoint
 
     start = time.perf_counter()
     try:
-        cfg = synth_checkpoint(out_dir, SynthOptions(shape=shape, family=family, seed=seed, shards=shards),
+        cfg = synth_checkpoint(out_dir, SynthOptions(shape=shape, family=family, seed=seed, shards=shards,
+                                                     num_layers=layers),
                                progress=progress_printer("synth"), force=force)
     except EngineError as e:
         fail(e, as_json)
@@ -217,8 +222,14 @@ def inspect(bundle, as_json):
 
 @main.command()
 @click.argument("bundle", type=click.Path())
+@click.option("--simulate", is_flag=True,
+              help="GPU bundles: then load it on the simulated device (its kernels' PTX run on this CPU) and pass "
+                   "its canary there, through the serving step and the captured decode loop (minutes: answers are "
+                   "checked, not speed).")
+@click.option("--gpu-kernels", type=click.Choice(tuple(KERNEL_FAMILIES)), default=FMA.name, show_default=True,
+              help="With --simulate: the kernel family of the linear layers and prefill attention to run.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"ok": true, "checks": [...]} or the typed error.')
-def verify(bundle, as_json):
+def verify(bundle, simulate, gpu_kernels, as_json):
     """Check that BUNDLE is complete and agrees with its contract; exit 0 and print "ok" if so.
 
     \b
@@ -230,19 +241,39 @@ def verify(bundle, as_json):
     grammar  grammar.msgpack parses and its sizes and token ids equal the contract's grammar section
     canary   canary ids lie in the vocabulary and the expected answer follows the grammar
     kernels  kernels/*.cubin present exactly for GPU targets, each compiled for the contract's sm_arch
+    simulate (--simulate) loaded on the simulated device of the contract's GPU, canary passed there
     """
     from toolcall.builder.inspect_bundle import CHECKS, verify_bundle
 
+    checks = list(CHECKS)
     try:
         contract = verify_bundle(bundle)
+        if simulate:
+            simulate_seconds = simulate_canary(bundle, contract, gpu_kernels)
+            checks.append("simulate")
     except EngineError as e:
         fail(e, as_json)
     if as_json:
         click.echo(json_text({"ok": True, "bundle": str(bundle), "bundle_id": contract.engine.bundle_id,
-                               "checks": list(CHECKS)}))
+                               "checks": checks, **({"simulate_s": simulate_seconds} if simulate else {})}))
     else:
         click.echo(f"ok: {bundle} ({contract.target.name}, {contract.precision.weights}, bundle id "
-                   f"{contract.engine.bundle_id[:16]}): {', '.join(CHECKS)}")
+                   f"{contract.engine.bundle_id[:16]}): {', '.join(checks)}"
+                   + (f" (simulated {simulate_seconds:.0f} s)" if simulate else ""))
+
+
+def simulate_canary(bundle, contract, gpu_kernels: str) -> float:
+    """Loads a GPU bundle on the simulated device (runtime/cuda/devices.py), which checks its canary through the
+    serving step and the decode graph, then frees it; the seconds it took."""
+    from toolcall.runtime.bundle.contract import CPU_TARGET
+    from toolcall.runtime.engine import Engine
+
+    if contract.target.name == CPU_TARGET:
+        raise EngineError("usage", f"--simulate runs GPU bundles on the simulated device; {bundle} targets cpu, whose "
+                          "canary `runtime load` checks on this machine", target=contract.target.name)
+    start = time.perf_counter()
+    Engine.load(bundle, gpu_kernels=gpu_kernels, device="sim").close()
+    return time.perf_counter() - start
 
 
 @main.command()

@@ -40,6 +40,7 @@ class SynthOptions:
     family: str = "qwen3"
     seed: int = 0
     num_kv_heads: int | None = None  # None: the shape's default
+    num_layers: int | None = None  # None: the shape's default (a real shape cut to a few layers: the same kernels)
     tie_word_embeddings: bool | None = None
     dtype: str = "bfloat16"  # a key of _DTYPES
     shards: int = 1
@@ -61,6 +62,8 @@ def model_config_for(opts: SynthOptions, tokenizer_vocab: int) -> ModelConfig:
         raise ValueError(f"unknown shape {opts.shape!r}; expected one of {SHAPES}")
     if opts.num_kv_heads is not None:
         cfg["num_kv_heads"] = opts.num_kv_heads
+    if opts.num_layers is not None:
+        cfg["num_layers"] = opts.num_layers
     if opts.tie_word_embeddings is not None:
         cfg["tie_word_embeddings"] = opts.tie_word_embeddings
     fam = family(opts.family)
@@ -131,6 +134,8 @@ def check_options(opts: SynthOptions) -> None:
         raise bad("seed", "an integer >= 0", opts.seed)
     if opts.num_kv_heads is not None and (type(opts.num_kv_heads) is not int or opts.num_kv_heads < 1):
         raise bad("num_kv_heads", "an integer >= 1", opts.num_kv_heads)
+    if opts.num_layers is not None and (type(opts.num_layers) is not int or opts.num_layers < 1):
+        raise bad("layers", "an integer >= 1", opts.num_layers)
 
 
 def synth_checkpoint(out_dir: str | Path, opts: SynthOptions = SynthOptions(), progress=None,

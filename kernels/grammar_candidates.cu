@@ -6,9 +6,10 @@
 //
 // allowed (as runtime/grammar/stepper.py): kind 3 (END of an empty answer): count == 0 and
 // allow_empty[s]; kinds 0/1/2: edge_bits & ~used != 0, and kind 1 (SEP) also
-// count + 1 < min(max_tools[s], n_tools) (another tool must fit and be unused). The rules are each
-// sequence's own (a request's "at most one tool", "at least one tool"); a tools subset is its initial
-// state's used bits (GrammarStepper.initial_state).
+// count + 1 < max_tools[s] and popcount(used) + 1 < n_tools (another tool must fit and be unused:
+// a tools subset is its initial state's used bits, GrammarStepper.initial_state, so the popcount, not
+// count, says whether one is left). The rules are each sequence's own (a request's "at most one
+// tool", "at least one tool").
 // Grammar arrays (runtime/grammar/trie.py): node_edge_start uint32 [N+1], edge_token int32 [E],
 // edge_kind uint8 [E], edge_bits uint64 [E, W]. State: uint64 [max_seqs, 1 + W], word 0 =
 // node (low 32 bits) | count (high 32 bits), words 1..W = used bits (the numpy record
@@ -44,9 +45,12 @@ grammar_candidates(const int* sample_seq, const u64* state, const int* status,
                     ok = count == 0 && allow_empty[s] != 0;
                 } else {
                     bool unused = false;
-                    for (int w = 0; w < n_words; ++w)
+                    int used = 0;
+                    for (int w = 0; w < n_words; ++w) {
                         unused |= (edge_bits[(size_t)ed * n_words + w] & ~st[1 + w]) != 0ull;
-                    ok = unused && (kind != 1 || count + 1 < min(max_tools[s], n_tools));
+                        used += __popcll(st[1 + w]);
+                    }
+                    ok = unused && (kind != 1 || (count + 1 < max_tools[s] && used + 1 < n_tools));
                 }
             }
         }

@@ -180,7 +180,8 @@ def grammar_candidates(sample_seq, state, status, g, max_edges, max_tools, allow
                 ok = count == 0 and bool(allow_empty[s])
             else:
                 ok = bool((g.edge_bits[ed] & ~state[s, 1:]).any())
-                ok = ok and (kind != 1 or count + 1 < min(int(max_tools[s]), n_tools))
+                used = sum(bin(int(w)).count("1") for w in state[s, 1:])  # a subset's tools outside it included
+                ok = ok and (kind != 1 or (count + 1 < int(max_tools[s]) and used + 1 < n_tools))
             valid[b, e] = ok
     return cand, valid
 

@@ -399,6 +399,7 @@ def test_grammar_kernels_follow_the_stepper(name):
     B, S, max_out = 6, 8, 64
     M = g.max_edges_per_node
     records = stepper.initial_states(S)
+    records[7] = stepper.initial_state([0])  # a subset of one tool: no separator after it (nothing else is left)
     state = ref.state_words(records).copy()
     status = np.zeros(S, np.int32)
     status[5] = 1  # a finished sequence stays put

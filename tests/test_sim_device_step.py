@@ -36,3 +36,15 @@ def test_the_device_step_on_the_simulated_device_answers_as_the_cpu_does(parts, 
     assert {"sample_draw", "grammar_candidates", "head_sparse", "grammar_advance"} <= set(gpu.launches)
     model.close()
     assert gpu.allocated_bytes == 0
+
+
+def test_a_cubin_the_checkout_does_not_compile_to_is_refused():
+    """The simulated device runs this checkout's PTX for a bundle's cubin only where that PTX's source compiles to
+    the very same cubin (another arch's or another version's kernels would be checked in the bundle's place)."""
+    import pytest
+
+    from toolcall.kernels.sim.errors import SimUnsupported
+    gpu = SimGpu("sm_90")
+    assert gpu.load(compile_kernel("argmax", "sm_90").cubin).file == "argmax"
+    with pytest.raises(SimUnsupported, match="argmax.cubin is not what"):
+        gpu.load(compile_kernel("argmax", "sm_80").cubin)

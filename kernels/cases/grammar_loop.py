@@ -45,6 +45,11 @@ class Loop:
         self.seq = np.array([0, 2, -1, 3, 5], np.int32)
         self.B = len(self.seq)
         self.state = np.zeros((S, 1 + self.W), np.uint64)  # all at the root, no tool used
+        # but sequence 0: a subset of tool 0 alone (every other tool's bit set, as a request's subset starts), so
+        # no separator after it, however likely (its row's SEP logit is raised below)
+        keep = np.zeros(64 * self.W, bool)
+        keep[0] = keep[g.num_tools:] = True  # bits past the catalog stay clear
+        self.state[0, 1:] = np.packbits(~keep, bitorder="little").view("<u8")
         self.status = np.zeros(S, np.int32)
         self.status[5] = 1
         # each sequence's own rules: the catalog's, one with at most one tool, one needing a tool
@@ -58,6 +63,7 @@ class Loop:
         self.pos = np.arange(10, 10 + self.B, dtype=np.int32)
         self.logits = rng.standard_normal((self.B, vocab)).astype(np.float32)
         self.logits[:, 1000] -= 1.5  # SEP a little less likely, so answers hold 1-2 tools
+        self.logits[0, 1000] += 10.0  # but the subset row's: taken wherever it is allowed
 
     def reference(self):
         """(out_tokens, out_len, status) of the loop run to the end with the references."""

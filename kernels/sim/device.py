@@ -19,6 +19,7 @@ from toolcall.kernels.cubin import instructions
 from toolcall.kernels.declarations import declaration, declarations
 from toolcall.common.errors import CudaError
 from toolcall.kernels.launch import DeviceArray, DeviceMemory, Kernel
+from toolcall.kernels.nvrtc_build import compile_kernel
 from toolcall.kernels.sim.errors import SimFault, SimUnsupported
 from toolcall.kernels.sim.faults import Fault, FaultPlan
 from toolcall.kernels.sim.executor import LaunchSpec, run_launch
@@ -119,12 +120,19 @@ class SimGpu(DeviceMemory):
 
     def load(self, cubin: bytes) -> SimModule:
         """The module of a bundle's cubin: the kernels/*.cu file whose entry points it holds, run as that file's PTX
-        for this device's arch (the executor runs PTX, not SASS)."""
+        for this device's arch (the executor runs PTX, not SASS). That file must compile to this very cubin (NVRTC is
+        deterministic): the PTX run is then the bundle's own kernels', not a later checkout's."""
         names = sorted(instructions(cubin))
         files = {declaration(n).file for n in names if n in declarations()}
         if len(files) != 1:
             raise SimUnsupported(f"a cubin with entry points {names} is no single kernels/*.cu file")
-        return SimModule(self, files.pop())
+        file = files.pop()
+        if self.kernels_dir is None and compile_kernel(file, self.arch).cubin != cubin:
+            raise SimUnsupported(f"the bundle's kernels/{file}.cubin is not what this checkout's kernels/{file}.cu "
+                                 f"compiles to for {self.arch}: the simulated device runs this checkout's PTX, so it "
+                                 "checks bundles built from the same kernels; rebuild the bundle with this builder",
+                                 file=file, arch=self.arch)
+        return SimModule(self, file)
 
     def graph_builder(self, model) -> "SimGraphs":
         return SimGraphs(model, self)
