@@ -227,13 +227,14 @@ def test_models_contract_health_metrics_and_openapi(engine, tiny_bundle):
         status, _, models = srv.call("GET", "/v1/models")
         card = models["data"][0]
         assert status == 200 and card["id"] == tiny_bundle.name and card["tools"] == list(engine.grammar.tool_names)
-        assert card["bundle_id"] == engine.contract.engine.bundle_id
+        assert card["bundle_id"] == engine.contract.engine.bundle_id and card["device"] == "native"
         conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
         conn.request("GET", "/v1/contract")
         assert conn.getresponse().read() == (tiny_bundle / "contract.json").read_bytes()
         conn.close()
-        for path, want in [("/health", "ready"), ("/health/ready", "ready"), ("/health/live", "alive")]:
-            assert srv.call("GET", path)[::2] == (200, {"status": want})
+        for path, want in [("/health", {"status": "ready", "device": "native"}),
+                           ("/health/ready", {"status": "ready", "device": "native"}), ("/health/live", {"status": "alive"})]:
+            assert srv.call("GET", path)[::2] == (200, want)
         srv.call("POST", "/v1/discover", {"request": TEXTS[1]})
         srv.call("POST", "/v1/discover", {"request": TEXTS[1], "tools": ["nope"]})
         status, headers, text = srv.call("GET", "/metrics")
@@ -242,6 +243,7 @@ def test_models_contract_health_metrics_and_openapi(engine, tiny_bundle):
             assert f"toolcall:{name}" in text, name
         assert metric(text, "request_success_total", finished_reason="stop", model_name=tiny_bundle.name) == 1
         assert metric(text, "requests_rejected_total", reason="unknown_tool", model_name=tiny_bundle.name) == 1
+        assert metric(text, "engine_info", device="native", target="cpu", precision="fp8_e4m3") == 1
         series = [line for line in text.splitlines() if line.startswith("toolcall:")]
         assert series and all('model_name="' in line for line in series)
         hits = metric(text, "prefix_cache_hits_total")

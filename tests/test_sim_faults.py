@@ -107,6 +107,9 @@ def test_a_device_fault_while_serving_fails_the_replica(gpu_bundle, load_calls, 
     with LiveServer(state) as srv:
         status, _, body = srv.call("GET", "/health")
         assert (status, body) == (200, {"status": "ready", "device": "sim"})
+        assert srv.call("GET", "/v1/models")[2]["data"][0]["device"] == "sim"
+        assert 'device="sim"' in next(line for line in srv.call("GET", "/metrics")[2].splitlines()
+                                      if line.startswith("toolcall:engine_info"))
         with ThreadPoolExecutor(len(TEXTS)) as pool:
             answers = list(pool.map(lambda t: post(srv.port, t), TEXTS))
         for status, body in answers:
@@ -143,3 +146,28 @@ def test_runtime_serve_exits_with_the_device_error_after_answering(gpu_bundle, l
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_the_device_is_chosen_explicitly_and_says_so(gpu_bundle, tiny_bundle):
+    """--device sim checks a GPU bundle against the device it presents; without it a machine without a GPU refuses
+    the bundle (no_gpu); a CPU bundle has nothing to simulate (usage); `builder verify --simulate` passes the canary
+    on the simulated device and says so once on stderr."""
+    from click.testing import CliRunner
+
+    from toolcall.kernels.launch import probe_gpu
+    from toolcall.runtime.cli import main as runtime_cli
+
+    runner = CliRunner()
+    ok = runner.invoke(runtime_cli, ["check", str(gpu_bundle), "--device", "sim", "--json"])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["device"] == "sim", ok.output
+    if not probe_gpu()[0]:
+        native = runner.invoke(runtime_cli, ["check", str(gpu_bundle), "--json"])
+        assert native.exit_code == EXIT_CODES["no_gpu"], native.output
+    cpu = runner.invoke(runtime_cli, ["check", str(tiny_bundle), "--device", "sim", "--json"])
+    assert cpu.exit_code == EXIT_CODES["usage"] and "runs GPU bundles" in cpu.stdout, cpu.output
+    verified = subprocess.run([sys.executable, "-c", "from toolcall.builder.cli import main; main()", "verify",
+                               str(gpu_bundle), "--simulate", "--json"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=600)
+    assert verified.returncode == 0, verified.stderr
+    assert json.loads(verified.stdout)["checks"][-1] == "simulate"
+    assert verified.stderr.count("device: simulated H200") == 1, verified.stderr

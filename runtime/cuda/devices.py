@@ -24,13 +24,15 @@ SIM_NOTICE = ("device: {gpu} (the bundle's kernels run as PTX on the CPU executo
 class Device:
     """One place a bundle runs. ``facts(contract)``: what check_target compares the contract with; ``gpu(contract)``:
     the launch.Gpu a CudaModel takes (None: the model retains device 0's primary context itself); ``notice``: said
-    once on stderr when this device is used (None: nothing)."""
+    once on stderr when this device is used (None: nothing); ``stale_s``: how long a server's engine loop may go
+    without a beat (one step) and still count as live (None: the server's own bound)."""
 
     name: str
     summary: str
     facts: Callable[[Contract], MachineFacts]
     gpu: Callable[[Contract], object | None]
     notice: Callable[[Contract], str | None] = lambda contract: None
+    stale_s: float | None = None
 
 
 def sim_gpu_name(contract: Contract) -> str:
@@ -57,7 +59,8 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("native", "the bundle's own target on this machine: the CPU, or the GPU its contract names", facts_for,
            lambda contract: None),
     Device("sim", "a GPU bundle on the simulated device (its kernels' PTX on the CPU executor): checks answers, "
-           "not speed", _sim_facts, _sim_gpu, lambda contract: SIM_NOTICE.format(gpu=sim_gpu_name(contract))),
+           "not speed", _sim_facts, _sim_gpu, lambda contract: SIM_NOTICE.format(gpu=sim_gpu_name(contract)),
+           stale_s=600.0),  # a step of a 64-row burst takes seconds to minutes on the executor
 )}
 NATIVE = "native"
 

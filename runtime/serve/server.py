@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import gc
 import logging
 import resource
@@ -25,6 +26,7 @@ import uvicorn
 
 from toolcall.runtime.backends import LoadOptions
 from toolcall.runtime.bundle.machine import available_cpus, serving_threads
+from toolcall.runtime.cuda.devices import DEVICES
 from toolcall.runtime.serve.app import create_app
 from toolcall.runtime.serve.state import ServeConfig, ServeState
 
@@ -157,6 +159,9 @@ def main(path: str, host: str, port: int, config: ServeConfig, head: str = "spar
     from toolcall.runtime.engine import Engine
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    stale_s = DEVICES[device].stale_s
+    if stale_s is not None:
+        config = dataclasses.replace(config, stale_s=max(config.stale_s, stale_s))
     if load is None:
         def load():
             return Engine.load(path, head=head, threads=serve_threads(threads), gpu_kernels=gpu_kernels,
