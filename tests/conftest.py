@@ -27,18 +27,24 @@ def tiny_checkpoint(make_checkpoint):
     return make_checkpoint()
 
 
-@pytest.fixture(scope="session")
-def tiny_bundle(tmp_path_factory, tiny_checkpoint):
-    """A CPU FP8 bundle of the tiny checkpoint and the 64-tool example catalog."""
+def compile_test_bundle(checkpoint, out, precision: str = "fp8_e4m3", target: str = "cpu",
+                        catalog: str = "builder/data/tools-64.json"):
+    """``out``: a bundle of ``checkpoint`` with the tests' limits (8 sequences of 128 input tokens, 32-token pages,
+    128-row steps, 64-row prefill chunks)."""
     from toolcall.builder.compile import compile_bundle
     from toolcall.runtime.bundle.contract import BuildOptions
 
-    out = tmp_path_factory.mktemp("bundles") / "tiny-fp8-cpu"
-    options = BuildOptions(precision="fp8_e4m3", target="cpu", max_sequences=8, max_input_tokens=128,
+    options = BuildOptions(precision=precision, target=target, max_sequences=8, max_input_tokens=128,
                            max_output_tokens=None, page_size=32, max_tokens_per_step=128, prefill_chunk=64,
                            memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
-    compile_bundle(tiny_checkpoint, "builder/data/tools-64.json", options, out)
+    compile_bundle(checkpoint, catalog, options, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory, tiny_checkpoint):
+    """A CPU FP8 bundle of the tiny checkpoint and the 64-tool example catalog."""
+    return compile_test_bundle(tiny_checkpoint, tmp_path_factory.mktemp("bundles") / "tiny-fp8-cpu")
 
 
 @pytest.fixture(scope="session")
@@ -75,12 +81,4 @@ def sim():
 def shipped_bundle(tmp_path_factory):
     """A CPU FP8 bundle of the project's own trained tool model (models/toolcall-qwen3-tiny) and its catalog:
     it names several tools for multi-intent requests and none for chit-chat, as a real model does."""
-    from toolcall.builder.compile import compile_bundle
-    from toolcall.runtime.bundle.contract import BuildOptions
-
-    out = tmp_path_factory.mktemp("bundles") / "toolcall-fp8-cpu"
-    options = BuildOptions(precision="fp8_e4m3", target="cpu", max_sequences=8, max_input_tokens=128,
-                           max_output_tokens=None, page_size=32, max_tokens_per_step=128, prefill_chunk=64,
-                           memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
-    compile_bundle("models/toolcall-qwen3-tiny", "builder/data/tools-64.json", options, out)
-    return out
+    return compile_test_bundle("models/toolcall-qwen3-tiny", tmp_path_factory.mktemp("bundles") / "toolcall-fp8-cpu")

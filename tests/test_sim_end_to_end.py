@@ -5,6 +5,7 @@ decode loop. Loads once (the canary runs through the serving step and the decode
 from __future__ import annotations
 
 import pytest
+from conftest import compile_test_bundle
 
 from toolcall.models.recipe.handwritten import load_handwritten
 from toolcall.runtime.batching.sampling import Sampling
@@ -15,15 +16,8 @@ EVERY = 30  # the hand-written set's requests taken: one in EVERY (the whole set
 
 @pytest.fixture(scope="module")
 def h200_bundle(tmp_path_factory):
-    from toolcall.builder.compile import compile_bundle
-    from toolcall.runtime.bundle.contract import BuildOptions
-
-    out = tmp_path_factory.mktemp("bundles") / "toolcall-fp8-h200"
-    options = BuildOptions(precision="fp8_e4m3", target="h200", max_sequences=8, max_input_tokens=128,
-                           max_output_tokens=None, page_size=32, max_tokens_per_step=128, prefill_chunk=64,
-                           memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
-    compile_bundle("models/toolcall-qwen3-tiny", "builder/data/tools-64.json", options, out)
-    return out
+    return compile_test_bundle("models/toolcall-qwen3-tiny", tmp_path_factory.mktemp("bundles") / "toolcall-fp8-h200",
+                               target="h200")
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +71,41 @@ def test_the_captured_decode_loop_answers_as_the_serving_step(engines):
     text = texts()[0]
     loop = sim.decode_graph.generate(sim.encode(text))
     assert loop.token_ids == list(cpu.run([text])[0].token_ids)
+
+
+def test_openai_clients_at_once_get_the_cpu_answers(engines):
+    """`runtime serve`'s app on the simulated engine (last in the module: the server's engine thread frees the engine
+    when it stops): eight clients at once, under tool_choice's forms, a one-call cap, a token cap and a seeded
+    sample, each answered as the CPU engine answers it."""
+    openai = pytest.importorskip("openai")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_serve import LiveServer
+
+    from toolcall.runtime.serve.state import ServeConfig, ServeState
+    sim, cpu = engines
+    multi, chat = "Convert 100 dollars to euros and then book a taxi to the airport", "thanks a lot, bye"
+    asks = [dict(text=multi), dict(text=chat), dict(text=chat, tool_choice="required"),
+            dict(text=chat, tool_choice={"type": "function", "function": {"name": cpu.grammar.tool_names[5]}}),
+            dict(text=multi, parallel_tool_calls=False), dict(text=multi, temperature=0.8, seed=3),
+            dict(text=multi, max_tokens=3), dict(text=multi, tool_choice="none")]
+
+    def answers(engine, concurrent: bool):
+        with LiveServer(ServeState(lambda: engine, ServeConfig(served_model_names=("m",), lanes=1,
+                                                               request_timeout_s=1800.0))) as srv:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused", max_retries=0,
+                                   timeout=1800)
+
+            def ask(kw):
+                kw = dict(kw)
+                c = client.chat.completions.create(model="m", messages=[{"role": "user", "content": kw.pop("text")}],
+                                                   **kw)
+                return ([t.function.name for t in c.choices[0].message.tool_calls or []], c.choices[0].finish_reason,
+                        c.usage.completion_tokens)
+            if not concurrent:
+                return [ask(kw) for kw in asks]
+            with ThreadPoolExecutor(len(asks)) as pool:
+                return list(pool.map(ask, asks))
+    want = answers(cpu, concurrent=False)
+    assert answers(sim, concurrent=True) == want
+    assert any(names for names, _, _ in want)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import compile_test_bundle
 from test_serve import LiveServer, assert_error
 
 from toolcall.common.errors import EXIT_CODES, CudaError
@@ -29,15 +30,7 @@ TEXTS = ["Book a flight to Paris", "Send an email to Bob", "Convert 20 euros to 
 
 @pytest.fixture(scope="module")
 def gpu_bundle(tmp_path_factory, tiny_checkpoint):
-    from toolcall.builder.compile import compile_bundle
-    from toolcall.runtime.bundle.contract import BuildOptions
-
-    out = tmp_path_factory.mktemp("bundles") / "tiny-fp8-h200"
-    options = BuildOptions(precision="fp8_e4m3", target="h200", max_sequences=8, max_input_tokens=128,
-                           max_output_tokens=None, page_size=32, max_tokens_per_step=128, prefill_chunk=64,
-                           memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
-    compile_bundle(tiny_checkpoint, "builder/data/tools-64.json", options, out)
-    return out
+    return compile_test_bundle(tiny_checkpoint, tmp_path_factory.mktemp("bundles") / "tiny-fp8-h200", target="h200")
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import compile_test_bundle
 
 from toolcall.builder.checkpoint import open_checkpoint
 from toolcall.models.recipe.data import make_split
@@ -32,15 +33,8 @@ MIN_MARGIN = 2.0
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    from toolcall.builder.compile import compile_bundle
-    from toolcall.runtime.bundle.contract import BuildOptions
-
-    out = tmp_path_factory.mktemp("toolcall") / "toolcall-bf16-cpu"
-    options = BuildOptions(precision="bf16", target="cpu", max_sequences=8, max_input_tokens=128,
-                           max_output_tokens=None, page_size=32, max_tokens_per_step=128, prefill_chunk=64,
-                           memory_budget_bytes=None, context_reserve_bytes=None, seed=0)
-    compile_bundle(MODEL, CATALOG, options, out)
-    return out
+    return compile_test_bundle(MODEL, tmp_path_factory.mktemp("toolcall") / "toolcall-bf16-cpu", "bf16",
+                               catalog=CATALOG)
 
 
 def test_checkpoint_is_a_small_qwen3_the_builder_reads():

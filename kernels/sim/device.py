@@ -131,7 +131,7 @@ class SimGpu(DeviceMemory):
             raise SimUnsupported(f"the bundle's kernels/{file}.cubin is not what this checkout's kernels/{file}.cu "
                                  f"compiles to for {self.arch}: the simulated device runs this checkout's PTX, so it "
                                  "checks bundles built from the same kernels; rebuild the bundle with this builder",
-                                 file=file, arch=self.arch)
+                                 kernel_file=file, arch=self.arch)
         return SimModule(self, file)
 
     def graph_builder(self, model) -> "SimGraphs":
