@@ -147,7 +147,11 @@ class Program:
             return lambda S, ix, value: None
         slot = self.slot(op)
         rdt = self.reg_dtypes[slot]
-        if rdt == ty or (rdt.itemsize == ty.itemsize and ty != np.dtype(bool)):
+        if rdt == ty:  # numpy's assignment casts as np.asarray(value, ty) would (unsafe, the same bits)
+            def put_same(S, ix, value):
+                S.regs[slot][ix] = value
+            return put_same
+        if rdt.itemsize == ty.itemsize and ty != np.dtype(bool):
             def put(S, ix, value):
                 S.regs[slot][ix] = np.asarray(value, ty).view(rdt)
             return put

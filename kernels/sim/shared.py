@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from toolcall.kernels.sim import jit
+
 NO_THREAD = -1
 
 
@@ -75,8 +77,7 @@ class SharedMemory:
         flat = self._where(lanes, addr, nbytes, "load")
         if self.sanitize:
             self._check(lanes, flat, nbytes, write=False)
-        first = flat // ty.itemsize
-        return self.bytes.view(ty)[first[:, None] + np.arange(count)]
+        return self._rows(ty, count)[flat // nbytes]
 
     def store(self, lanes, addr, values) -> None:
         ty, count = values.dtype, values.shape[1]
@@ -84,47 +85,33 @@ class SharedMemory:
         flat = self._where(lanes, addr, nbytes, "store")
         if self.sanitize:
             self._check(lanes, flat, nbytes, write=True)
-        first = flat // ty.itemsize
-        self.bytes.view(ty)[first[:, None] + np.arange(count)] = values
+        self._rows(ty, count)[flat // nbytes] = values
+
+    def _rows(self, ty, count) -> np.ndarray:
+        """The window as rows of ``count`` ``ty`` values: an access is aligned to its size (checked), which divides
+        the 16-byte block stride, so lane i's values are row flat[i] // nbytes (a row gather, not an element one)."""
+        return self.bytes.view(ty).reshape(-1, count)
 
     def _check(self, lanes, flat, nbytes, write: bool) -> None:
+        """Racecheck and initcheck of one access: granules ``g`` (``per`` a lane, lane-major), lane by lane in
+        jit.py (the shadow updates happen only once the access is found clean)."""
         B = self.batch
         G = self.granule
         g = (flat[:, None] // G + np.arange(max(nbytes // G, 1))).reshape(-1) if nbytes > G else flat // G
         per = g.size // len(lanes)
-        tid = np.repeat(B.tid[lanes].astype(np.int32), per)
-        warp_in_block = tid // 32
-        bsync = np.repeat(self.block_syncs[B.block[lanes]], per)
-        wsync = np.repeat(self.warp_syncs[B.warp[lanes]], per)
-
-        def unsynced(other_tid, other_b, other_w):  # an access by other_tid not separated from this one
-            return (other_tid != NO_THREAD) & (other_b == bsync) & \
-                ((other_tid // 32 != warp_in_block) | (other_w == wsync))
-
-        prev_w = self.w_tid[g]
-        raw = unsynced(prev_w, self.w_block_sync[g], self.w_warp_sync[g]) & (prev_w != tid)
+        lane_state = (B.tid[lanes].astype(np.int32), self.block_syncs[B.block[lanes]], self.warp_syncs[B.warp[lanes]])
+        writer = (self.w_tid, self.w_block_sync, self.w_warp_sync)
+        reader = (self.r_tid, self.r_block_sync, self.r_warp_sync)
         if write:
-            prev_r = self.r_tid[g]
-            war = unsynced(prev_r, self.r_block_sync[g], self.r_warp_sync[g]) & ((prev_r != tid) | self.r_multi[g])
-            self.w_tid[g] = tid
-            same_instruction = self.w_tid[g] != tid  # another lane of this store wrote the granule too
-            self._race(lanes, per, raw | war | same_instruction, g, "write")
-            self.w_block_sync[g], self.w_warp_sync[g] = bsync, wsync
-            self.written[g] = True
+            self._race(lanes, per, jit.write_races(g, per, *lane_state, *writer, *reader, self.r_multi), g, "write")
+            jit.wrote(g, per, *lane_state, *writer, self.written)
         else:
-            self._race(lanes, per, raw, g, "read")
-            unwritten = ~self.written[g]
+            races, unwritten = jit.read_races(g, per, *lane_state, *writer, self.written)
+            self._race(lanes, per, races, g, "read")
             if unwritten.any():
                 B.fault("uninitialized", lanes, unwritten.reshape(len(lanes), per).any(1),
                         f"shared read of bytes never written (offset {int(g[np.flatnonzero(unwritten)[0]] * G % self.stride)})")
-            fresh = ~unsynced(self.r_tid[g], self.r_block_sync[g], self.r_warp_sync[g])
-            other = ~fresh & (self.r_tid[g] != tid)
-            self.r_multi[g] = np.where(fresh, False, self.r_multi[g] | other)
-            self.r_block_sync[g], self.r_warp_sync[g] = bsync, wsync
-            fresh_g = g[fresh]
-            if fresh_g.size:
-                self.r_tid[fresh_g] = tid[fresh]
-                self.r_multi[fresh_g] |= self.r_tid[fresh_g] != tid[fresh]
+            jit.read(g, per, *lane_state, *reader, self.r_multi)
 
     def _race(self, lanes, per, bad, g, what):
         if bad.any():
