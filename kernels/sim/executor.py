@@ -41,7 +41,7 @@ def run_launch(prog: Program, spec: LaunchSpec) -> None:
     threads = int(np.prod(spec.block))
     n_blocks = int(np.prod(spec.grid))
     order = spec.rng.permutation(n_blocks) if spec.seed else np.arange(n_blocks)
-    lane_bytes = sum(dt.itemsize for dt in prog.reg_dtypes) + prog.local_bytes + 64
+    lane_bytes = prog.register_bytes + prog.local_bytes + 64
     per_batch = max(1, min(n_blocks, BATCH_BYTES // (lane_bytes * threads), max(1, 65536 // threads)))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for start in range(0, n_blocks, per_batch):
@@ -90,6 +90,13 @@ def run_batch(S: Batch) -> None:
             return
         step = steps[p]
         S.step = step
+        if step.plain and stats is None:
+            step.fn(S, ix)
+            p += 1
+            if p >= rest:
+                pc[ix] = p
+                p = None
+            continue
         run = ix
         if step.guard is not None:
             g = S.regs[step.guard][ix]

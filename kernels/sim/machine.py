@@ -198,7 +198,7 @@ class Batch:
         """``lanes`` (ascending, as every lane set the executor makes) are whole warps and ``mask`` is the full one
         for each: every partner is here, so there is nothing to check or wait for (the common case, fast). A run
         of 32 ascending distinct lanes from a multiple of 32 to 31 past it is one whole warp."""
-        if self.threads % 32 or len(lanes) % 32:
+        if self.threads % 32 or len(lanes) % 32 or not len(lanes):
             return False
         m = np.asarray(mask)
         if not (m == 0xFFFFFFFF).all():

@@ -43,6 +43,9 @@ def fma_f32(a, b, c, rounding: str = "rn") -> np.ndarray:
     """a * b + c in float32 with one rounding: ``rn`` (nearest even: jit.fma_rn, lane by lane) or ``rm``
     (toward -inf)."""
     if rounding == "rn":
+        if all(type(x) is np.ndarray and x.ndim == 1 and x.dtype == F32 and x.flags.c_contiguous for x in (a, b, c)) \
+                and len(a) == len(b) == len(c):  # three registers' lanes (the usual case): as they are
+            return fma_rn(a, b, c)
         a, b, c = np.broadcast_arrays(np.asarray(a, F32), np.asarray(b, F32), np.asarray(c, F32))
         return fma_rn(*(np.ascontiguousarray(x).reshape(-1) for x in (a, b, c))).reshape(a.shape)
     with np.errstate(all="ignore"):

@@ -52,6 +52,11 @@ def build_bar(ins, P):
     raise SimUnsupported(f"{ins.op} is not in the executor's instruction table")
 
 
+def _uniform(value) -> bool:
+    """A constant, or the same value in every lane (a lane or clamp operand NVRTC keeps in a register)."""
+    return np.ndim(value) == 0 or (value == value[0]).all()
+
+
 def build_shfl(ins, P):
     parts = ins.op.split(".")
     if parts[:2] != ["shfl", "sync"] or parts[-1] != "b32" or parts[2] not in ("bfly", "idx", "up", "down"):
@@ -61,8 +66,7 @@ def build_shfl(ins, P):
     d, p = (dst[1][0], dst[1][1]) if dst[0] == "vec" else (dst, ("sink",))
     put, put_p = P.writer(d, U32), P.writer(p, np.dtype(bool))
     a, b, c, mask = (P.reader(op, U32) for op in ins.operands[1:5])
-    constant = ins.operands[2][0] == ins.operands[3][0] == "imm"  # lane and clamp: the usual shfl
-    whole_tables = {}  # constant lane and clamp, whole warps: len(lanes) -> (source position, ok)
+    whole_tables = {}  # whole warps, one lane and clamp for all: (len(lanes), b, c) -> (source position, ok)
 
     def partners(lane, bval, cval):
         """(source lane id in the warp, in range) per lane, from the lane operand b and the clamp operand c."""
@@ -80,12 +84,14 @@ def build_shfl(ins, P):
         lanes = S.lane_ids(ix)
         m = mask(S, ix)
         whole = S.whole_warps(lanes, m)
-        if whole and constant:  # the k-th lane is lane k % 32 of its warp: one table a lane count
-            if len(lanes) not in whole_tables:
+        bval, cval = b(S, ix), c(S, ix)
+        if whole and _uniform(bval) and _uniform(cval):  # the k-th lane is lane k % 32 of its warp: one table
+            key = (len(lanes), int(np.ravel(bval)[0]), int(np.ravel(cval)[0]))
+            if key not in whole_tables:
                 lane = np.arange(len(lanes)) % 32
-                j, ok = partners(lane, b(S, ix), c(S, ix))
-                whole_tables[len(lanes)] = (np.arange(len(lanes)) - lane + j, ok)
-            source, ok = whole_tables[len(lanes)]
+                j, ok = partners(lane, key[1], key[2])
+                whole_tables[key] = (np.arange(len(lanes)) - lane + j, ok)
+            source, ok = whole_tables[key]
             put(S, ix, np.broadcast_to(a(S, ix), lanes.shape)[source])
             put_p(S, ix, ok)
             return
@@ -93,7 +99,7 @@ def build_shfl(ins, P):
             m = np.broadcast_to(m, lanes.shape)
             S.warp_sync(ix, m, ins.op)
         lane = S.laneid[lanes].astype(np.int64)
-        j, ok = partners(lane, b(S, ix), c(S, ix))
+        j, ok = partners(lane, bval, cval)
         if whole:  # whole warps, ascending: the source lane is that far from this one in `lanes` too
             values = np.broadcast_to(a(S, ix), lanes.shape)
             source = np.arange(len(lanes)) - lane + j
