@@ -15,6 +15,30 @@ import numpy as np
 from toolcall.kernels.sim import jit
 
 NO_THREAD = -1
+# the shadow arrays, one value a granule: (name, dtype, value at a batch's start)
+SHADOWS = (("written", bool, False), ("w_tid", np.int32, NO_THREAD), ("w_block_sync", np.int32, 0),
+           ("w_warp_sync", np.int32, 0), ("r_tid", np.int32, NO_THREAD), ("r_block_sync", np.int32, 0),
+           ("r_warp_sync", np.int32, 0), ("r_multi", bool, False))
+
+
+def _windows(prog, blocks: int, stride: int, granule: int, sanitize: bool) -> dict:
+    """The windows' bytes (and shadows), rows of one block, kept on the program and reused by its later batches
+    (fresh pages cost more than the accesses, and a kernel may declare far more shared memory than it touches):
+    the first ``dirty`` bytes of each row, all the last batch touched, go back to their start values here, so a
+    batch starts as on fresh arrays."""
+    pool = prog.__dict__.setdefault("shared_pool", {})
+    if pool.get("key") != (stride, granule, sanitize) or pool["blocks"] < blocks:
+        pool.clear()
+        pool.update(key=(stride, granule, sanitize), blocks=blocks, dirty=0,
+                    bytes=np.zeros((blocks, stride), np.uint8))
+        for name, dt, start in SHADOWS if sanitize else ():
+            pool[name] = np.full((blocks, stride // granule), start, dt)
+    else:
+        pool["bytes"][:, :pool["dirty"]] = 0
+        for name, dt, start in SHADOWS if sanitize else ():
+            pool[name][:, :-(-pool["dirty"] // granule)] = start
+        pool["dirty"] = 0
+    return pool
 
 
 class SharedMemory:
@@ -22,20 +46,13 @@ class SharedMemory:
         self.batch, self.size, self.sanitize = batch, size, sanitize
         self.stride = max(-(-size // 16) * 16, 16)
         nb = batch.n_blocks
-        self.bytes = np.zeros(nb * self.stride, np.uint8)
         self.block_syncs = np.zeros(nb, np.int32)
         self.warp_syncs = np.zeros(batch.n_warps, np.int32)
         self.granule = batch.prog.shared_granule
-        if sanitize:
-            g = nb * self.stride // self.granule
-            self.written = np.zeros(g, bool)
-            self.w_tid = np.full(g, NO_THREAD, np.int32)
-            self.w_block_sync = np.zeros(g, np.int32)
-            self.w_warp_sync = np.zeros(g, np.int32)
-            self.r_tid = np.full(g, NO_THREAD, np.int32)
-            self.r_block_sync = np.zeros(g, np.int32)
-            self.r_warp_sync = np.zeros(g, np.int32)
-            self.r_multi = np.zeros(g, bool)
+        self.pool = _windows(batch.prog, nb, self.stride, self.granule, sanitize)
+        self.bytes = self.pool["bytes"][:nb].reshape(-1)  # block b's window at b * stride
+        for name, _, _ in SHADOWS if sanitize else ():
+            setattr(self, name, self.pool[name][:nb].reshape(-1))  # block b's granules at b * stride / granule
 
     def block_barrier(self, blocks: np.ndarray) -> None:
         self.block_syncs[blocks] += 1
@@ -52,6 +69,7 @@ class SharedMemory:
         if bad.any():
             B.fault("out_of_bounds", lanes, bad, f"{nbytes}-byte shared access at offset "
                                                  f"{int(addr[np.flatnonzero(bad)[0]])} of a {self.size}-byte window")
+        self.pool["dirty"] = max(self.pool["dirty"], int(addr.max()) + nbytes)  # within every row (_windows)
         flat = B.block[lanes].astype(np.int64) * self.stride + addr.astype(np.int64)
         if B.stats is not None:
             self._count_banks(lanes, flat, nbytes)
