@@ -41,7 +41,7 @@ def run_launch(prog: Program, spec: LaunchSpec) -> None:
     threads = int(np.prod(spec.block))
     n_blocks = int(np.prod(spec.grid))
     order = spec.rng.permutation(n_blocks) if spec.seed else np.arange(n_blocks)
-    lane_bytes = sum(dt.itemsize for dt in prog.reg_dtypes) + prog.local_bytes + 64
+    lane_bytes = prog.register_bytes + prog.local_bytes + 64
     per_batch = max(1, min(n_blocks, BATCH_BYTES // (lane_bytes * threads), max(1, 65536 // threads)))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for start in range(0, n_blocks, per_batch):
@@ -59,49 +59,61 @@ def run_batch(S: Batch) -> None:
     """Steps the batch until every lane has exited. Lanes at a barrier or a warp-synchronous instruction whose
     partners have not arrived wait there (``waiting``: left out of the min-PC choice until the step at their pc
     runs again), as on the card, where code laid out of line (a branch to the end of the function and back) makes
-    partners arrive later; partners that can never arrive (exited, or every live lane waiting) are a sync fault."""
+    partners arrive later; partners that can never arrive (exited, or every live lane waiting) are a sync fault.
+
+    The lanes ``ix`` at the chosen pc ``p`` run as a group: while their next pc stays below ``rest`` (the smallest
+    pc of every other lane, waiting or not) min-PC would choose exactly them again, so they step on without a
+    look at ``pc`` (stale for them meanwhile); a branch that splits them, an exit, a wait, or reaching ``rest``
+    writes their pc back and chooses anew."""
     prog, steps = S.prog, S.prog.steps
     exit_pc = prog.exit_pc
     pc = np.zeros(S.n, np.int64)
     waiting = np.zeros(S.n, bool)
     alive = S.n
-    uniform_pc, uniform_ix = 0, slice(None)  # all live lanes at one pc (None: diverged, read `pc`)
+    p, ix, rest = 0, slice(None), exit_pc + 1  # the group: every lane at pc 0, no other lane
     stats = S.stats
     for _ in range(MAX_STEPS):
-        if uniform_pc is None:
+        if p is None:
             p = int(pc[~waiting].min()) if S.any_waiting else int(pc.min())
             if p >= exit_pc:
                 if S.any_waiting and (pc[waiting] < exit_pc).any():
                     S.deadlock(np.flatnonzero(waiting & (pc < exit_pc)), steps, pc)
                 return
-            ix = np.flatnonzero(pc == p)
+            here = pc == p
+            ix = np.flatnonzero(here)
             if S.any_waiting:
                 waiting[ix] = False
                 S.any_waiting = bool(waiting.any())
+            rest = int(np.where(here, exit_pc + 1, pc).min())
             ix = _contiguous(ix)
-            if len(S.lane_ids(ix)) == alive:
-                uniform_pc, uniform_ix = p, ix
-        else:
-            p, ix = uniform_pc, uniform_ix
-            if p >= exit_pc:
-                return
+        elif p >= exit_pc:  # the group is done and every other lane is at or past the exit
+            return
         step = steps[p]
         S.step = step
+        if step.plain and stats is None:
+            step.fn(S, ix)
+            p += 1
+            if p >= rest:
+                pc[ix] = p
+                p = None
+            continue
         run = ix
         if step.guard is not None:
             g = S.regs[step.guard][ix]
-            run = _contiguous(S.lane_ids(ix)[~g if step.negated else g])
+            g = ~g if step.negated else g
+            if not g.all():
+                run = _contiguous(S.lane_ids(ix)[g])
         if step.kind == "bar" or step.member_mask is not None:
             lanes = S.lane_ids(run)
             ready = S.barrier_ready(lanes) if step.kind == "bar" else S.warp_ready(lanes, step.member_mask(S, run))
             if not ready.all():  # the lanes whose partners are elsewhere wait; the others run
-                if uniform_pc is not None:
-                    pc[S.lane_ids(ix)] = p
-                    uniform_pc = None
+                pc[ix] = p
+                rest = -1  # choose anew after this step
                 waiting[lanes[~ready]] = True
                 S.any_waiting = True
                 ix = run = _contiguous(lanes[ready])
                 if not ready.any():
+                    p = None
                     continue
         if stats is not None:
             n_run = len(S.lane_ids(run))
@@ -121,20 +133,20 @@ def run_batch(S: Batch) -> None:
             elif len(taken) == 0:
                 nxt = p + 1
             else:
-                pc[S.lane_ids(ix)] = p + 1
+                pc[ix] = p + 1
                 pc[taken] = step.target
-                uniform_pc = None
+                p = None
                 continue
         elif kind == "ret":
             gone = S.lane_ids(run)
             if len(gone):
                 S.exit_lanes(gone)
-                pc[S.lane_ids(ix)] = p + 1
+                pc[ix] = p + 1
                 pc[gone] = exit_pc
                 alive -= len(gone)
-                uniform_pc = None
                 if alive == 0:
                     return
+                p = None
                 continue
             nxt = p + 1
         else:  # bar: every live thread of the blocks in `run` is here
@@ -142,9 +154,10 @@ def run_batch(S: Batch) -> None:
             if step.fn is not None:
                 step.fn(S, run)
             nxt = p + 1
-        if uniform_pc is not None:
-            uniform_pc = nxt
+        if nxt < rest:
+            p = nxt
         else:
             pc[ix] = nxt
+            p = None
     raise SimFault("hang", f"{prog.name}: a batch ran {MAX_STEPS} instructions without finishing",
                    kernel=prog.name)

@@ -23,19 +23,29 @@ BATCH_BYTES = 192 << 20  # registers and local memory of one batch
 def _register_file(prog: Program, n: int) -> list[np.ndarray]:
     """One array of ``n`` lanes per register: rows of one block per dtype, kept on the program and reused by
     its later batches (fresh pages cost more than the instructions; a register is written before it is read,
-    so a batch may start with the last one's values)."""
+    so a batch may start with the last one's values). The list of views is kept per ``n`` too (a kernel may
+    declare thousands of registers)."""
     pool = prog.__dict__.setdefault("register_pool", {})
     if pool.get("lanes", 0) < n:
         pool.clear()
         pool["lanes"] = n
+        pool["views"] = {}
         for dt in set(prog.reg_dtypes):
             pool[dt] = np.zeros((sum(d == dt for d in prog.reg_dtypes), n), dt)
-    regs: list[np.ndarray | None] = [None] * len(prog.reg_dtypes)
-    rows = dict.fromkeys(pool, 0)
-    for i, dt in enumerate(prog.reg_dtypes):
-        regs[i] = pool[dt][rows[dt], :n]
-        rows[dt] += 1
-    return regs
+    if n not in pool["views"]:
+        regs: list[np.ndarray | None] = [None] * len(prog.reg_dtypes)
+        rows = dict.fromkeys(set(prog.reg_dtypes), 0)
+        for i, dt in enumerate(prog.reg_dtypes):
+            regs[i] = pool[dt][rows[dt], :n]
+            rows[dt] += 1
+        pool["views"][n] = regs
+    return pool["views"][n]
+
+
+def warp_bits(warp_of_lane: np.ndarray, bits: np.ndarray, n_warps: int) -> np.ndarray:
+    """Per warp, the OR of its lanes' bits (uint64): distinct lanes have distinct bits, so the OR is their sum, which
+    float64 holds exactly (< 2^32); a bincount is much cheaper than ``np.bitwise_or.at``."""
+    return np.bincount(warp_of_lane, weights=bits, minlength=n_warps).astype(np.uint64)
 
 
 class Batch:
@@ -101,7 +111,8 @@ class Batch:
         lanes = self.lane_ids(ix)
         addr = np.broadcast_to(np.asarray(addr, np.uint64), lanes.shape)
         if space == "global":
-            return self._global(lanes, addr, ty, count)[0].view(ty)[self._elements(addr, ty, count, lanes, space)]
+            heap, _ = self._global(lanes, addr, ty, count)
+            return heap.view(ty).reshape(-1, count)[self._rows(addr, ty, count)]
         if space == "shared":
             return self.shared.load(lanes, addr, ty, count)
         buf, at = self._local(lanes, addr, ty, count)
@@ -113,7 +124,7 @@ class Batch:
         addr = np.broadcast_to(np.asarray(addr, np.uint64), lanes.shape)
         if space == "global":
             heap, _ = self._global(lanes, addr, ty, count)
-            heap.view(ty)[self._elements(addr, ty, count, lanes, space)] = values
+            heap.view(ty).reshape(-1, count)[self._rows(addr, ty, count)] = values
         elif space == "shared":
             self.shared.store(lanes, addr, values)
         else:
@@ -136,9 +147,10 @@ class Batch:
             self._count_global(lanes, addr, nbytes)
         return self.memory.heap, None
 
-    def _elements(self, addr, ty, count, lanes, space):
-        first = self.memory.offsets(addr) // ty.itemsize
-        return first[:, None] + np.arange(count) if count > 1 else first[:, None]
+    def _rows(self, addr, ty, count):
+        """Per lane, its row of the heap seen as rows of ``count`` ``ty`` values: the access is aligned to its size
+        (checked) and every allocation and the heap's size are multiples of 256 bytes."""
+        return self.memory.offsets(addr) // (ty.itemsize * count)
 
     def _local(self, lanes, addr, ty, count):
         nbytes = ty.itemsize * count
@@ -167,7 +179,7 @@ class Batch:
         lanes = self.lane_ids(ix)
         addr = np.broadcast_to(np.asarray(addr, np.uint64), lanes.shape)
         heap, _ = self._global(lanes, addr, ty, 1)
-        cells = self._elements(addr, ty, 1, lanes, "global")[:, 0]
+        cells = self._rows(addr, ty, 1)
         values = np.broadcast_to(np.asarray(value, ty), lanes.shape)
         old = np.zeros(len(lanes), ty)
         view = heap.view(ty)
@@ -182,21 +194,29 @@ class Batch:
             self.launch.conditionals[int(h)] = int(v)
 
     # ---- warps ----
-    def whole_batch(self, lanes: np.ndarray, mask) -> bool:
-        """Every lane of the batch runs the instruction, the blocks are whole warps and ``mask`` is the full one
-        (a constant): every partner is here, so there is nothing to check or wait for (the common case, fast)."""
-        return len(lanes) == self.n and self.threads % 32 == 0 and np.ndim(mask) == 0 and int(mask) == 0xFFFFFFFF
+    def whole_warps(self, lanes: np.ndarray, mask) -> bool:
+        """``lanes`` (ascending, as every lane set the executor makes) are whole warps and ``mask`` is the full one
+        for each: every partner is here, so there is nothing to check or wait for (the common case, fast). A run
+        of 32 ascending distinct lanes from a multiple of 32 to 31 past it is one whole warp."""
+        if self.threads % 32 or len(lanes) % 32 or not len(lanes):
+            return False
+        m = np.asarray(mask)
+        if not (m == 0xFFFFFFFF).all():
+            return False
+        if len(lanes) == self.n:
+            return True
+        first = lanes[::32]
+        return bool(((first % 32 == 0) & (lanes[31::32] - first == 31)).all())
 
     def warp_sync(self, ix, mask, what: str) -> None:
         lanes = self.lane_ids(ix)
-        if self.whole_batch(lanes, mask):
+        if self.whole_warps(lanes, mask):
             if what == "bar.warp.sync":
-                self.shared.warp_barrier(np.arange(self.n_warps))
+                self.shared.warp_barrier(self.warp[lanes[::32]])
             return
         mask = np.broadcast_to(np.asarray(mask, np.uint32), lanes.shape).astype(np.uint64)
         bits = np.uint64(1) << self.laneid[lanes].astype(np.uint64)
-        executing = np.zeros(self.n_warps, np.uint64)
-        np.bitwise_or.at(executing, self.warp[lanes], bits)
+        executing = warp_bits(self.warp[lanes], bits, self.n_warps)
         missing = mask & ~executing[self.warp[lanes]]
         outside = (mask & bits) == 0
         bad = (missing != 0) | outside
@@ -229,8 +249,7 @@ class Batch:
         """Per lane at a bar.sync: every live thread of its block is here. The others wait (counted per block)."""
         arrived = np.bincount(self.block[lanes], minlength=self.n_blocks)
         ready = (arrived == self.alive_per_block)[self.block[lanes]]
-        self.waiting_at_barrier[:] = 0
-        np.add.at(self.waiting_at_barrier, self.block[lanes[~ready]], 1)
+        self.waiting_at_barrier[:] = np.bincount(self.block[lanes[~ready]], minlength=self.n_blocks)
         if not ready.all():
             self.barrier_step = self.step
         return ready
@@ -238,7 +257,7 @@ class Batch:
     def warp_ready(self, lanes: np.ndarray, mask) -> np.ndarray:
         """Per lane at a warp-synchronous instruction: every lane its member mask names is here. A lane outside its
         own mask, or a mask naming a lane that has exited, is a sync fault (that lane can never arrive)."""
-        if self.whole_batch(lanes, mask):
+        if self.whole_warps(lanes, mask):
             return np.ones(len(lanes), bool)
         mask = np.broadcast_to(np.asarray(mask, np.uint32), lanes.shape).astype(np.uint64)
         warp = self.warp[lanes]
@@ -250,8 +269,7 @@ class Batch:
             self.fault("sync", lanes, outside | gone, f"{self.step.instr.op} with member mask {int(mask[k]):#010x}: "
                        + ("the lane is not in its own mask" if outside[k] else
                           f"lanes {int(mask[k] & ~self.alive_bits[warp[k]]):#010x} have exited"))
-        here = np.zeros(self.n_warps, np.uint64)
-        np.bitwise_or.at(here, warp, bits)
+        here = warp_bits(warp, bits, self.n_warps)
         return (mask & ~here[warp]) == 0
 
     def exit_lanes(self, lanes: np.ndarray) -> None:

@@ -3,7 +3,7 @@
 Exact where the hardware is exact (IEEE round-to-nearest-even add / mul / fma / div / sqrt, the rounding
 conversions): ``fma_f32`` rounds once (the f64 product of two f32 is exact; its sum with c is taken
 exactly as TwoSum's (s, e), rounded to odd at 53 bits and then to f32, which is the single rounding, as
-53 >= 24 + 2). Float results that are NaN are the canonical NaN the hardware writes (f32 0x7FFFFFFF,
+53 >= 24 + 2: jit.fma_rn). Float results that are NaN are the canonical NaN the hardware writes (f32 0x7FFFFFFF,
 f16 / bf16 0x7FFF). Where PTX specifies no bits (``ex2.approx``) the model is the exact value rounded once;
 callers report such instructions (``APPROXIMATE``).
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+
+from toolcall.kernels.sim.jit import fma_rn
 
 F32, F64, F16 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -38,45 +40,30 @@ def canonical_f32(x: np.ndarray) -> np.ndarray:
 
 
 def fma_f32(a, b, c, rounding: str = "rn") -> np.ndarray:
-    """a * b + c in float32 with one rounding: ``rn`` (nearest even) or ``rm`` (toward -inf)."""
+    """a * b + c in float32 with one rounding: ``rn`` (nearest even: jit.fma_rn, lane by lane) or ``rm``
+    (toward -inf)."""
+    if rounding == "rn":
+        if all(type(x) is np.ndarray and x.ndim == 1 and x.dtype == F32 and x.flags.c_contiguous for x in (a, b, c)) \
+                and len(a) == len(b) == len(c):  # three registers' lanes (the usual case): as they are
+            return fma_rn(a, b, c)
+        a, b, c = np.broadcast_arrays(np.asarray(a, F32), np.asarray(b, F32), np.asarray(c, F32))
+        return fma_rn(*(np.ascontiguousarray(x).reshape(-1) for x in (a, b, c))).reshape(a.shape)
     with np.errstate(all="ignore"):
         p = np.asarray(a, F64) * np.asarray(b, F64)  # exact: 24 + 24 bits
         c64 = np.asarray(c, F64)
         s = p + c64
-        if rounding == "rn":
-            r = s.astype(F32)
-            # Rounding s to f32 rounds twice only where s lies exactly halfway between two f32 values (its low
-            # 29 mantissa bits 1 followed by zeros) or is below the f32 normal range: redo those exactly.
-            bits = np.asarray(s).view(np.uint64)
-            redo = ((bits & np.uint64(0x1FFFFFFF)) == np.uint64(0x10000000)) | \
-                ((np.abs(s) < 2.0 ** -125) & (s != 0))
-            if redo.any():
-                r, p, c64 = np.array(r, ndmin=1), *np.broadcast_arrays(p, c64)
-                redo = np.broadcast_to(redo, r.shape)
-                r[redo] = _fma_exact_rn(p.reshape(r.shape)[redo], c64.reshape(r.shape)[redo],
-                                        np.broadcast_to(s, r.shape)[redo])
-        else:
-            bb = s - p
-            e = np.where(np.isfinite(s), (p - (s - bb)) + (c64 - bb), 0.0)
-            r = s.astype(F32)
-            r64 = r.astype(F64)
-            above = (r64 - s > e) & np.isfinite(r64)  # r exceeds the exact sum (r - s is exact: Sterbenz)
-            r = np.where(above, np.nextafter(r, np.float32(-np.inf)), r)
-            # s overflowed f32 to +inf although the exact value is finite: round-down gives the largest finite
-            r = np.where(np.isinf(r) & (r > 0) & np.isfinite(s), np.finfo(F32).max, r)
-            # an exact zero sum is -0 toward -inf unless both addends are +0 (IEEE 754 6.3)
-            both_pos0 = (p == 0) & (c64 == 0) & ~np.signbit(p) & ~np.signbit(c64)
-            r = np.where((s == 0) & (e == 0) & ~both_pos0, np.float32(-0.0), r)
+        bb = s - p
+        e = np.where(np.isfinite(s), (p - (s - bb)) + (c64 - bb), 0.0)
+        r = s.astype(F32)
+        r64 = r.astype(F64)
+        above = (r64 - s > e) & np.isfinite(r64)  # r exceeds the exact sum (r - s is exact: Sterbenz)
+        r = np.where(above, np.nextafter(r, np.float32(-np.inf)), r)
+        # s overflowed f32 to +inf although the exact value is finite: round-down gives the largest finite
+        r = np.where(np.isinf(r) & (r > 0) & np.isfinite(s), np.finfo(F32).max, r)
+        # an exact zero sum is -0 toward -inf unless both addends are +0 (IEEE 754 6.3)
+        both_pos0 = (p == 0) & (c64 == 0) & ~np.signbit(p) & ~np.signbit(c64)
+        r = np.where((s == 0) & (e == 0) & ~both_pos0, np.float32(-0.0), r)
     return canonical_f32(np.asarray(r, F32))
-
-
-def _fma_exact_rn(p, c64, s):
-    """f32 of p + c rounded once: TwoSum's error e, s rounded to odd at 53 bits, then to f32 (53 >= 24 + 2)."""
-    bb = s - p
-    e = np.where(np.isfinite(s), (p - (s - bb)) + (c64 - bb), 0.0)
-    inexact_even = (e != 0) & ((np.asarray(s).view(np.uint64) & np.uint64(1)) == 0)
-    s = np.where(inexact_even, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
-    return np.asarray(s).astype(F32)
 
 
 def ftz_f32(x: np.ndarray) -> np.ndarray:

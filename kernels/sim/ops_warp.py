@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from toolcall.kernels.sim.errors import SimUnsupported
+from toolcall.kernels.sim.machine import warp_bits
 from toolcall.kernels.sim.ops import CONTROL
 from toolcall.kernels.sim.ops_mma import build_mma
 
@@ -51,6 +52,11 @@ def build_bar(ins, P):
     raise SimUnsupported(f"{ins.op} is not in the executor's instruction table")
 
 
+def _uniform(value) -> bool:
+    """A constant, or the same value in every lane (a lane or clamp operand NVRTC keeps in a register)."""
+    return np.ndim(value) == 0 or (value == value[0]).all()
+
+
 def build_shfl(ins, P):
     parts = ins.op.split(".")
     if parts[:2] != ["shfl", "sync"] or parts[-1] != "b32" or parts[2] not in ("bfly", "idx", "up", "down"):
@@ -60,30 +66,46 @@ def build_shfl(ins, P):
     d, p = (dst[1][0], dst[1][1]) if dst[0] == "vec" else (dst, ("sink",))
     put, put_p = P.writer(d, U32), P.writer(p, np.dtype(bool))
     a, b, c, mask = (P.reader(op, U32) for op in ins.operands[1:5])
+    whole_tables = {}  # whole warps, one lane and clamp for all: (len(lanes), b, c) -> (source position, ok)
 
-    def shfl(S, ix):
-        lanes = S.lane_ids(ix)
-        m = mask(S, ix)
-        whole = S.whole_batch(lanes, m)
-        if not whole:
-            m = np.broadcast_to(m, lanes.shape)
-            S.warp_sync(ix, m, ins.op)
-        lane = S.laneid[lanes].astype(np.int64)
-        bval = np.asarray(b(S, ix)).astype(np.int64) & 31
-        cval = np.asarray(c(S, ix)).astype(np.int64)
+    def partners(lane, bval, cval):
+        """(source lane id in the warp, in range) per lane, from the lane operand b and the clamp operand c."""
+        bval = np.asarray(bval).astype(np.int64) & 31
+        cval = np.asarray(cval).astype(np.int64)
         segmask, clamp = (cval >> 8) & 31, cval & 31
         max_lane = (lane & segmask) | (clamp & ~segmask)
         min_lane = lane & segmask
         j = {"bfly": lambda: lane ^ bval, "idx": lambda: min_lane | (bval & ~segmask),
              "up": lambda: lane - bval, "down": lambda: lane + bval}[mode]()
         ok = (j >= max_lane) if mode == "up" else (j <= max_lane)
-        j = np.where(ok, j, lane)
-        source = lanes - lane + j  # the source lane's index in the batch (same warp)
-        if not whole:  # a whole batch of whole warps reads its own warp's lanes only
-            S.check_shfl_sources(ix, source, m, ins.op)
-        if whole:  # lanes are 0 .. n-1
+        return np.where(ok, j, lane), ok
+
+    def shfl(S, ix):
+        lanes = S.lane_ids(ix)
+        m = mask(S, ix)
+        whole = S.whole_warps(lanes, m)
+        bval, cval = b(S, ix), c(S, ix)
+        if whole and _uniform(bval) and _uniform(cval):  # the k-th lane is lane k % 32 of its warp: one table
+            key = (len(lanes), int(np.ravel(bval)[0]), int(np.ravel(cval)[0]))
+            if key not in whole_tables:
+                lane = np.arange(len(lanes)) % 32
+                j, ok = partners(lane, key[1], key[2])
+                whole_tables[key] = (np.arange(len(lanes)) - lane + j, ok)
+            source, ok = whole_tables[key]
+            put(S, ix, np.broadcast_to(a(S, ix), lanes.shape)[source])
+            put_p(S, ix, ok)
+            return
+        if not whole:
+            m = np.broadcast_to(m, lanes.shape)
+            S.warp_sync(ix, m, ins.op)
+        lane = S.laneid[lanes].astype(np.int64)
+        j, ok = partners(lane, bval, cval)
+        if whole:  # whole warps, ascending: the source lane is that far from this one in `lanes` too
             values = np.broadcast_to(a(S, ix), lanes.shape)
+            source = np.arange(len(lanes)) - lane + j
         else:
+            source = lanes - lane + j  # the source lane's index in the batch (same warp)
+            S.check_shfl_sources(ix, source, m, ins.op)
             values = np.zeros(S.n, U32)
             values[lanes] = np.broadcast_to(a(S, ix), lanes.shape)
         put(S, ix, values[source])
@@ -104,8 +126,7 @@ def build_vote(ins, P):
         lanes = S.lane_ids(ix)
         S.warp_sync(ix, np.broadcast_to(mask(S, ix), lanes.shape), ins.op)
         bits = np.where(pred(S, ix), np.uint64(1) << S.laneid[lanes].astype(np.uint64), np.uint64(0))
-        per_warp = np.zeros(S.n_warps, np.uint64)
-        np.add.at(per_warp, S.warp[lanes], bits)
+        per_warp = warp_bits(S.warp[lanes], bits, S.n_warps)
         put(S, ix, per_warp[S.warp[lanes]].astype(U32))
     ballot.member_mask = mask
     return "op", ballot

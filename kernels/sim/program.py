@@ -36,6 +36,10 @@ class Step:
     instr: Instr
     member_mask: Callable | None = None
 
+    def __post_init__(self):
+        # an op that every lane at its pc runs, with no partners to wait for (executor.run_batch's short path)
+        self.plain = self.kind == "op" and self.fn is not None and self.guard is None and self.member_mask is None
+
 
 class Program:
     """A compiled entry function: ``steps``, register slots and dtypes, the parameter block layout, and the
@@ -48,6 +52,7 @@ class Program:
         for name, ty in fn.registers.items():
             self.slots[name] = len(self.reg_dtypes)
             self.reg_dtypes.append(REGISTER_DTYPES[ty])
+        self.register_bytes = sum(dt.itemsize for dt in self.reg_dtypes)  # a lane's
         self.param_offsets: dict[str, int] = {}
         offset = 0
         for name, size in fn.params:
@@ -147,7 +152,11 @@ class Program:
             return lambda S, ix, value: None
         slot = self.slot(op)
         rdt = self.reg_dtypes[slot]
-        if rdt == ty or (rdt.itemsize == ty.itemsize and ty != np.dtype(bool)):
+        if rdt == ty:  # numpy's assignment casts as np.asarray(value, ty) would (unsafe, the same bits)
+            def put_same(S, ix, value):
+                S.regs[slot][ix] = value
+            return put_same
+        if rdt.itemsize == ty.itemsize and ty != np.dtype(bool):
             def put(S, ix, value):
                 S.regs[slot][ix] = np.asarray(value, ty).view(rdt)
             return put

@@ -12,7 +12,33 @@ from __future__ import annotations
 
 import numpy as np
 
+from toolcall.kernels.sim import jit
+
 NO_THREAD = -1
+# the shadow arrays, one value a granule: (name, dtype, value at a batch's start)
+SHADOWS = (("written", bool, False), ("w_tid", np.int32, NO_THREAD), ("w_block_sync", np.int32, 0),
+           ("w_warp_sync", np.int32, 0), ("r_tid", np.int32, NO_THREAD), ("r_block_sync", np.int32, 0),
+           ("r_warp_sync", np.int32, 0), ("r_multi", bool, False))
+
+
+def _windows(prog, blocks: int, stride: int, granule: int, sanitize: bool) -> dict:
+    """The windows' bytes (and shadows), rows of one block, kept on the program and reused by its later batches
+    (fresh pages cost more than the accesses, and a kernel may declare far more shared memory than it touches):
+    the first ``dirty`` bytes of each row, all the last batch touched, go back to their start values here, so a
+    batch starts as on fresh arrays."""
+    pool = prog.__dict__.setdefault("shared_pool", {})
+    if pool.get("key") != (stride, granule, sanitize) or pool["blocks"] < blocks:
+        pool.clear()
+        pool.update(key=(stride, granule, sanitize), blocks=blocks, dirty=0,
+                    bytes=np.zeros((blocks, stride), np.uint8))
+        for name, dt, start in SHADOWS if sanitize else ():
+            pool[name] = np.full((blocks, stride // granule), start, dt)
+    else:
+        pool["bytes"][:, :pool["dirty"]] = 0
+        for name, dt, start in SHADOWS if sanitize else ():
+            pool[name][:, :-(-pool["dirty"] // granule)] = start
+        pool["dirty"] = 0
+    return pool
 
 
 class SharedMemory:
@@ -20,20 +46,13 @@ class SharedMemory:
         self.batch, self.size, self.sanitize = batch, size, sanitize
         self.stride = max(-(-size // 16) * 16, 16)
         nb = batch.n_blocks
-        self.bytes = np.zeros(nb * self.stride, np.uint8)
         self.block_syncs = np.zeros(nb, np.int32)
         self.warp_syncs = np.zeros(batch.n_warps, np.int32)
         self.granule = batch.prog.shared_granule
-        if sanitize:
-            g = nb * self.stride // self.granule
-            self.written = np.zeros(g, bool)
-            self.w_tid = np.full(g, NO_THREAD, np.int32)
-            self.w_block_sync = np.zeros(g, np.int32)
-            self.w_warp_sync = np.zeros(g, np.int32)
-            self.r_tid = np.full(g, NO_THREAD, np.int32)
-            self.r_block_sync = np.zeros(g, np.int32)
-            self.r_warp_sync = np.zeros(g, np.int32)
-            self.r_multi = np.zeros(g, bool)
+        self.pool = _windows(batch.prog, nb, self.stride, self.granule, sanitize)
+        self.bytes = self.pool["bytes"][:nb].reshape(-1)  # block b's window at b * stride
+        for name, _, _ in SHADOWS if sanitize else ():
+            setattr(self, name, self.pool[name][:nb].reshape(-1))  # block b's granules at b * stride / granule
 
     def block_barrier(self, blocks: np.ndarray) -> None:
         self.block_syncs[blocks] += 1
@@ -50,6 +69,7 @@ class SharedMemory:
         if bad.any():
             B.fault("out_of_bounds", lanes, bad, f"{nbytes}-byte shared access at offset "
                                                  f"{int(addr[np.flatnonzero(bad)[0]])} of a {self.size}-byte window")
+        self.pool["dirty"] = max(self.pool["dirty"], int(addr.max()) + nbytes)  # within every row (_windows)
         flat = B.block[lanes].astype(np.int64) * self.stride + addr.astype(np.int64)
         if B.stats is not None:
             self._count_banks(lanes, flat, nbytes)
@@ -75,8 +95,7 @@ class SharedMemory:
         flat = self._where(lanes, addr, nbytes, "load")
         if self.sanitize:
             self._check(lanes, flat, nbytes, write=False)
-        first = flat // ty.itemsize
-        return self.bytes.view(ty)[first[:, None] + np.arange(count)]
+        return self._rows(ty, count)[flat // nbytes]
 
     def store(self, lanes, addr, values) -> None:
         ty, count = values.dtype, values.shape[1]
@@ -84,47 +103,33 @@ class SharedMemory:
         flat = self._where(lanes, addr, nbytes, "store")
         if self.sanitize:
             self._check(lanes, flat, nbytes, write=True)
-        first = flat // ty.itemsize
-        self.bytes.view(ty)[first[:, None] + np.arange(count)] = values
+        self._rows(ty, count)[flat // nbytes] = values
+
+    def _rows(self, ty, count) -> np.ndarray:
+        """The window as rows of ``count`` ``ty`` values: an access is aligned to its size (checked), which divides
+        the 16-byte block stride, so lane i's values are row flat[i] // nbytes (a row gather, not an element one)."""
+        return self.bytes.view(ty).reshape(-1, count)
 
     def _check(self, lanes, flat, nbytes, write: bool) -> None:
+        """Racecheck and initcheck of one access: granules ``g`` (``per`` a lane, lane-major), lane by lane in
+        jit.py (the shadow updates happen only once the access is found clean)."""
         B = self.batch
         G = self.granule
         g = (flat[:, None] // G + np.arange(max(nbytes // G, 1))).reshape(-1) if nbytes > G else flat // G
         per = g.size // len(lanes)
-        tid = np.repeat(B.tid[lanes].astype(np.int32), per)
-        warp_in_block = tid // 32
-        bsync = np.repeat(self.block_syncs[B.block[lanes]], per)
-        wsync = np.repeat(self.warp_syncs[B.warp[lanes]], per)
-
-        def unsynced(other_tid, other_b, other_w):  # an access by other_tid not separated from this one
-            return (other_tid != NO_THREAD) & (other_b == bsync) & \
-                ((other_tid // 32 != warp_in_block) | (other_w == wsync))
-
-        prev_w = self.w_tid[g]
-        raw = unsynced(prev_w, self.w_block_sync[g], self.w_warp_sync[g]) & (prev_w != tid)
+        lane_state = (B.tid[lanes].astype(np.int32), self.block_syncs[B.block[lanes]], self.warp_syncs[B.warp[lanes]])
+        writer = (self.w_tid, self.w_block_sync, self.w_warp_sync)
+        reader = (self.r_tid, self.r_block_sync, self.r_warp_sync)
         if write:
-            prev_r = self.r_tid[g]
-            war = unsynced(prev_r, self.r_block_sync[g], self.r_warp_sync[g]) & ((prev_r != tid) | self.r_multi[g])
-            self.w_tid[g] = tid
-            same_instruction = self.w_tid[g] != tid  # another lane of this store wrote the granule too
-            self._race(lanes, per, raw | war | same_instruction, g, "write")
-            self.w_block_sync[g], self.w_warp_sync[g] = bsync, wsync
-            self.written[g] = True
+            self._race(lanes, per, jit.write_races(g, per, *lane_state, *writer, *reader, self.r_multi), g, "write")
+            jit.wrote(g, per, *lane_state, *writer, self.written)
         else:
-            self._race(lanes, per, raw, g, "read")
-            unwritten = ~self.written[g]
+            races, unwritten = jit.read_races(g, per, *lane_state, *writer, self.written)
+            self._race(lanes, per, races, g, "read")
             if unwritten.any():
                 B.fault("uninitialized", lanes, unwritten.reshape(len(lanes), per).any(1),
                         f"shared read of bytes never written (offset {int(g[np.flatnonzero(unwritten)[0]] * G % self.stride)})")
-            fresh = ~unsynced(self.r_tid[g], self.r_block_sync[g], self.r_warp_sync[g])
-            other = ~fresh & (self.r_tid[g] != tid)
-            self.r_multi[g] = np.where(fresh, False, self.r_multi[g] | other)
-            self.r_block_sync[g], self.r_warp_sync[g] = bsync, wsync
-            fresh_g = g[fresh]
-            if fresh_g.size:
-                self.r_tid[fresh_g] = tid[fresh]
-                self.r_multi[fresh_g] |= self.r_tid[fresh_g] != tid[fresh]
+            jit.read(g, per, *lane_state, *reader, self.r_multi)
 
     def _race(self, lanes, per, bad, g, what):
         if bad.any():
