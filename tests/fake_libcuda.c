@@ -205,6 +205,19 @@ static CUresult fk_cuMemcpyDtoH(void* dst, CUdeviceptr src, size_t n) {
     if (r == CUDA_SUCCESS) memcpy(dst, (void*)src, n);
     return r;
 }
+/* from and to pageable host memory: a stream sync first, then the copy (blocking, as the driver's) */
+static CUresult fk_cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+    ENTER("cuMemcpyHtoDAsync", 1);
+    CUresult r = copy_check("cuMemcpyHtoDAsync", dst, n);
+    if (r == CUDA_SUCCESS) memcpy((void*)dst, src, n);
+    return r;
+}
+static CUresult fk_cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream s) {
+    ENTER("cuMemcpyDtoHAsync", 1);
+    CUresult r = copy_check("cuMemcpyDtoHAsync", src, n);
+    if (r == CUDA_SUCCESS) memcpy(dst, (void*)src, n);
+    return r;
+}
 static CUresult fk_cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     ENTER("cuMemcpyDtoD", 1);
     CUresult r = copy_check("cuMemcpyDtoD", dst, n);
@@ -380,7 +393,7 @@ static const struct { const char* name; void* fn; } FK[] = {
     E(cuDeviceGetAttribute), E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease), E(cuCtxSetCurrent),
     E(cuCtxGetCurrent), E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuMemGetInfo), E(cuModuleLoadData),
     E(cuModuleUnload), E(cuModuleGetFunction), E(cuMemAlloc), E(cuMemFree), E(cuMemcpyHtoD), E(cuMemcpyDtoH),
-    E(cuMemcpyDtoD), E(cuMemcpyDtoDAsync), E(cuMemsetD8), E(cuStreamCreate), E(cuStreamDestroy), E(cuStreamQuery),
+    E(cuMemcpyDtoD), E(cuMemcpyDtoDAsync), E(cuMemcpyHtoDAsync), E(cuMemcpyDtoHAsync), E(cuMemsetD8), E(cuStreamCreate), E(cuStreamDestroy), E(cuStreamQuery),
     E(cuStreamSynchronize), E(cuEventCreate), E(cuEventDestroy), E(cuEventRecord), E(cuEventQuery),
     E(cuEventSynchronize), E(cuEventElapsedTime), E(cuLaunchKernel), E(cuGraphCreate), E(cuGraphDestroy),
     E(cuGraphAddKernelNode), E(cuGraphAddDependencies), E(cuGraphConditionalHandleCreate), E(cuGraphAddNode),

@@ -7,7 +7,9 @@ writes for the device's arch, and a launch runs on the executor at once (a strea
 and every kernel with atomics run under two block orders, its memory after each compared: the cross-block
 protocols must not depend on which block came last), ``stats`` (a LaunchStats every launch adds to), ``name``
 (what the device reports), ``capacity`` (bytes the allocations may hold, None: unbounded; past it an allocation
-is refused as a card refuses it) and ``faults`` (kernels/sim/faults.py: errors injected on chosen calls).
+is refused as a card refuses it), ``faults`` (kernels/sim/faults.py: errors injected on chosen calls) and
+``order_every_launch`` (False: the two-order run only on the first launch of each kernel and launch shape, as a
+bundle's serving loop repeats a few shapes thousands of times; each such run copies the heap twice).
 """
 from __future__ import annotations
 
@@ -58,12 +60,14 @@ class SimGpu(DeviceMemory):
 
     def __init__(self, arch: str = "sm_90", *, seed: int = 0, sanitize: bool = True, kernels_dir=None,
                  stats: LaunchStats | None = None, name: str | None = None, capacity: int | None = None,
-                 faults: tuple[Fault, ...] = ()):
+                 faults: tuple[Fault, ...] = (), order_every_launch: bool = True):
         self.arch, self.seed, self.sanitize, self.kernels_dir, self.stats = arch, seed, sanitize, kernels_dir, stats
         self.compute_capability = arch_capability(arch)
         self.name = name or f"simulated {arch}"
         self.capacity = capacity
         self.faults = FaultPlan(faults)
+        self.order_every_launch = order_every_launch
+        self.order_checked: set[tuple] = set()  # (kernel, grid, block) run under two orders
         self.memory = GlobalMemory()
         self._allocs: dict[int, DeviceArray] = {}
         self.launches = []  # kernels launched to completion, in order
@@ -155,7 +159,9 @@ class SimGpu(DeviceMemory):
             run_launch(prog, spec)
             return spec
 
-        if self.sanitize and prog.has_atomics:
+        shape = (kernel.name, grid, block)
+        if self.sanitize and prog.has_atomics and (self.order_every_launch or shape not in self.order_checked):
+            self.order_checked.add(shape)
             before = self.memory.heap.copy()
             first = run(self.seed + 1)
             after = self.memory.heap.copy()

@@ -52,7 +52,7 @@ def _sim_gpu(contract: Contract):
     from toolcall.kernels.sim.faults import faults_from_env
     m = contract.memory
     return SimGpu(contract.target.sm_arch, name=sim_gpu_name(contract), faults=faults_from_env(),
-                  capacity=m.total_bytes - m.context_reserve_bytes)
+                  capacity=m.total_bytes - m.context_reserve_bytes, order_every_launch=False)
 
 
 DEVICES: dict[str, Device] = {d.name: d for d in (
