@@ -158,7 +158,8 @@ class Gates:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bundle")
-    ap.add_argument("--device", choices=("native", "sim"), default="native",
+    from toolcall.runtime.cuda.devices import DEVICES, NATIVE
+    ap.add_argument("--device", choices=list(DEVICES), default=NATIVE,
                     help="sim: a GPU bundle on the simulated device (runtime --device sim)")
     ap.add_argument("--json", help="also write {gate: {passed, why}} and the counts here")
     args = ap.parse_args()

@@ -30,9 +30,7 @@ _gpu_kernels = click.option("--gpu-kernels", type=click.Choice(tuple(KERNEL_FAMI
                             "attention; " + "; ".join(f"{f.name}: {f.summary}" for f in KERNEL_FAMILIES.values()) + ".")
 
 _device = click.option("--device", type=click.Choice(tuple(DEVICES)), default=NATIVE, show_default=True,
-                       help="native: the bundle's own target here (the CPU, or the GPU its contract names); sim: a GPU "
-                       "bundle on the simulated device, presenting the contract's GPU (its kernels' PTX on the CPU "
-                       "executor; it checks answers, not speed, and says so on stderr).")
+                       help="; ".join(f"{d.name}: {d.summary}" for d in DEVICES.values()) + ".")
 
 
 EPILOG = f"""\b

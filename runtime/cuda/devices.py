@@ -58,9 +58,9 @@ def _sim_gpu(contract: Contract):
 DEVICES: dict[str, Device] = {d.name: d for d in (
     Device("native", "the bundle's own target on this machine: the CPU, or the GPU its contract names", facts_for,
            lambda contract: None),
-    Device("sim", "a GPU bundle on the simulated device (its kernels' PTX on the CPU executor): checks answers, "
-           "not speed", _sim_facts, _sim_gpu, lambda contract: SIM_NOTICE.format(gpu=sim_gpu_name(contract)),
-           stale_s=600.0),  # a step of a 64-row burst takes seconds to minutes on the executor
+    Device("sim", "a GPU bundle on the simulated device, presenting the contract's GPU (its kernels' PTX on the "
+           "CPU executor): checks answers, not speed, and says so on stderr", _sim_facts, _sim_gpu, lambda contract: SIM_NOTICE.format(gpu=sim_gpu_name(contract)),
+           stale_s=600.0),  # steps take seconds there (RESULTS "Simulated device: GPU bundles end to end on the CPU")
 )}
 NATIVE = "native"
 
