@@ -23,6 +23,8 @@ from toolcall.runtime.batching.step import StepPlan, StepRecord
 from toolcall.runtime.bundle.contract import CPU_TARGET, Contract
 from toolcall.runtime.bundle.model_config import ModelConfig
 from toolcall.runtime.cpu import CPU_BACKENDS  # noqa: F401  (the CPU backends' names, for the CLI and Engine.load)
+# where a GPU bundle runs (native | sim), for the CLI, Engine.load and the server
+from toolcall.runtime.cuda.devices import DEVICES, NATIVE, device_for, say_notice  # noqa: F401
 from toolcall.runtime.grammar.trie import Grammar
 
 
@@ -116,7 +118,6 @@ def _cpu_first_use_note() -> str | None:
 def _load_cuda(folder: Path, contract: Contract, grammar: Grammar, options: LoadOptions) -> Backend:
     from toolcall.kernels.geometry import KERNEL_FAMILIES
     from toolcall.runtime.cuda.backend import load_cuda_model
-    from toolcall.runtime.cuda.devices import device_for
     family = KERNEL_FAMILIES.get(options.gpu_kernels)
     if family is None:
         raise EngineError("usage", f"--gpu-kernels {options.gpu_kernels!r}: the families are "

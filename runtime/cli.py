@@ -11,11 +11,10 @@ import click
 from toolcall.common.errors import EngineError
 from toolcall.kernels.geometry import FMA, KERNEL_FAMILIES
 from toolcall.runtime import console
-from toolcall.runtime.backends import CPU_BACKENDS
+from toolcall.runtime.backends import CPU_BACKENDS, DEVICES, NATIVE
 from toolcall.runtime.batching.batcher import Result
 from toolcall.runtime.batching.picks import HEAD_MODES
 from toolcall.runtime.batching.sampling import Sampling, sampling_problem
-from toolcall.runtime.cuda.devices import DEVICES, NATIVE
 from toolcall.runtime.console import TypedErrorGroup, exit_code_help, fail, json_text
 
 # Requests longer than this are shown shortened in plain output (a refusal never echoes a whole document).

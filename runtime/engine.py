@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from toolcall.common.errors import CudaError, EngineError, Refusal, RequestError
 from toolcall.runtime import console
-from toolcall.runtime.backends import CPU_BACKENDS, Backend, LoadOptions, target_kind
+from toolcall.runtime.backends import CPU_BACKENDS, NATIVE, Backend, LoadOptions, device_for, say_notice, target_kind
 from toolcall.runtime.batching.batcher import Request, Result, StepBatcher
 from toolcall.runtime.batching.prefix_cache import prefill_prefix
 from toolcall.runtime.batching.prompt import PromptEncoder
@@ -20,7 +20,6 @@ from toolcall.runtime.bundle.contract import Contract
 from toolcall.runtime.bundle.files import GRAMMAR_FILE, TOKENIZER_FILE, check_files, read_contract
 from toolcall.runtime.bundle.kv_scales import KV_SCALES_FILE, KvScales
 from toolcall.runtime.bundle.machine import MachineFacts, check_target
-from toolcall.runtime.cuda.devices import NATIVE, device_for, say_notice
 from toolcall.runtime.grammar.tool_text import Tool
 from toolcall.runtime.grammar.trie import Grammar
 

@@ -195,7 +195,7 @@ def test_forced_tokens_ride_in_fewer_steps_with_the_same_answers(parts, max_toke
 
 def test_every_numba_module_compiles_for_the_one_target():
     """The draw (runtime/batching/sampling.py) and the CPU kernels set the same numba target whichever a process
-    imports first (runtime/jit/target.py): a draw compiled first must not re-key the kernels' cache."""
+    imports first (common/numba_target.py): a draw compiled first must not re-key the kernels' cache."""
     import subprocess
     import sys
     from pathlib import Path

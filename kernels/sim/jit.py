@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from toolcall.runtime.jit import target  # noqa: F401  (the one compile target: runtime/jit/target.py)
+from toolcall.common import numba_target  # noqa: F401  (the one compile target: common/numba_target.py)
 
 TINY = 2.0 ** -125  # below it a sum may round twice on its way to an f32 subnormal
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from toolcall.runtime.jit import target  # noqa: F401  (the one compile target: runtime/jit/target.py)
+from toolcall.common import numba_target  # noqa: F401  (the one compile target: common/numba_target.py)
 
 ROUNDS = 10
 M0, M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)  # the round multipliers

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from toolcall.runtime.jit import target  # noqa: F401  (the one compile target: runtime/jit/target.py)
+from toolcall.common import numba_target  # noqa: F401  (the one compile target: common/numba_target.py)
 from toolcall.runtime.batching.philox import uniform
 from toolcall.runtime.jit.exp32 import exp32
 

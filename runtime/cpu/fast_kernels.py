@@ -1,6 +1,6 @@
 """numba kernels of the fast CPU backend beside the linear layers (runtime/cpu/linear_kernels.py):
 embedding gather, rms_norm, q/k norm + rope + KV store, silu * up (attention:
-runtime/cpu/attention_kernels.py; the process-wide numba target: runtime/jit/target.py).
+runtime/cpu/attention_kernels.py; the process-wide numba target: common/numba_target.py).
 
 Every kernel computes a row independently of the step's other rows with one fixed reduction
 order: each sum here is one call of the one compiled ``_dot`` (vector lanes fixed at compile time

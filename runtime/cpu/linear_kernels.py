@@ -29,7 +29,7 @@ from numba.np.numpy_support import as_dtype
 
 from toolcall.common.minifloat import E4M3_VALUES
 from toolcall.common.nvfp4 import E2M1_VALUES
-from toolcall.runtime.cpu import fast_kernels as fk  # first: it sets numba's compile target (runtime/jit/target.py)
+from toolcall.runtime.cpu import fast_kernels as fk  # first: it sets numba's compile target (common/numba_target.py)
 from toolcall.runtime.cpu import simd_ir as ir_
 
 

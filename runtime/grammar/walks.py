@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from toolcall.runtime.jit import target  # noqa: F401  (the one compile target: runtime/jit/target.py)
+from toolcall.common import numba_target  # noqa: F401  (the one compile target: common/numba_target.py)
 from toolcall.runtime.grammar.trie import EDGE_EMPTY_END, EDGE_END, EDGE_SEP
 
 

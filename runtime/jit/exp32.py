@@ -11,7 +11,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from toolcall.runtime.jit import target  # noqa: F401  (before any compile: the target every kernel is built for)
+from toolcall.common import numba_target  # noqa: F401  (before any compile: the target every kernel is built for)
 
 
 @intrinsic

@@ -24,9 +24,8 @@ import time
 import prometheus_client
 import uvicorn
 
-from toolcall.runtime.backends import LoadOptions
+from toolcall.runtime.backends import DEVICES, LoadOptions
 from toolcall.runtime.bundle.machine import available_cpus, serving_threads
-from toolcall.runtime.cuda.devices import DEVICES
 from toolcall.runtime.serve.app import create_app
 from toolcall.runtime.serve.state import ServeConfig, ServeState
 

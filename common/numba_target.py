@@ -2,7 +2,7 @@
 
 numba makes its LLVM target machine at the first compile of a process and keys its on-disk cache by
 that target's CPU name and features. Every module that compiles with numba (the CPU kernels, the
-sampling draw) imports this one first, so whichever compiles first, every function is built for the
+sampling draw, the PTX executor's loops) imports this one first, so whichever compiles first, every function is built for the
 same target and every cached entry matches: a process that compiled the draw first would otherwise
 key the CPU kernels differently and compile them all again at load (seconds, and ~25 MB of compiler
 memory that ``tests/test_cpu_fast.py::test_load_holds_what_the_contract_states`` caught).
