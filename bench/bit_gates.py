@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +98,8 @@ class Gates:
                 break
         return out
 
-    def run(self) -> dict[str, dict]:
+    def run(self, on_gate=None) -> dict[str, dict]:
+        """{gate: {passed, why?, seconds}}; ``on_gate(name, record)`` as each gate ends (progress on slow devices)."""
         from toolcall.runtime.batching.sampling import Sampling
         alone = self.gen.generate([self.target()])[0]
         sampling = Sampling(0.8, 0.9, 7)
@@ -113,12 +115,16 @@ class Gates:
         cases["neighbours_cancelled"] = self.neighbours_cancelled
         out = {}
         for name in GATES:
+            start = time.monotonic()
             try:
                 why = bits_differ(alone_sampled if name == "sampled_top_p" else alone, cases[name]())
             except Exception as e:  # one gate's failure never hides the others
                 why = f"{type(e).__name__}: {e}"
             self.gen.abort_all()
-            out[name] = {"passed": why is None, **({"why": why} if why else {})}
+            out[name] = {"passed": why is None, **({"why": why} if why else {}),
+                         "seconds": round(time.monotonic() - start, 1)}
+            if on_gate is not None:
+                on_gate(name, out[name])
         return out
 
     def beside_prefill(self):
@@ -166,12 +172,11 @@ def main() -> None:
     from toolcall.runtime.engine import Engine
     engine = Engine.load(args.bundle, device=args.device)
     try:
-        gates = Gates(engine).run()
+        gates = Gates(engine).run(on_gate=lambda name, g: print(
+            f"{name:24} {'pass' if g['passed'] else 'FAIL ' + g['why']} ({g['seconds']} s)", flush=True))
     finally:
         engine.close()
     passed = sum(g["passed"] for g in gates.values())
-    for name, g in gates.items():
-        print(f"{name:24} {'pass' if g['passed'] else 'FAIL ' + g['why']}")
     print(f"bit gates: {passed} of {len(gates)} passed")
     if args.json:
         Path(args.json).write_text(json.dumps({"gates": gates, "bit_gates_passed": passed, "bit_gates": len(gates)},

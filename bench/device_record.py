@@ -138,7 +138,10 @@ def commit_of(repo: Path) -> str:
 def write_record(report: dict, folder: Path, out: Path, date: str, repo: Path) -> Path | None:
     """Merges ``report``'s measured sections into ``folder``/<card>.json (the checkout's bench/device) and copies the
     result to ``out``/device/; the path written in ``folder``, or None where the report names no GPU or measured
-    nothing. ``repo``: the checkout, for the commit."""
+    nothing, or for a run on the simulated device (a rehearsal measures no card). ``repo``: the checkout, for the
+    commit."""
+    if report.get("device", "native") != "native":
+        return None
     machine = report.get("machine") or {}
     smi = machine.get("nvidia_smi") if isinstance(machine.get("nvidia_smi"), dict) else {}
     gpu = machine.get("gpu_name") or smi.get("name")

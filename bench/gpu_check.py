@@ -37,6 +37,15 @@ job, so a stage that times out, crashes or exits non-zero still reports every re
       fastapi-offline starlette pydantic pydantic-core annotated-types typing-inspection anyio sniffio
       uvicorn h11 httptools uvloop prometheus-client
 Speed targets are judged only for bundles whose tokens equal the CPU reference on every path.
+
+The rehearsal, on a machine without a GPU: `python3 bench/gpu_check.py --device sim` runs every stage that checks
+answers with the same code on the simulated device (runtime/cuda/devices.py; the kernels as PTX on the CPU
+executor): kernels and the WHILE loops, the small and tool bundles (the 0.6B shape's 28 layers would take hours
+there), their end to end against the CPU reference (tool-fp8 again with the mma family), the bit gates and a
+burst of 64 clients through `runtime serve --device sim`. The timed stages (bench, kernel-times, engine, pytest)
+are skipped and no device record is written: bench/device/ holds measurements from cards only. Its stage limits
+and budget are the simulated device's (SIM_TIMEOUTS, --budget-s 10800): it takes about an hour and a half on two
+cores (bench/RESULTS.md).
 The report (gpu_check.json, gpu_check_table.txt, gpu_check_logs.txt under $OUT, else
 artifacts/) is rewritten after every stage, and so is the device record (bench/device_record.py:
 bench/device/<card>.json, --device-record, and a copy in $OUT/device/ to bring back and commit); the
@@ -66,6 +75,13 @@ from gpu_check_stages import BUNDLES  # noqa: E402
 # seconds per stage process, each also capped by what is left of the budget
 TIMEOUTS = {"build": 330, "kernels": 200, "kernels-while": 60, "cpuref": 300, "e2e": 150, "bench": 120,
             "kernel-times": 120, "gates": 120, "serving": 240, "engine": 90, "pytest": 180}
+# on the simulated device (--device sim) a launch takes milliseconds to a second of CPU: the answer stages' limits
+SIM_TIMEOUTS = {**TIMEOUTS, "kernels": 1200, "kernels-while": 300, "e2e": 1500, "gates": 7200, "serving": 3600}
+SIM_BUDGET_S = 10800.0
+# stages that time a card (or need one): skipped on the simulated device, with this reason in the report
+TIMED = ("bench", "kernel-times", "engine", "pytest")
+SIM_SKIPPED = "skipped: timing, measured on a card only (--device sim checks answers)"
+SIM_CLIENTS, SIM_DISTINCT = 64, 16  # the simulated serving burst: clients, distinct bodies (each also run alone)
 # stages that are other programs: no "complete" in their results
 EXTERNAL = ("pytest", "kernel-times", "gates", "serving", "engine")
 SERVING_BUNDLE = "tool-fp8"  # the gates', the burst's and the engine's bundle: the shipped tool model, real answers
@@ -73,6 +89,7 @@ SERVING_BUNDLE = "tool-fp8"  # the gates', the burst's and the engine's bundle: 
 # mma), as "<bundle>+mma": the Qwen3-0.6B shape, prompts long enough for the wide tiling (T >= 64); the nvfp4
 # kernels of the family are judged by the kernels stage's table (a second bundle would cost the budget a minute)
 MMA_VARIANTS = ("q06-fp8",)
+SIM_MMA_VARIANTS = ("tool-fp8",)  # on the simulated device (no q06): its 256-token prompt takes 64-row chunks
 SERVE_MODULES = ("aiohttp", "fastapi", "uvicorn", "prometheus_client")  # the serving stage's (carried as wheels)
 RESERVE_S = 15  # kept for the summary and the JSON
 SETUP_EXIT = 52  # common/errors.py EXIT_CODES["device_check_setup"]
@@ -87,13 +104,14 @@ def run_stage(args) -> None:
         stage_build(work, args.names, rec)
     elif args.stage in ("kernels", "kernels-while"):
         from gpu_check_stages import stage_kernels
-        stage_kernels(rec, graphs=args.stage == "kernels-while", cases=args.cases, while_timeout_s=args.while_timeout_s)
+        stage_kernels(rec, graphs=args.stage == "kernels-while", cases=args.cases, while_timeout_s=args.while_timeout_s,
+                      device=args.device)
     elif args.stage == "cpuref":
         from gpu_check_stages import stage_cpuref
         stage_cpuref(work, args.names, rec)
     elif args.stage == "e2e":
         from gpu_check_e2e import stage_e2e
-        stage_e2e(work, args.names[0], rec)
+        stage_e2e(work, args.names[0], rec, device=args.device)
     else:
         from gpu_check_e2e import stage_bench
         stage_bench(work, args.names[0], rec)
@@ -105,9 +123,10 @@ def run_stage(args) -> None:
 class Stages:
     """Starts stage processes and waits for them within the global deadline."""
 
-    def __init__(self, work: Path, budget_s: float, cases: str | None, while_timeout_s: float):
+    def __init__(self, work: Path, budget_s: float, cases: str | None, while_timeout_s: float, device: str):
         self.work, self.deadline, self.start = work, time.monotonic() + budget_s, time.monotonic()
-        self.cases, self.while_timeout_s = cases, while_timeout_s
+        self.cases, self.while_timeout_s, self.device = cases, while_timeout_s, device
+        self.timeouts = SIM_TIMEOUTS if device == "sim" else TIMEOUTS
         (work / "logs").mkdir(parents=True, exist_ok=True)
 
     def left(self) -> float:
@@ -121,11 +140,12 @@ class Stages:
         env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
         if threads:
             env.update({v: str(threads) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-        timeout = max(1.0, min(TIMEOUTS[stage], self.left()))
+        timeout = max(1.0, min(self.timeouts[stage], self.left()))
         if cmd is None:
             cmd = [sys.executable, str(Path(__file__)), "--stage", stage, "--work", str(self.work), "--result",
                    str(result), "--deadline-s", f"{max(1.0, timeout - 2):.0f}",
-                   "--while-timeout-s", str(self.while_timeout_s), *(["--names", *names] if names else []),
+                   "--while-timeout-s", str(self.while_timeout_s), "--device", self.device,
+                   *(["--names", *names] if names else []),
                    *(["--cases", self.cases] if self.cases else [])]
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         print(f"[{time.monotonic() - self.start:6.1f} s] start {key}", flush=True)
@@ -187,9 +207,16 @@ def write_report(report: dict, work: Path, built: list[str], start: float, recor
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--budget-s", type=float, default=450.0, help="global time guard (seconds)")
-    ap.add_argument("--work", default=str(REPO / "artifacts" / "gpu-check"), help="checkpoints, bundles, logs")
-    ap.add_argument("--bundles", nargs="*", default=list(BUNDLES), choices=list(BUNDLES))
+    from toolcall.runtime.cuda.devices import DEVICES, NATIVE
+    ap.add_argument("--device", choices=list(DEVICES), default=NATIVE,
+                    help="sim: the rehearsal on the simulated device (answers only; no device record); "
+                         "native: this machine's GPU")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help=f"global time guard (seconds) [default: 450; {SIM_BUDGET_S:.0f} with --device sim]")
+    ap.add_argument("--work", default=None, help="checkpoints, bundles, logs [default: artifacts/gpu-check, "
+                                                 "artifacts/gpu-check-sim with --device sim]")
+    ap.add_argument("--bundles", nargs="*", default=None, choices=list(BUNDLES),
+                    help="[default: all; with --device sim those without the 0.6B shape]")
     ap.add_argument("--only", help="comma-separated stage kinds to run (build, kernels, kernels-while, cpuref, e2e, "
                                    "bench, kernel-times, gates, engine, serving, pytest); default all")
     ap.add_argument("--cases", help="only the kernel cases whose id contains one of these comma-separated parts")
@@ -209,14 +236,24 @@ def main() -> None:
         print(f"device_check_setup: jsonschema and its dependencies do not import and .whl/ lacks {missing}; fetch "
               "them as this script's docstring says and pass carry=['.whl'] to the device run", flush=True)
         sys.exit(SETUP_EXIT)
+    sim = args.device == "sim"
+    if args.budget_s is None:
+        args.budget_s = SIM_BUDGET_S if sim else 450.0
+    args.work = args.work or str(REPO / "artifacts" / ("gpu-check-sim" if sim else "gpu-check"))
+    if args.bundles is None:
+        args.bundles = [n for n in BUNDLES if not (sim and n.startswith("q06"))]
     only = set(args.only.split(",")) if args.only else None
     want = lambda kind: only is None or kind in only  # noqa: E731
     work = Path(args.work)
-    st = Stages(work, args.budget_s, args.cases, args.while_timeout_s)
-    report = {"machine": machine_facts(), "budget_s": args.budget_s, "stages": {}}
+    st = Stages(work, args.budget_s, args.cases, args.while_timeout_s, args.device)
+    report = {"machine": machine_facts(), "device": args.device, "budget_s": args.budget_s, "stages": {}}
     stages, built = report["stages"], []
-
-    record_dir = Path(args.device_record)
+    record_dir = None if sim else Path(args.device_record)  # a simulation measures no card
+    if sim:
+        for kind in TIMED:
+            if want(kind):
+                stages[kind] = {"skipped": SIM_SKIPPED}
+        want = lambda kind: (only is None or kind in only) and kind not in TIMED  # noqa: E731
 
     def done(key: str, h) -> None:
         stages[key] = st.wait(h)
@@ -239,7 +276,7 @@ def main() -> None:
         built += [n for n in args.bundles if (work / n / "contract.json").is_file()]
     write_report(report, work, built, st.start, record_dir)
     h_cpu = st.launch("cpuref", "cpuref", names=built, threads=8) if built and want("cpuref") else None
-    variants = [f"{n}+mma" for n in MMA_VARIANTS if n in built]
+    variants = [f"{n}+mma" for n in (SIM_MMA_VARIANTS if sim else MMA_VARIANTS) if n in built]
     for name in built + variants if want("e2e") else []:  # untimed: may run beside the CPU reference
         if st.left() < 40:
             stages[f"e2e-{name}"] = {"error": "skipped: global time budget spent"}
@@ -259,7 +296,7 @@ def main() -> None:
     serving = work / SERVING_BUNDLE
     if want("gates") and SERVING_BUNDLE in built and st.left() > 60:  # a row's bits alone and in twelve company
         done("gates", st.launch("gates", "gates", cmd=[
-            sys.executable, str(REPO / "bench" / "bit_gates.py"), str(serving), "--json",
+            sys.executable, str(REPO / "bench" / "bit_gates.py"), str(serving), "--device", args.device, "--json",
             str(work / "logs" / "gates.json")]))
     if want("engine") and SERVING_BUNDLE in built and st.left() > 60:  # the engine alone: the burst's requests
         done("engine", st.launch("engine", "engine", cmd=[
@@ -269,10 +306,12 @@ def main() -> None:
     if want("serving") and SERVING_BUNDLE in built and missing_serve:
         stages["serving"] = {"error": f"skipped: {', '.join(missing_serve)} not importable (carry the serving "
                                       "wheels: this script's docstring)"}
-    elif want("serving") and SERVING_BUNDLE in built and st.left() > 120:  # runtime serve, 2,048 clients
+    elif want("serving") and SERVING_BUNDLE in built and st.left() > 120:  # runtime serve, 2,048 clients (sim: 64)
+        burst = ["--clients", str(SIM_CLIENTS), "--distinct", str(SIM_DISTINCT), "--timeout", "3000"] if sim \
+            else ["--clients", "2048"]
         done("serving", st.launch("serving", "serving", cmd=[
-            sys.executable, str(REPO / "bench" / "serve_burst.py"), str(serving), "--clients", "2048", "--json",
-            str(work / "logs" / "serving.json")]))
+            sys.executable, str(REPO / "bench" / "serve_burst.py"), str(serving), "--device", args.device, *burst,
+            "--json", str(work / "logs" / "serving.json")]))
     if want("pytest") and not args.no_pytest and st.left() > 90:
         done("pytest", st.launch("pytest", "pytest", cmd=[
             sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",

@@ -39,10 +39,10 @@ def attempt(rec, key: str, fn):
     return value
 
 
-def manual_engine(folder: Path, family: str = "fma"):
+def manual_engine(folder: Path, family: str = "fma", device: str = "native"):
     """The engine's parts without the canary gate (graph-free paths first, or after a failed
     Engine.load, to learn more): modules that fail to load are recorded instead of fatal. ``family``: the
-    GPU kernel family (kernels/geometry.py KERNEL_FAMILIES)."""
+    GPU kernel family (kernels/geometry.py KERNEL_FAMILIES); ``device``: runtime/cuda/devices.py DEVICES."""
     from types import SimpleNamespace
 
     from tokenizers import Tokenizer
@@ -51,10 +51,11 @@ def manual_engine(folder: Path, family: str = "fma"):
     from toolcall.runtime.batching.batcher import StepBatcher
     from toolcall.runtime.bundle.files import read_contract
     from toolcall.runtime.cuda.backend import load_cuda_model
+    from toolcall.runtime.cuda.devices import DEVICES
     from toolcall.runtime.cuda.graph import DecodeGraph
     from toolcall.runtime.grammar.trie import Grammar
     c, g = read_contract(folder), Grammar.read(folder / "grammar.msgpack")
-    m = load_cuda_model(folder, c, g, strict=False, family=KERNEL_FAMILIES[family])
+    m = load_cuda_model(folder, c, g, DEVICES[device].gpu(c), strict=False, family=KERNEL_FAMILIES[family])
     lim = c.limits
     gen = StepBatcher(m, m.kv, g, max_input_tokens=lim.max_input_tokens, max_output_tokens=lim.max_output_tokens,
                     max_tokens_per_step=lim.max_tokens_per_step, prefill_chunk=lim.prefill_chunk)
@@ -87,12 +88,12 @@ def variant(name: str) -> tuple[str, str]:
     return bundle, family or "fma"
 
 
-def stage_e2e(work: Path, name: str, rec) -> dict:
+def stage_e2e(work: Path, name: str, rec, device: str = "native") -> dict:
     from toolcall.runtime.engine import Engine
     t = time.perf_counter()
     bundle, family = variant(name)
     # 1. graph-free paths, saved before any graph is launched
-    parts = attempt(rec, "load_graph_free", lambda: manual_engine(work / bundle, family))
+    parts = attempt(rec, "load_graph_free", lambda: manual_engine(work / bundle, family, device))
     if isinstance(parts, dict):
         return rec.data
     m, c = parts.model, parts.contract
@@ -123,7 +124,7 @@ def stage_e2e(work: Path, name: str, rec) -> dict:
         return rec.data  # a sticky error: a second context would only repeat it
     # 2. the load gate (canary on both decode paths) and the decode graph
     t = time.perf_counter()
-    engine = attempt(rec, "load", lambda: Engine.load(work / bundle, gpu_kernels=family))
+    engine = attempt(rec, "load", lambda: Engine.load(work / bundle, gpu_kernels=family, device=device))
     if isinstance(engine, dict):
         return rec.data
     rec.put("load", {"seconds": time.perf_counter() - t})

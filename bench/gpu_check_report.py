@@ -151,12 +151,16 @@ def _f(v, fmt=".3g", na="-"):
 def table(report: dict) -> str:
     m, s = report["machine"], report["summary"]
     smi = m.get("nvidia_smi") if isinstance(m.get("nvidia_smi"), dict) else {}
-    lines = [f"== gpu_check: {m.get('gpu_name') or smi.get('name')} (cc {m.get('compute_capability')}), driver "
-             f"{smi.get('driver_version', m.get('driver_version'))}, SM clock {smi.get('clocks.sm', '?')} / max "
-             f"{smi.get('clocks.max.sm', '?')}; {report.get('elapsed_s', 0):.0f} s of {report['budget_s']:.0f} s",
-             f"{'stage':22} {'seconds':>8}  result"]
+    spent = f"{report.get('elapsed_s', 0):.0f} s of {report['budget_s']:.0f} s"
+    if report.get("device") == "sim":
+        head = f"== gpu_check on the simulated device (answers only, no timings; {m.get('cpus')} CPUs): {spent}"
+    else:
+        head = (f"== gpu_check: {m.get('gpu_name') or smi.get('name')} (cc {m.get('compute_capability')}), driver "
+                f"{smi.get('driver_version', m.get('driver_version'))}, SM clock {smi.get('clocks.sm', '?')} / max "
+                f"{smi.get('clocks.max.sm', '?')}; {spent}")
+    lines = [head, f"{'stage':22} {'seconds':>8}  result"]
     for key, res in report["stages"].items():
-        result = res.get("error", "ok") + (f" ({len(res.get('records', []))} records kept)" if res.get("partial")
+        result = res.get("error", res.get("skipped", "ok")) + (f" ({len(res.get('records', []))} records kept)" if res.get("partial")
                                           and "records" in res else "")
         if key == "pytest":  # its last line: "N passed, M failed in S s"
             result = ([ln for ln in res.get("log_tail", "").splitlines() if ln.strip()] or ["?"])[-1]
@@ -193,6 +197,15 @@ def table(report: dict) -> str:
             lines.append(f"{name}: decode step {_f(b.get('step_graph_ms'), '.4f')} ms, "
                          f"{_f(b['step_graph_programmatic_ms'], '.4f')} ms with programmatic edges"
                          + (f" (refused: {b['programmatic_error']})" if b.get("programmatic_error") else ""))
+    gates, burst = report["stages"].get("gates", {}), report["stages"].get("serving", {})
+    if "bit_gates" in gates:
+        failed = [name for name, g in gates.get("gates", {}).items() if not g["passed"]]
+        lines.append(f"bit gates: {gates['bit_gates_passed']} of {gates['bit_gates']} passed"
+                     + (f"; failed {failed}" if failed else ""))
+    if "clients" in burst:
+        lines.append(f"serving burst: {burst['clients']} clients, lost {burst['lost']}, "
+                     f"{burst['different_from_solo']} differ from the same request alone, kv pages in use after "
+                     f"{burst['kv_pages_in_use_after']:.0f}")
     rows = report["stages"].get("kernel-times", {}).get("rows") or []
     if rows:
         lines.append(f"{'kernel (chain of graph nodes; T = 1 unless named)':36} {'us':>7} {'us pdl':>7} {'GB/s':>6}")

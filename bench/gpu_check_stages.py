@@ -164,13 +164,23 @@ def kernel_jobs(graphs: bool, cases: str | None) -> list[tuple[str, object, tupl
     return jobs
 
 
-def stage_kernels(rec, graphs: bool = False, cases: str | None = None, while_timeout_s: float = 20.0) -> dict:
+def kernel_gpu(device: str):
+    """The device the kernel stages run on: GPU 0 (native), or the simulated h200 (sim: sanitizers on)."""
+    if device == "sim":
+        from toolcall.kernels.sim.device import SimGpu
+        from toolcall.kernels.targets import TARGETS
+        return SimGpu(TARGETS["h200"].sm_arch, name="simulated H200")
+    from toolcall.kernels.launch import Gpu
+    return Gpu()
+
+
+def stage_kernels(rec, graphs: bool = False, cases: str | None = None, while_timeout_s: float = 20.0,
+                  device: str = "native") -> dict:
     """Every job's records and error are put as soon as the job ends; a stuck WHILE graph ends
     the stage at once (exit_stuck); ``gpu.close()`` is best effort and its error recorded."""
     from gpu_check_record import close_all, exit_stuck, is_stuck
 
     import toolcall.kernels.runner as runner_mod
-    from toolcall.kernels.launch import Gpu
     from toolcall.kernels.runner import KernelRunner
 
     class RecordingRunner(KernelRunner):
@@ -198,7 +208,7 @@ def stage_kernels(rec, graphs: bool = False, cases: str | None = None, while_tim
     rec.put("headers", ensure_headers())
     jobs = kernel_jobs(graphs, cases)
     rec.put("cases", len(jobs))
-    gpu = Gpu()
+    gpu = kernel_gpu(device)
     rec.put("device", gpu.name)
     runner = RecordingRunner(gpu)
     runner.records, errors, t = [], {}, time.perf_counter()

@@ -15,6 +15,10 @@ main thread (the event loop), its other threads (the engine and lanes), and this
 share is the median of the rounds' shares (a single no-op burst on a 2-core machine moves by a
 third between runs): a line and two CPU lines a round, then the summary; JSON with every round
 and the machine recorded.
+
+With --device sim (a GPU bundle on the simulated device, runtime/cuda/devices.py) the burst checks answers only:
+the same requests alone on the simulated device are the reference, and the warm-up burst, the no-op engine and
+the heap waits (timing) are left out; keep --clients small (bench/RESULTS.md has the simulated device's speed).
 """
 from __future__ import annotations
 
@@ -55,11 +59,11 @@ def sampling_of(body: dict):
     return Sampling(body.get("temperature", 0.0), body.get("top_p", 1.0), body.get("seed", 0))
 
 
-def solo_answers(bundle: str, bodies: list[dict]) -> list[list[int]]:
-    """Each body's token ids, run alone (one request at a time) on the bundle's CPU engine."""
+def solo_answers(bundle: str, bodies: list[dict], device: str) -> list[list[int]]:
+    """Each body's token ids, run alone (one request at a time) on the bundle's engine on ``device``."""
     from toolcall.runtime.engine import Engine
 
-    engine = Engine.load(bundle, threads=1)  # one kernel thread: no barrier stalls when the machine is busy
+    engine = Engine.load(bundle, threads=1, device=device)  # one kernel thread: no barrier stalls on a busy machine
     out = []
     try:
         for b in bodies:
@@ -103,7 +107,7 @@ class Server:
     """`runtime serve` in a subprocess on 127.0.0.1, port read from its ready line."""
 
     def __init__(self, bundle: str, noop: bool, request_timeout_s: float, threads: int | None = None,
-                 lanes: int | None = None, root: Path = ROOT):
+                 lanes: int | None = None, root: Path = ROOT, device: str = "native", ready_s: float = 120.0):
         bundle = str(Path(bundle).resolve())  # the server runs in ``root``, not in the caller's directory
         if noop:  # the same server with bench/noop_engine.py's engine
             cmd = [sys.executable, str(Path(__file__).with_name("noop_engine.py")), bundle, "--port", "0",
@@ -111,14 +115,15 @@ class Server:
         else:
             cmd = [sys.executable, "-c", "from toolcall.runtime.cli import main; main()", "serve", bundle, "--port",
                    "0", "--request-timeout", str(request_timeout_s)] + \
-                ([] if threads is None else ["--threads", str(threads)]) + ([] if lanes is None else ["--lanes", str(lanes)])
+                ([] if threads is None else ["--threads", str(threads)]) + ([] if lanes is None else ["--lanes", str(lanes)]) \
+                + ["--device", device]
         env = {**os.environ, "PYTHONPATH": str(checkout.import_folder(root))}  # ``root``'s code as toolcall
         self.proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env)
         line = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
-        reader.join(120)
+        reader.join(ready_s)
         if not line or not line[0].startswith("ready: "):
             self.proc.kill()
             raise SystemExit(f"server did not get ready: {line} {self.proc.stderr.read()[-2000:]}")
@@ -195,18 +200,21 @@ def summarize(records: list[dict], wall: float, solo: list[list[int]] | None) ->
 
 
 def run_one(bundle: str, noop: bool, bodies, solo, clients: int, timeout_s: float, threads: int | None,
-            lanes: int | None = None) -> dict:
+            lanes: int | None = None, device: str = "native") -> dict:
     import urllib.request
 
-    server = Server(bundle, noop, timeout_s, threads, lanes)
+    timed = device == "native"  # the simulated device checks answers: no warm-up burst, no waits for the heap
+    server = Server(bundle, noop, timeout_s, threads, lanes, device=device, ready_s=120.0 if timed else 1200.0)
     try:
-        warm, _ = asyncio.run(burst(server.url, bodies, min(64, clients), timeout_s))  # first-call costs
-        time.sleep(2.5)  # before and after both measured idle, once the server has trimmed its heap
+        if timed:
+            asyncio.run(burst(server.url, bodies, min(64, clients), timeout_s))  # first-call costs
+            time.sleep(2.5)  # before and after both measured idle, once the server has trimmed its heap
         rss_before = rss_bytes(server.proc.pid)
         cpu_before, client_before = cpu_seconds(server.proc.pid), client_cpu_seconds()
         records, wall = asyncio.run(burst(server.url, bodies, clients, timeout_s))
         cpu_after, client_after = cpu_seconds(server.proc.pid), client_cpu_seconds()
-        time.sleep(2.5)  # the server trims its heap once idle (ticks of 1 s)
+        if timed:
+            time.sleep(2.5)  # the server trims its heap once idle (ticks of 1 s)
         text = urllib.request.urlopen(server.url + "/metrics", timeout=30).read().decode()
         rss_after = rss_bytes(server.proc.pid)
         models = json.loads(urllib.request.urlopen(server.url + "/v1/models", timeout=30).read())
@@ -235,8 +243,12 @@ def main() -> None:
                     help="Per-client total timeout, and the server's --request-timeout, seconds.")
     ap.add_argument("--threads", type=int, default=None, help="The server's --threads [default: its own].")
     ap.add_argument("--lanes", type=int, default=None, help="The server's --lanes [default: its own].")
+    from toolcall.runtime.cuda.devices import DEVICES, NATIVE
+    ap.add_argument("--device", choices=list(DEVICES), default=NATIVE,
+                    help="sim: a GPU bundle on the simulated device, answers only (no no-op round, no warm-up)")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args()
+    timed = args.device == NATIVE
     if args.rounds < 1 or args.clients < 1 or args.distinct < 1:
         raise SystemExit("--rounds, --clients and --distinct must be at least 1")
     from toolcall.runtime.serve.server import raise_open_files
@@ -250,28 +262,33 @@ def main() -> None:
     contract = read_contract(args.bundle)
     bodies = requests_for(args.distinct)
     t0 = time.perf_counter()
-    solo = solo_answers(args.bundle, bodies)
+    solo = solo_answers(args.bundle, bodies, args.device)
     solo_s = time.perf_counter() - t0
     rounds = []
     for r in range(args.rounds):
-        ours = run_one(args.bundle, False, bodies, solo, args.clients, args.timeout, args.threads, args.lanes)
+        ours = run_one(args.bundle, False, bodies, solo, args.clients, args.timeout, args.threads, args.lanes,
+                       args.device)
+        if not timed:
+            rounds.append({"engine": ours})
+            print_answers(f"round {r + 1}/{args.rounds}: " if args.rounds > 1 else "", args.clients, ours)
+            continue
         noop = run_one(args.bundle, True, bodies, None, args.clients, args.timeout, args.threads, args.lanes)
         rounds.append({"engine": ours, "noop": noop,
                        "share_of_noop_rate": ours["requests_per_s"] / max(1e-9, noop["requests_per_s"])})
         print_round(f"round {r + 1}/{args.rounds}: " if args.rounds > 1 else "", args.clients, rounds[-1])
-    median = lambda xs: float(np.median(xs))  # noqa: E731
+    median = lambda xs: float(np.median(xs)) if timed else None  # noqa: E731
     ours_all = [x["engine"] for x in rounds]
     report = {
         "bench": "serve_burst", "bundle": str(args.bundle), "clients": args.clients, "distinct": args.distinct,
-        "threads": args.threads, "lanes": args.lanes, "rounds": rounds,
+        "threads": args.threads, "lanes": args.lanes, "device": args.device, "rounds": rounds,
         "limits": {"max_sequences": contract.limits.max_sequences, "num_pages": contract.limits.num_pages},
         "solo_reference_s": solo_s,
         # over the rounds: medians of the rates and the share; the worst of everything that must hold
         "requests_per_s": median([o["requests_per_s"] for o in ours_all]),
-        "noop_requests_per_s": median([x["noop"]["requests_per_s"] for x in rounds]),
-        "share_of_noop_rate": median([x["share_of_noop_rate"] for x in rounds]),
-        "share_min": min(x["share_of_noop_rate"] for x in rounds),
-        "share_max": max(x["share_of_noop_rate"] for x in rounds),
+        "noop_requests_per_s": median([x["noop"]["requests_per_s"] for x in rounds] if timed else []),
+        "share_of_noop_rate": median([x["share_of_noop_rate"] for x in rounds] if timed else []),
+        "share_min": min(x["share_of_noop_rate"] for x in rounds) if timed else None,
+        "share_max": max(x["share_of_noop_rate"] for x in rounds) if timed else None,
         "lost": sum(o["lost"] for o in ours_all), "different_from_solo": sum(o["different_from_solo"] for o in ours_all),
         "kv_pages_in_use_after": max(o["kv_pages_in_use_after"] for o in ours_all),
         "rss_change_max": max(o["rss_change"] for o in ours_all),
@@ -280,12 +297,19 @@ def main() -> None:
     }
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=2))
-    if args.rounds > 1:
+    if args.rounds > 1 and timed:
         print(f"serve_burst, {args.rounds} rounds: median {report['requests_per_s']:.0f} req/s (no-op median "
               f"{report['noop_requests_per_s']:.0f}), share median {report['share_of_noop_rate']:.0%} (rounds "
               f"{report['share_min']:.0%}..{report['share_max']:.0%}); lost {report['lost']}, "
               f"{report['different_from_solo']} differ from solo, kv pages in use after {report['kv_pages_in_use_after']:.0f} "
               f"at most, RSS change {report['rss_change_max']:+.1%} at most")
+
+
+def print_answers(prefix: str, clients: int, ours: dict) -> None:
+    """A round's answers alone (the simulated device: no rates to compare)."""
+    print(f"{prefix}serve_burst: {clients} clients, {ours['answered']} answered, refused {ours['refused']}, "
+          f"lost {ours['lost']}, {ours['different_from_solo']} differ from alone; wall {ours['wall_s']:.1f} s; "
+          f"kv pages in use after {ours['kv_pages_in_use_after']:.0f}", flush=True)
 
 
 def print_round(prefix: str, clients: int, rnd: dict) -> None:

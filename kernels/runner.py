@@ -134,8 +134,14 @@ def run_while_graph(runner: KernelRunner, body_for_handle, timeout_s: float | No
     A body kernel must clear the condition (cudaGraphSetConditional); a loop still running
     after ``timeout_s`` (default WHILE_TIMEOUT_S) raises CudaError("graph_stuck") instead of
     hanging the caller, without touching the graph or stream again (that would wait on the
-    loop): the context is unusable, so the process should end."""
+    loop): the context is unusable, so the process should end. A device that brings its own graphs (the
+    simulated one's ``graph_builder``) runs the same WHILE node there."""
     timeout_s = WHILE_TIMEOUT_S if timeout_s is None else timeout_s
+    own_graphs = getattr(runner.gpu, "graph_builder", None)
+    if own_graphs is not None:
+        graphs = own_graphs(runner)
+        graphs.launch(graphs.instantiate([], body_for_handle), timeout_s)
+        return
     from cuda.bindings import driver as drv
     graph = check(drv.cuGraphCreate(0), "cuGraphCreate")
     handle, body = add_while_node(drv, graph, runner.gpu.context, [])

@@ -97,3 +97,12 @@ def test_the_record_lands_in_its_folder_and_under_out(tmp_path, monkeypatch):
     assert written["serving"] == {"date": "2026-12-04", "commit": "old", "x": 1}
     assert written["decode"]["commit"] == written["prefill"]["commit"] == "abc1234"
     assert device_record.write_record({"machine": {}}, folder, out, "2026-12-06", tmp_path) is None
+
+
+def test_a_run_on_the_simulated_device_writes_no_record(tmp_path):
+    """`gpu_check.py --device sim` (the rehearsal) measures no card: its report, even naming a GPU, writes nothing."""
+    run = report()
+    run["device"] = "sim"
+    folder, out = tmp_path / "device", tmp_path / "out"
+    assert device_record.write_record(run, folder, out, "2026-12-07", tmp_path) is None
+    assert not folder.exists() and not out.exists()

@@ -84,3 +84,27 @@ def test_an_evicted_request_grammar_is_freed_after_the_step_sync(parts, two_tool
         in_step = (in_step or e == "launch") and e != "sync"
         assert not (in_step and e == "free"), "a request grammar was freed while its step's kernels were queued"
     model.close()
+
+
+def test_every_prompt_row_takes_the_prefill_tiles(parts):
+    """The decode kernel takes only answer rows: a prompt whose chunk the step's budget cut one row short finishes
+    beside the answering rows of the others, its one row alone in its sequence, and still takes the prefill tiles
+    (a row's bits there never depend on its tile; the decode kernel gives other bits: bench/bit_gates.py batch_2 on
+    the simulated device, where the end of a cached prompt was decoded)."""
+    model, _ = device_model(parts)
+    gen = batcher(model, parts)
+    lim, prompt = parts["limits"], parts["prompts"][0]
+    assert 2 * len(prompt) < lim.max_tokens_per_step and len(prompt) <= lim.prefill_chunk
+    cut = prompt[:lim.max_tokens_per_step - 2 * len(prompt) + 1]  # one row past the first step's budget
+    steps = []  # (positions of the decode kernel's rows, of the tiles' rows)
+    write_rows = model.write_rows
+
+    def spy(tokens, slots, positions, tiles_from=0, launched=None):
+        first_tile = len(tokens) if tiles_from is None else tiles_from
+        steps.append((list(positions[:first_tile]), list(positions[first_tile:])))
+        return write_rows(tokens, slots, positions, tiles_from, launched)
+    model.write_rows = spy
+    gen.generate([Request(prompt), Request(prompt), Request(cut)])
+    assert all(p >= len(cut) for decoded, _ in steps for p in decoded), steps  # no prompt row decoded
+    assert ([len(prompt)] * 2, [len(cut) - 1]) in steps, steps  # the cut prompt's last row: a tile beside answers
+    model.close()

@@ -89,3 +89,9 @@ def test_while_graph_loop_stops_on_the_device(dev, case):
         dev.same(got, want, f"WHILE graph {what}")
     assert dev.gpu.download(a["cond"], (1,), np.int32)[0] == 0
     dev.same(dev.gpu.download(a["ws"], (2,), np.int32), np.zeros(2, np.int32), "sync_ws left zeroed")
+
+
+@pytest.mark.parametrize("case", LOOPS)
+def test_while_graph_loop_stops_on_the_simulated_device(sim, case):
+    """The same WHILE graph on the simulated device (its own graphs: toolcall.kernels.sim.device.SimGraphs)."""
+    test_while_graph_loop_stops_on_the_device(sim, case)

@@ -4,12 +4,18 @@ requests batched (mixed prefill and decode steps), a sampled one, tool subsets a
 decode loop. Loads once (the canary runs through the serving step and the decode graph there)."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from conftest import compile_test_bundle
 
 from toolcall.models.recipe.handwritten import load_handwritten
 from toolcall.runtime.batching.sampling import Sampling
 from toolcall.runtime.engine import Engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bit_gates  # noqa: E402
 
 EVERY = 30  # the hand-written set's requests taken: one in EVERY (the whole set: bench/sim_end_to_end.py)
 
@@ -71,6 +77,17 @@ def test_the_captured_decode_loop_answers_as_the_serving_step(engines):
     text = texts()[0]
     loop = sim.decode_graph.generate(sim.encode(text))
     assert loop.token_ids == list(cpu.run([text])[0].token_ids)
+
+
+def test_a_rows_bits_alone_are_its_bits_beside_others(engines):
+    """bench/bit_gates.py's batch_2 and beside_prefix_sibling on the simulated device: a row's tokens, candidates
+    and logit bits served alone, then in a burst of two and beside a sibling with its prompt (the KV pool serving its
+    prompt's pages and rows, the prompt's last row computed alone in its sequence)."""
+    sim, _ = engines
+    gates = bit_gates.Gates(sim)
+    alone = sim.generator.generate([gates.target()])[0]
+    assert bit_gates.bits_differ(alone, gates.burst(2)) is None
+    assert bit_gates.bits_differ(alone, gates.beside_prefix_sibling()) is None
 
 
 def test_openai_clients_at_once_get_the_cpu_answers(engines):

@@ -229,6 +229,7 @@ class StepBatcher:
             seq.fed += n
             if seq.fed == len(seq.output):  # a chunk cut short by the budget picks nothing this step
                 samplers.append((seq, len(tokens) - 1))
+        answer_rows = len(tokens)
         budget = self.max_tokens_per_step - len(tokens)
         for seq in active:
             if seq.prefilled < len(seq.prompt) and budget > 0:
@@ -251,7 +252,7 @@ class StepBatcher:
                          steppers)
         return StepPlan(refused, active, np.asarray(tokens, np.int64), np.asarray(slots, np.int64),
                         np.asarray(positions, np.int64), seqs, np.asarray([r for _, r in samplers], np.int64),
-                        prefilled, picks)  # outputs: the sampled rows
+                        prefilled, picks, answer_rows)  # outputs: the sampled rows
 
     def _states(self, seqs: list[Sequence]) -> np.ndarray:
         states = np.empty(len(seqs), self.stepper.dtype)  # (np.stack of 0-d records is 10x slower)

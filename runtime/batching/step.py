@@ -55,7 +55,8 @@ class StepPlan:
     """One step's rows, laid out before the forward runs: tokens, slots and positions (T,) int64, the rows
     whose hidden state is sampled ``outputs`` (R,) with their controls ``picks``, and the bookkeeping the
     batcher lands afterwards (``refused`` requests, the ``running`` sequences, ``samplers``: the sequences
-    of the sampled rows in row order, ``prefilled``: prompts complete once the forward ran)."""
+    of the sampled rows in row order, ``prefilled``: prompts complete once the forward ran). The answering
+    sequences' rows come first (``answer_rows`` of them), then the prompt chunks."""
 
     refused: list
     running: list
@@ -66,6 +67,7 @@ class StepPlan:
     outputs: np.ndarray
     prefilled: list
     picks: PickRows
+    answer_rows: int
 
 
 @dataclass

@@ -117,21 +117,24 @@ class DeviceStep:
     # ---- the plan ----
     def _forward_rows(self, plan: StepPlan) -> tuple[int | None, int, int]:
         """The forward's rows into ws["rows"] (as CudaModel.forward): (prefill tiles, rows launched, leading decode
-        rows). A step whose rows are of distinct sequences (decode rows) takes the decode kernel: no tiles (None).
-        Otherwise its leading rows that are alone in their sequence (the answering sequences' rows: the batcher lays
-        them first) take the decode kernel and the rest prefill tiles, counted from the first of them. Either way
-        the rows are padded to their bucket (token, seq and pos -1: the kernels skip them), and a mixed step's tiles
-        too (tile_len 0: the attention kernels skip them), so the programs come from a few shapes."""
+        rows). The leading answer rows (the batcher lays them first) that are alone in their sequence take the
+        decode kernel; every prompt row takes the prefill tiles, counted from the first of them, even a prompt's
+        only row of the step (the end of a prompt the KV pool had cached, a chunk cut by the step's budget): a
+        prompt row's bits then never depend on its company, since the prefill attention gives a row the same bits
+        whatever tile holds it, and the decode kernel other bits (bench/bit_gates.py). A step of answer rows only
+        takes the decode kernel alone: no tiles (None). Either way the rows are padded to their bucket (token, seq
+        and pos -1: the kernels skip them), and a mixed step's tiles too (tile_len 0: the attention kernels skip
+        them), so the programs come from a few shapes."""
         m, T = self.m, len(plan.tokens)
         _, first, counts = np.unique(np.asarray(plan.slots), return_index=True, return_counts=True)
-        if len(counts) == T:
-            launched = bucket(T, m.limits.max_tokens_per_step)
+        alone = np.zeros(T + 1, bool)  # the sentinel ends the leading run
+        alone[first[counts == 1]] = True
+        alone[plan.answer_rows:] = False
+        decode = int(np.argmin(alone))  # the leading answer rows alone in their sequence
+        launched = bucket(T, m.limits.max_tokens_per_step)
+        if decode == T:
             m.write_rows(plan.tokens, plan.slots, plan.positions, tiles_from=None, launched=launched)
             return None, launched, launched
-        alone = np.zeros(T, bool)
-        alone[first[counts == 1]] = True
-        decode = int(np.argmin(alone))  # the leading run of rows alone in their sequence (one row is not)
-        launched = bucket(T, m.limits.max_tokens_per_step)
         n_tiles = m.write_rows(plan.tokens, plan.slots, plan.positions, tiles_from=decode, launched=launched)
         return bucket(n_tiles, m.limits.max_tokens_per_step), launched, decode
 
