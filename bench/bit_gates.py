@@ -1,6 +1,6 @@
 """The bit-identity gates of a serving engine: a row's bits served alone against its bits in twelve company.
 
-    python3 bench/bit_gates.py BUNDLE [--device sim] [--json OUT.json]
+    python3 bench/bit_gates.py BUNDLE [--device sim] [--gates NAME,...] [--json OUT.json]
 
 A row's bits: its answer tokens and, step by step, its candidates and the float32 bits of their logits (the
 engine's keep_logits record). The row is served alone once; then each gate serves it again and compares:
@@ -98,8 +98,9 @@ class Gates:
                 break
         return out
 
-    def run(self, on_gate=None) -> dict[str, dict]:
-        """{gate: {passed, why?, seconds}}; ``on_gate(name, record)`` as each gate ends (progress on slow devices)."""
+    def run(self, on_gate=None, gates=GATES) -> dict[str, dict]:
+        """{gate: {passed, why?, seconds}} for ``gates`` in their order; ``on_gate(name, record)`` as each gate
+        ends (progress on slow devices)."""
         from toolcall.runtime.batching.sampling import Sampling
         alone = self.gen.generate([self.target()])[0]
         sampling = Sampling(0.8, 0.9, 7)
@@ -114,7 +115,7 @@ class Gates:
         cases["admitted_mid_burst"] = self.admitted_mid_burst
         cases["neighbours_cancelled"] = self.neighbours_cancelled
         out = {}
-        for name in GATES:
+        for name in gates:
             start = time.monotonic()
             try:
                 why = bits_differ(alone_sampled if name == "sampled_top_p" else alone, cases[name]())
@@ -167,13 +168,19 @@ def main() -> None:
     from toolcall.runtime.cuda.devices import DEVICES, NATIVE
     ap.add_argument("--device", choices=list(DEVICES), default=NATIVE,
                     help="sim: a GPU bundle on the simulated device (runtime --device sim)")
+    ap.add_argument("--gates", default=",".join(GATES),
+                    help="comma-separated gates to run, in this order [default: all twelve]")
     ap.add_argument("--json", help="also write {gate: {passed, why}} and the counts here")
     args = ap.parse_args()
+    chosen = [g for g in args.gates.split(",") if g]
+    unknown = sorted(set(chosen) - set(GATES))
+    if unknown or not chosen:
+        ap.error(f"--gates: expected names from {', '.join(GATES)}; found {', '.join(unknown) or 'none'}")
     from toolcall.runtime.engine import Engine
     engine = Engine.load(args.bundle, device=args.device)
     try:
         gates = Gates(engine).run(on_gate=lambda name, g: print(
-            f"{name:24} {'pass' if g['passed'] else 'FAIL ' + g['why']} ({g['seconds']} s)", flush=True))
+            f"{name:24} {'pass' if g['passed'] else 'FAIL ' + g['why']} ({g['seconds']} s)", flush=True), gates=chosen)
     finally:
         engine.close()
     passed = sum(g["passed"] for g in gates.values())

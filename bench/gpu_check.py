@@ -40,7 +40,7 @@ Speed targets are judged only for bundles whose tokens equal the CPU reference o
 
 The rehearsal, on a machine without a GPU: `python3 bench/gpu_check.py --device sim` runs every stage that checks
 answers with the same code on the simulated device (runtime/cuda/devices.py; the kernels as PTX on the CPU
-executor): kernels and the WHILE loops, the small and tool bundles (the 0.6B shape's 28 layers would take hours
+executor): the kernel cases the executor runs in CI and the WHILE loops, the small and tool bundles (the 0.6B shape's 28 layers would take hours
 there), their end to end against the CPU reference (tool-fp8 again with the mma family), the bit gates and a
 burst of 64 clients through `runtime serve --device sim`. The timed stages (bench, kernel-times, engine, pytest)
 are skipped and no device record is written: bench/device/ holds measurements from cards only. Its stage limits

@@ -142,9 +142,11 @@ def stage_build(work: Path, names: list[str], rec) -> dict:
 
 
 # ---- kernels ----
-def kernel_jobs(graphs: bool, cases: str | None) -> list[tuple[str, object, tuple]]:
+def kernel_jobs(graphs: bool, cases: str | None, ci_only: bool = False) -> list[tuple[str, object, tuple]]:
     """(id, fn(runner, rng, *spec), spec): the parity cases and host loops, or the WHILE-graph loops;
-    ``cases``: comma-separated parts, a job is kept when its id contains one."""
+    ``cases``: comma-separated parts, a job is kept when its id contains one; ``ci_only``: only the cases the
+    executor runs in CI (``python -m toolcall.kernels.sim test``; the simulated device: the others' T up to 2,048
+    take it minutes each)."""
     from toolcall.kernels.cases import all_cases, grammar_loop, linear
     loop = load_test_module("test_kernels_gpu_loop")
     jobs = []
@@ -157,7 +159,7 @@ def kernel_jobs(graphs: bool, cases: str | None) -> list[tuple[str, object, tupl
         # families over T = 1 .. 2048 and a row alone vs beside 1 .. 255 others (the bit rule), the host-stepped
         # grammar loops, the draw
         prefix = {**{id(c): "linear-" for c in linear.CASES}, **{id(c): "loop-host-" for c in grammar_loop.CASES}}
-        jobs = [(prefix.get(id(c), "") + c.id, c.run, c.spec) for c in all_cases()]
+        jobs = [(prefix.get(id(c), "") + c.id, c.run, c.spec) for c in all_cases() if c.ci or not ci_only]
     if cases:
         parts = [c for c in cases.split(",") if c]
         jobs = [j for j in jobs if any(p in j[0] for p in parts)]
@@ -206,7 +208,7 @@ def stage_kernels(rec, graphs: bool = False, cases: str | None = None, while_tim
 
     runner_mod.WHILE_TIMEOUT_S = while_timeout_s
     rec.put("headers", ensure_headers())
-    jobs = kernel_jobs(graphs, cases)
+    jobs = kernel_jobs(graphs, cases, ci_only=device == "sim")
     rec.put("cases", len(jobs))
     gpu = kernel_gpu(device)
     rec.put("device", gpu.name)

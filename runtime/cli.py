@@ -227,8 +227,9 @@ def _use_system_allocator() -> None:
               help="Waiting-queue bound in requests [default: 32 x the contract's max_sequences].")
 @click.option("--max-queue-tokens", type=int, default=None,
               help="Waiting-queue bound in prompt tokens [default: requests x max_input_tokens / 4].")
-@click.option("--request-timeout", type=float, default=60.0, show_default=True,
-              help="Deadline of a request without timeout_s, in seconds (past it: 504).")
+@click.option("--request-timeout", type=float, default=None,
+              help="Deadline of a request without timeout_s, in seconds (past it: 504) [default: " + "; ".join(
+                  f"{d.request_timeout_s:g} on {d.name}" for d in DEVICES.values()) + "].")
 @click.option("--max-body-bytes", type=int, default=64 * 1024, show_default=True, help="Largest request body.")
 @click.option("--head", type=click.Choice(HEAD_MODES), default="sparse", show_default=True)
 @click.option("--threads", type=int, default=None,
@@ -268,6 +269,8 @@ def serve(path, host, port, max_queue_requests, max_queue_tokens, request_timeou
             raise click.BadParameter(f"needs a positive number, got {value}", param_hint=name)
     if not 0 <= port <= 65_535:
         raise click.BadParameter(f"needs a TCP port from 0 to 65535, got {port}", param_hint="--port")
+    if request_timeout is None:
+        request_timeout = DEVICES[device].request_timeout_s
     if not 0 < request_timeout <= MAX_TIMEOUT_S:  # NaN fails too: a deadline is compared, never NaN
         raise click.BadParameter(f"needs seconds > 0 and at most {MAX_TIMEOUT_S:g} (timeout_s's bound), got "
                                  f"{request_timeout}", param_hint="--request-timeout")

@@ -164,3 +164,22 @@ def test_the_device_is_chosen_explicitly_and_says_so(gpu_bundle, tiny_bundle):
     assert verified.returncode == 0, verified.stderr
     assert json.loads(verified.stdout)["checks"][-1] == "simulate"
     assert verified.stderr.count("device: simulated H200") == 1, verified.stderr
+
+
+@pytest.mark.parametrize("device, given, deadline", [("sim", [], 3600.0), ("native", [], 60.0),
+                                                     ("sim", ["--request-timeout", "5"], 5.0)])
+def test_a_served_requests_default_deadline_follows_the_device(gpu_bundle, monkeypatch, device, given, deadline):
+    """`runtime serve --device sim` gives a request without timeout_s the simulated device's deadline (steps take
+    seconds there: a burst of 64 would time out at 60 s); --request-timeout still decides where it is given."""
+    pytest.importorskip("fastapi")
+    from click.testing import CliRunner
+
+    import toolcall.runtime.serve.server as server
+    from toolcall.runtime.cli import main as runtime_cli
+
+    seen = {}
+    monkeypatch.setenv("PYTHONMALLOC", "pymalloc")  # set: `runtime serve` does not re-execute the process
+    monkeypatch.setattr(server, "main", lambda path, host, port, config, **kw: seen.update(config=config, **kw))
+    result = CliRunner().invoke(runtime_cli, ["serve", str(gpu_bundle), "--device", device, *given])
+    assert result.exit_code == 0, result.output
+    assert seen["device"] == device and seen["config"].request_timeout_s == deadline

@@ -25,7 +25,8 @@ class Device:
     """One place a bundle runs. ``facts(contract)``: what check_target compares the contract with; ``gpu(contract)``:
     the launch.Gpu a CudaModel takes (None: the model retains device 0's primary context itself); ``notice``: said
     once on stderr when this device is used (None: nothing); ``stale_s``: how long a server's engine loop may go
-    without a beat (one step) and still count as live (None: the server's own bound)."""
+    without a beat (one step) and still count as live (None: the server's own bound); ``request_timeout_s``: a
+    served request's deadline where neither it nor `runtime serve --request-timeout` sets one."""
 
     name: str
     summary: str
@@ -33,6 +34,7 @@ class Device:
     gpu: Callable[[Contract], object | None]
     notice: Callable[[Contract], str | None] = lambda contract: None
     stale_s: float | None = None
+    request_timeout_s: float = 60.0
 
 
 def sim_gpu_name(contract: Contract) -> str:
@@ -60,7 +62,9 @@ DEVICES: dict[str, Device] = {d.name: d for d in (
            lambda contract: None),
     Device("sim", "a GPU bundle on the simulated device, presenting the contract's GPU (its kernels' PTX on the "
            "CPU executor): checks answers, not speed, and says so on stderr", _sim_facts, _sim_gpu, lambda contract: SIM_NOTICE.format(gpu=sim_gpu_name(contract)),
-           stale_s=600.0),  # steps take seconds there (RESULTS "Simulated device: GPU bundles end to end on the CPU")
+           # steps take seconds there, a burst of 64 minutes (RESULTS "Simulated device: GPU bundles end to end on
+           # the CPU")
+           stale_s=600.0, request_timeout_s=3600.0),
 )}
 NATIVE = "native"
 
