@@ -38,14 +38,11 @@ job, so a stage that times out, crashes or exits non-zero still reports every re
       uvicorn h11 httptools uvloop prometheus-client
 Speed targets are judged only for bundles whose tokens equal the CPU reference on every path.
 
-The rehearsal, on a machine without a GPU: `python3 bench/gpu_check.py --device sim` runs every stage that checks
-answers with the same code on the simulated device (runtime/cuda/devices.py; the kernels as PTX on the CPU
-executor): the kernel cases the executor runs in CI and the WHILE loops, the small and tool bundles (the 0.6B shape's 28 layers would take hours
-there), their end to end against the CPU reference (tool-fp8 again with the mma family), the bit gates and a
-burst of 64 clients through `runtime serve --device sim`. The timed stages (bench, kernel-times, engine, pytest)
-are skipped and no device record is written: bench/device/ holds measurements from cards only. Its stage limits
-and budget are the simulated device's (SIM_TIMEOUTS, --budget-s 10800): it takes about an hour and a half on two
-cores (bench/RESULTS.md).
+The rehearsal without a GPU, `python3 bench/gpu_check.py --device sim`: the stages that check answers, with the
+same code, on the simulated device (runtime/cuda/devices.py; PTX on the CPU executor): the executor's CI kernel
+cases, the WHILE loops, the small and tool bundles end to end, the bit gates, a burst of 64 through `runtime serve
+--device sim`; no timed stage, no device record (bench/device/ holds cards' figures). bench/gpu_check_plans.py
+holds each device's plan; bench/RESULTS.md the rehearsal's time.
 The report (gpu_check.json, gpu_check_table.txt, gpu_check_logs.txt under $OUT, else
 artifacts/) is rewritten after every stage, and so is the device record (bench/device_record.py:
 bench/device/<card>.json, --device-record, and a copy in $OUT/device/ to bring back and commit); the
@@ -70,26 +67,12 @@ checkout.use()
 from gpu_check_record import Recorder, arm_deadline, missing_wheels, read_result  # noqa: E402
 from gpu_check_report import machine_facts, summarize, table  # noqa: E402
 from device_record import write_record  # noqa: E402
+from gpu_check_plans import PLANS  # noqa: E402
 from gpu_check_stages import BUNDLES  # noqa: E402
 
-# seconds per stage process, each also capped by what is left of the budget
-TIMEOUTS = {"build": 330, "kernels": 200, "kernels-while": 60, "cpuref": 300, "e2e": 150, "bench": 120,
-            "kernel-times": 120, "gates": 120, "serving": 240, "engine": 90, "pytest": 180}
-# on the simulated device (--device sim) a launch takes milliseconds to a second of CPU: the answer stages' limits
-SIM_TIMEOUTS = {**TIMEOUTS, "kernels": 1200, "kernels-while": 300, "e2e": 1500, "gates": 7200, "serving": 3600}
-SIM_BUDGET_S = 10800.0
-# stages that time a card (or need one): skipped on the simulated device, with this reason in the report
-TIMED = ("bench", "kernel-times", "engine", "pytest")
-SIM_SKIPPED = "skipped: timing, measured on a card only (--device sim checks answers)"
-SIM_CLIENTS, SIM_DISTINCT = 64, 16  # the simulated serving burst: clients, distinct bodies (each also run alone)
 # stages that are other programs: no "complete" in their results
 EXTERNAL = ("pytest", "kernel-times", "gates", "serving", "engine")
 SERVING_BUNDLE = "tool-fp8"  # the gates', the burst's and the engine's bundle: the shipped tool model, real answers
-# bundles whose e2e and bench stages run again with the tensor-core linear kernels (runtime load --gpu-kernels
-# mma), as "<bundle>+mma": the Qwen3-0.6B shape, prompts long enough for the wide tiling (T >= 64); the nvfp4
-# kernels of the family are judged by the kernels stage's table (a second bundle would cost the budget a minute)
-MMA_VARIANTS = ("q06-fp8",)
-SIM_MMA_VARIANTS = ("tool-fp8",)  # on the simulated device (no q06): its 256-token prompt takes 64-row chunks
 SERVE_MODULES = ("aiohttp", "fastapi", "uvicorn", "prometheus_client")  # the serving stage's (carried as wheels)
 RESERVE_S = 15  # kept for the summary and the JSON
 SETUP_EXIT = 52  # common/errors.py EXIT_CODES["device_check_setup"]
@@ -105,7 +88,7 @@ def run_stage(args) -> None:
     elif args.stage in ("kernels", "kernels-while"):
         from gpu_check_stages import stage_kernels
         stage_kernels(rec, graphs=args.stage == "kernels-while", cases=args.cases, while_timeout_s=args.while_timeout_s,
-                      device=args.device)
+                      device=args.device, ci_only=PLANS[args.device].ci_kernels)
     elif args.stage == "cpuref":
         from gpu_check_stages import stage_cpuref
         stage_cpuref(work, args.names, rec)
@@ -126,7 +109,7 @@ class Stages:
     def __init__(self, work: Path, budget_s: float, cases: str | None, while_timeout_s: float, device: str):
         self.work, self.deadline, self.start = work, time.monotonic() + budget_s, time.monotonic()
         self.cases, self.while_timeout_s, self.device = cases, while_timeout_s, device
-        self.timeouts = SIM_TIMEOUTS if device == "sim" else TIMEOUTS
+        self.timeouts = PLANS[device].timeouts
         (work / "logs").mkdir(parents=True, exist_ok=True)
 
     def left(self) -> float:
@@ -211,12 +194,12 @@ def main() -> None:
     ap.add_argument("--device", choices=list(DEVICES), default=NATIVE,
                     help="sim: the rehearsal on the simulated device (answers only; no device record); "
                          "native: this machine's GPU")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help=f"global time guard (seconds) [default: 450; {SIM_BUDGET_S:.0f} with --device sim]")
-    ap.add_argument("--work", default=None, help="checkpoints, bundles, logs [default: artifacts/gpu-check, "
-                                                 "artifacts/gpu-check-sim with --device sim]")
+    ap.add_argument("--budget-s", type=float, default=None, help="global time guard (seconds) [default: " + "; ".join(
+        f"{plan.budget_s:.0f} on {device}" for device, plan in PLANS.items()) + "]")
+    ap.add_argument("--work", default=None, help="checkpoints, bundles, logs [default: artifacts/FOLDER, " + "; ".join(
+        f"{plan.work} on {device}" for device, plan in PLANS.items()) + "]")
     ap.add_argument("--bundles", nargs="*", default=None, choices=list(BUNDLES),
-                    help="[default: all; with --device sim those without the 0.6B shape]")
+                    help="[default: all; on sim those without the 0.6B shape]")
     ap.add_argument("--only", help="comma-separated stage kinds to run (build, kernels, kernels-while, cpuref, e2e, "
                                    "bench, kernel-times, gates, engine, serving, pytest); default all")
     ap.add_argument("--cases", help="only the kernel cases whose id contains one of these comma-separated parts")
@@ -236,24 +219,17 @@ def main() -> None:
         print(f"device_check_setup: jsonschema and its dependencies do not import and .whl/ lacks {missing}; fetch "
               "them as this script's docstring says and pass carry=['.whl'] to the device run", flush=True)
         sys.exit(SETUP_EXIT)
-    sim = args.device == "sim"
-    if args.budget_s is None:
-        args.budget_s = SIM_BUDGET_S if sim else 450.0
-    args.work = args.work or str(REPO / "artifacts" / ("gpu-check-sim" if sim else "gpu-check"))
-    if args.bundles is None:
-        args.bundles = [n for n in BUNDLES if not (sim and n.startswith("q06"))]
+    plan = PLANS[args.device]
+    args.budget_s = plan.budget_s if args.budget_s is None else args.budget_s
+    work = Path(args.work or REPO / "artifacts" / plan.work)
+    args.bundles = list(plan.bundles) if args.bundles is None else args.bundles
     only = set(args.only.split(",")) if args.only else None
-    want = lambda kind: only is None or kind in only  # noqa: E731
-    work = Path(args.work)
     st = Stages(work, args.budget_s, args.cases, args.while_timeout_s, args.device)
     report = {"machine": machine_facts(), "device": args.device, "budget_s": args.budget_s, "stages": {}}
     stages, built = report["stages"], []
-    record_dir = None if sim else Path(args.device_record)  # a simulation measures no card
-    if sim:
-        for kind in TIMED:
-            if want(kind):
-                stages[kind] = {"skipped": SIM_SKIPPED}
-        want = lambda kind: (only is None or kind in only) and kind not in TIMED  # noqa: E731
+    stages.update({kind: {"skipped": why} for kind, why in plan.skipped.items() if only is None or kind in only})
+    want = lambda kind: (only is None or kind in only) and kind not in plan.skipped  # noqa: E731
+    record_dir = Path(args.device_record) if plan.records else None
 
     def done(key: str, h) -> None:
         stages[key] = st.wait(h)
@@ -276,7 +252,7 @@ def main() -> None:
         built += [n for n in args.bundles if (work / n / "contract.json").is_file()]
     write_report(report, work, built, st.start, record_dir)
     h_cpu = st.launch("cpuref", "cpuref", names=built, threads=8) if built and want("cpuref") else None
-    variants = [f"{n}+mma" for n in (SIM_MMA_VARIANTS if sim else MMA_VARIANTS) if n in built]
+    variants = [f"{n}+mma" for n in plan.mma_variants if n in built]
     for name in built + variants if want("e2e") else []:  # untimed: may run beside the CPU reference
         if st.left() < 40:
             stages[f"e2e-{name}"] = {"error": "skipped: global time budget spent"}
@@ -306,12 +282,10 @@ def main() -> None:
     if want("serving") and SERVING_BUNDLE in built and missing_serve:
         stages["serving"] = {"error": f"skipped: {', '.join(missing_serve)} not importable (carry the serving "
                                       "wheels: this script's docstring)"}
-    elif want("serving") and SERVING_BUNDLE in built and st.left() > 120:  # runtime serve, 2,048 clients (sim: 64)
-        burst = ["--clients", str(SIM_CLIENTS), "--distinct", str(SIM_DISTINCT), "--timeout", "3000"] if sim \
-            else ["--clients", "2048"]
+    elif want("serving") and SERVING_BUNDLE in built and st.left() > 120:  # runtime serve, the plan's burst
         done("serving", st.launch("serving", "serving", cmd=[
-            sys.executable, str(REPO / "bench" / "serve_burst.py"), str(serving), "--device", args.device, *burst,
-            "--json", str(work / "logs" / "serving.json")]))
+            sys.executable, str(REPO / "bench" / "serve_burst.py"), str(serving), "--device", args.device,
+            *plan.burst, "--json", str(work / "logs" / "serving.json")]))
     if want("pytest") and not args.no_pytest and st.left() > 90:
         done("pytest", st.launch("pytest", "pytest", cmd=[
             sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",

@@ -177,7 +177,7 @@ def kernel_gpu(device: str):
 
 
 def stage_kernels(rec, graphs: bool = False, cases: str | None = None, while_timeout_s: float = 20.0,
-                  device: str = "native") -> dict:
+                  device: str = "native", ci_only: bool = False) -> dict:
     """Every job's records and error are put as soon as the job ends; a stuck WHILE graph ends
     the stage at once (exit_stuck); ``gpu.close()`` is best effort and its error recorded."""
     from gpu_check_record import close_all, exit_stuck, is_stuck
@@ -208,7 +208,7 @@ def stage_kernels(rec, graphs: bool = False, cases: str | None = None, while_tim
 
     runner_mod.WHILE_TIMEOUT_S = while_timeout_s
     rec.put("headers", ensure_headers())
-    jobs = kernel_jobs(graphs, cases, ci_only=device == "sim")
+    jobs = kernel_jobs(graphs, cases, ci_only)
     rec.put("cases", len(jobs))
     gpu = kernel_gpu(device)
     rec.put("device", gpu.name)

@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 import checkout  # noqa: E402  (bench/checkout.py: this checkout as `toolcall`)
 checkout.use()
 
-from serve_burst import Server, burst, cpu_seconds, requests_for  # noqa: E402
+from serve_burst import burst, requests_for  # noqa: E402
+from serve_process import Server, cpu_seconds  # noqa: E402
 
 
 def one_burst(bundle: str, root: Path, bodies: list[dict], clients: int, timeout_s: float) -> dict:

@@ -14,6 +14,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import gpu_check_plans  # noqa: E402
+
+from toolcall.runtime.cuda.devices import DEVICES  # noqa: E402
+
+
+def test_every_device_has_a_plan_and_only_cards_keep_records():
+    plans = gpu_check_plans.PLANS
+    assert set(plans) == set(DEVICES)
+    assert [d for d, plan in plans.items() if plan.records] == ["native"]
+    assert set(plans["sim"].skipped) == set(gpu_check_plans.TIMED) and not plans["native"].skipped
 
 
 @pytest.mark.slow
@@ -27,7 +38,7 @@ def test_the_rehearsal_checks_answers_on_the_simulated_device_and_records_no_car
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads((out / "gpu_check.json").read_text())
     stages = report["stages"]
-    assert report["device"] == "sim" and report["budget_s"] == 10800
+    assert report["device"] == "sim" and report["budget_s"] == gpu_check_plans.PLANS["sim"].budget_s
     kernels, loops = stages["kernels"], stages["kernels-while"]
     assert kernels["device"] == loops["device"] == "simulated H200"
     assert kernels["records"] and all(rec["ok"] for rec in kernels["records"]) and not kernels["errors"]
